@@ -1,0 +1,286 @@
+/*
+ * spattn: sparse attention, forward and backward, on CPUs and NVIDIA Hopper GPUs.
+ *
+ * Pure C11 public header, usable from C++.  One prefix (spattn_ / SPATTN_), sized integer
+ * types, status codes instead of aborts.  Semantics of the operators follow
+ * cases/README.md (copied from the project's shared spec).
+ *
+ * Conventions used by every entry point:
+ *   - Tensors are described by spattn_tensor (modelled on DLPack's DLTensor).  Strides are in
+ *     ELEMENTS, not bytes, and may be any value that keeps offsets inside int64 (views of a
+ *     larger buffer, transposes and concatenated [.., D+Dr] buffers pass without copies).
+ *   - All arguments are validated before any output element is written.  On error nothing is
+ *     written, nothing leaks, the status says which kind of check failed and
+ *     spattn_last_error() names the tensor, the dimension, what was expected and what came.
+ *   - All floating tensors of one call (q, k, v, o, dO, dq, dk, dv, ...) share one dtype:
+ *     fp16, bf16 or fp32.  LSE is always fp32.  Accumulation is fp32 (CPU and GPU).
+ *   - A query row that attends to no key has O = 0, LSE = -inf and contributes nothing to any
+ *     gradient (its dQ row is 0).  No NaN or Inf appears anywhere else.
+ *   - Results are deterministic by default: the same inputs give bitwise the same outputs for
+ *     any CPU thread count and any launch.
+ *   - Outputs must not overlap any input or each other (error SPATTN_STATUS_ALIASING); inputs
+ *     may overlap each other freely.
+ */
+#ifndef SPATTN_H
+#define SPATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define SPATTN_VERSION_MAJOR 0
+#define SPATTN_VERSION_MINOR 1
+#define SPATTN_VERSION_PATCH 0
+#define SPATTN_VERSION_STRING "0.1.0"
+
+#if defined(_WIN32) && defined(SPATTN_BUILD_SHARED)
+#define SPATTN_API __declspec(dllexport)
+#elif defined(__GNUC__) || defined(__clang__)
+#define SPATTN_API __attribute__((visibility("default")))
+#else
+#define SPATTN_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------------------------- */
+/* Status codes, grouped by kind (hundreds digit).                                          */
+/* ---------------------------------------------------------------------------------------- */
+typedef enum spattn_status {
+    SPATTN_STATUS_SUCCESS = 0,
+    /* 1xx: arguments */
+    SPATTN_STATUS_NULL_POINTER = 100,   /* a required tensor, its data or an out-pointer is NULL */
+    SPATTN_STATUS_INVALID_VALUE = 101,  /* a scalar argument out of range (bx, by, scale, sbs, mode) */
+    SPATTN_STATUS_BAD_OPTIONS = 102,    /* an options field out of range */
+    /* 2xx: shapes */
+    SPATTN_STATUS_BAD_NDIM = 200,       /* a tensor has the wrong number of dimensions */
+    SPATTN_STATUS_BAD_SHAPE = 201,      /* a dimension is non-positive or does not match */
+    /* 3xx: dtypes */
+    SPATTN_STATUS_BAD_DTYPE = 300,      /* unsupported dtype, or dtypes that do not match */
+    /* 4xx: strides and memory */
+    SPATTN_STATUS_BAD_STRIDE = 400,     /* offsets overflow int64, or an output overlaps itself */
+    SPATTN_STATUS_ALIASING = 401,       /* an output overlaps an input or another output */
+    /* 5xx: devices */
+    SPATTN_STATUS_BAD_DEVICE = 500,     /* tensors on different devices, or not on the backend's */
+    SPATTN_STATUS_BACKEND_UNAVAILABLE = 501, /* backend not built in, or no such device */
+    /* 6xx: data */
+    SPATTN_STATUS_BAD_INDEX = 600,      /* an sfa index outside [-1, ceil(S2/sbs)) */
+    /* 7xx: valid but unsupported */
+    SPATTN_STATUS_NOT_SUPPORTED = 700,  /* e.g. a head dim a backend has no kernel for */
+    /* 8xx: resources */
+    SPATTN_STATUS_WORKSPACE_TOO_SMALL = 800,
+    SPATTN_STATUS_OUT_OF_MEMORY = 801,
+    /* 9xx: runtime */
+    SPATTN_STATUS_CUDA_ERROR = 900,
+    SPATTN_STATUS_INTERNAL = 999
+} spattn_status;
+
+/* Short fixed name of a status ("SPATTN_STATUS_BAD_SHAPE: shape mismatch"). Never NULL. */
+SPATTN_API const char *spattn_status_str(spattn_status status);
+
+/* Message of the last failing call on this thread ("" when none).  Names the argument, the
+ * dimension, what was expected and what came.  Valid until the next spattn call on this thread. */
+SPATTN_API const char *spattn_last_error(void);
+
+/* Library version as "MAJOR.MINOR.PATCH"; *major etc. may be NULL. */
+SPATTN_API const char *spattn_version(int *major, int *minor, int *patch);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Tensor descriptor (DLPack-like).                                                          */
+/* ---------------------------------------------------------------------------------------- */
+#define SPATTN_MAX_DIMS 8
+
+typedef enum spattn_dtype {
+    SPATTN_DTYPE_F32 = 0,
+    SPATTN_DTYPE_F16 = 1,
+    SPATTN_DTYPE_BF16 = 2,
+    SPATTN_DTYPE_I32 = 3,
+    SPATTN_DTYPE_U8 = 4
+} spattn_dtype;
+
+/* Values equal DLPack's DLDeviceType for the two devices we support. */
+typedef enum spattn_device_type {
+    SPATTN_DEVICE_CPU = 1,
+    SPATTN_DEVICE_CUDA = 2
+} spattn_device_type;
+
+typedef struct spattn_tensor {
+    void *data;                        /* address of element [0, 0, ..., 0] */
+    int32_t device_type;               /* spattn_device_type */
+    int32_t device_id;                 /* CUDA ordinal; 0 for CPU */
+    int32_t dtype;                     /* spattn_dtype */
+    int32_t ndim;                      /* 1 .. SPATTN_MAX_DIMS */
+    int64_t shape[SPATTN_MAX_DIMS];
+    int64_t strides[SPATTN_MAX_DIMS];  /* in elements */
+} spattn_tensor;
+
+/* Bytes of one element of a dtype; 0 for an unknown dtype. */
+SPATTN_API size_t spattn_dtype_size(spattn_dtype dtype);
+/* "fp32", "fp16", "bf16", "int32", "uint8" or "unknown". */
+SPATTN_API const char *spattn_dtype_name(spattn_dtype dtype);
+
+/* A CPU tensor descriptor over `data`.  strides == NULL means contiguous row-major. */
+SPATTN_API spattn_tensor spattn_tensor_make(void *data, spattn_dtype dtype, int32_t ndim,
+                                            const int64_t *shape, const int64_t *strides);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Execution options (the optional context of the _ex calls; NULL means defaults).            */
+/* ---------------------------------------------------------------------------------------- */
+typedef enum spattn_backend {
+    SPATTN_BACKEND_AUTO = 0,  /* by the tensors' device */
+    SPATTN_BACKEND_CPU = 1,
+    SPATTN_BACKEND_CUDA = 2
+} spattn_backend;
+
+typedef struct spattn_options {
+    int32_t backend;          /* spattn_backend */
+    int32_t num_threads;      /* CPU threads; 0 = OpenMP's default.  Results do not depend on it. */
+    void *cuda_stream;        /* cudaStream_t the CUDA kernels run on; NULL = default stream */
+    void *workspace;          /* optional scratch on the tensors' device; NULL = library allocates */
+    size_t workspace_size;    /* bytes at workspace; see spattn_*_workspace_size */
+    int32_t deterministic;    /* 1 (default): bitwise reproducible.  0 allows faster kernels
+                                 whose floating-point summation order may vary (CUDA only). */
+    int32_t reserved[7];      /* zero */
+} spattn_options;
+
+/* Fills *opt with defaults (AUTO backend, default threads and stream, no workspace,
+ * deterministic). */
+SPATTN_API void spattn_options_init(spattn_options *opt);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Block-sparse attention (bsa).  Layout BNSD.                                               */
+/* ---------------------------------------------------------------------------------------- */
+/*
+ * spattn_bsa_fwd: O = softmax(scale * Q K^T restricted to the mask) V, and its LSE.
+ *   q           [B, N,   Sq,  D]      fp16 | bf16 | fp32
+ *   k, v        [B, Nkv, Skv, D]      same dtype as q; N % Nkv == 0 (GQA: query head n uses
+ *                                     key/value head n / (N / Nkv))
+ *   block_mask  [B, N, ceil(Sq/bx), ceil(Skv/by)]  uint8; pair (i, j) is attended iff
+ *                                     block_mask[b, n, i / bx, j / by] != 0 (any bx, by >= 1;
+ *                                     the last block row / column may be partial)
+ *   scale       softmax scale; 0 means 1/sqrt(D); must be finite
+ *   o           [B, N, Sq, D]         output, same dtype as q
+ *   lse         [B, N, Sq]            output, fp32, natural log; may be NULL (not computed)
+ * D: a multiple of 8, 8 .. 256.  Rows with no attended key: O = 0, LSE = -inf.
+ */
+SPATTN_API spattn_status spattn_bsa_fwd(const spattn_tensor *q, const spattn_tensor *k,
+                                        const spattn_tensor *v, const spattn_tensor *block_mask,
+                                        int64_t bx, int64_t by, double scale,
+                                        const spattn_tensor *o, const spattn_tensor *lse);
+SPATTN_API spattn_status spattn_bsa_fwd_ex(const spattn_tensor *q, const spattn_tensor *k,
+                                           const spattn_tensor *v, const spattn_tensor *block_mask,
+                                           int64_t bx, int64_t by, double scale,
+                                           const spattn_tensor *o, const spattn_tensor *lse,
+                                           const spattn_options *opt);
+
+/*
+ * spattn_bsa_bwd: gradients of spattn_bsa_fwd.
+ *   q, k, v, block_mask, bx, by, scale   as in spattn_bsa_fwd
+ *   o      [B, N, Sq, D]   the forward's output (same dtype as q)
+ *   dout   [B, N, Sq, D]   dL/dO (same dtype as q)
+ *   lse    [B, N, Sq]      fp32, the forward's LSE (-inf on rows with no key)
+ *   dq     [B, N, Sq, D]   output
+ *   dk, dv [B, Nkv, Skv, D] outputs (with GQA, summed over the query heads of a group)
+ * Delta = rowsum(dO * O) is computed from o and dout.
+ */
+SPATTN_API spattn_status spattn_bsa_bwd(const spattn_tensor *q, const spattn_tensor *k,
+                                        const spattn_tensor *v, const spattn_tensor *o,
+                                        const spattn_tensor *dout, const spattn_tensor *lse,
+                                        const spattn_tensor *block_mask, int64_t bx, int64_t by,
+                                        double scale, const spattn_tensor *dq,
+                                        const spattn_tensor *dk, const spattn_tensor *dv);
+SPATTN_API spattn_status spattn_bsa_bwd_ex(const spattn_tensor *q, const spattn_tensor *k,
+                                           const spattn_tensor *v, const spattn_tensor *o,
+                                           const spattn_tensor *dout, const spattn_tensor *lse,
+                                           const spattn_tensor *block_mask, int64_t bx, int64_t by,
+                                           double scale, const spattn_tensor *dq,
+                                           const spattn_tensor *dk, const spattn_tensor *dv,
+                                           const spattn_options *opt);
+
+/* Bytes of workspace the forward (backward = 0) or backward (backward = 1) needs on the chosen
+ * backend for these shapes.  Only shapes, dtypes and devices are read. */
+SPATTN_API spattn_status spattn_bsa_workspace_size(const spattn_tensor *q, const spattn_tensor *k,
+                                                   const spattn_tensor *v,
+                                                   const spattn_tensor *block_mask, int64_t bx,
+                                                   int64_t by, int32_t backward,
+                                                   const spattn_options *opt, size_t *bytes);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Top-k sparse flash attention (sfa, DeepSeek-V3.2 style sparse MLA).  Layout BSND.          */
+/* ---------------------------------------------------------------------------------------- */
+#define SPATTN_SFA_MODE_NONE 0    /* no mask beyond the selection */
+#define SPATTN_SFA_MODE_CAUSAL 3  /* right-down causal: key j allowed for query i iff
+                                     j <= S2 - S1 + i */
+
+/*
+ * spattn_sfa_fwd
+ *   q        [B, S1, N1, D]     fp16 | bf16 | fp32 (score part without rope)
+ *   q_rope   [B, S1, N1, Dr]    optional (NULL: Dr = 0); same dtype
+ *   k        [B, S2, N2, D]     N1 % N2 == 0; query head h uses key head h / (N1 / N2)
+ *   k_rope   [B, S2, N2, Dr]    present iff q_rope is
+ *   v        [B, S2, N2, D]     optional: NULL means v is k itself (shared key/value, MLA)
+ *   indices  [B, S1, N2, K]     int32; entry b selects keys [b*sbs, min((b+1)*sbs, S2));
+ *                               -1 is padding (anywhere in a row); duplicates count once per
+ *                               occurrence; any other value outside [0, ceil(S2/sbs)) is
+ *                               rejected with SPATTN_STATUS_BAD_INDEX before any write
+ *   sbs      sparse block size, a power of two, 1 .. 128
+ *   mode     SPATTN_SFA_MODE_NONE or SPATTN_SFA_MODE_CAUSAL (selected keys past the causal
+ *            limit are masked, not an error)
+ *   scale    0 means 1/sqrt(D + Dr)
+ *   o        [B, S1, N1, D]     output
+ *   lse      [B, S1, N1]        output, fp32; may be NULL
+ * D and Dr: multiples of 8 (Dr may be 0), D <= 1024, Dr <= 256.  q/q_rope (and k/k_rope) may
+ * be two strided views of one concatenated [.., D+Dr] buffer or separate buffers.
+ */
+SPATTN_API spattn_status spattn_sfa_fwd(const spattn_tensor *q, const spattn_tensor *q_rope,
+                                        const spattn_tensor *k, const spattn_tensor *k_rope,
+                                        const spattn_tensor *v, const spattn_tensor *indices,
+                                        int64_t sbs, int32_t mode, double scale,
+                                        const spattn_tensor *o, const spattn_tensor *lse);
+SPATTN_API spattn_status spattn_sfa_fwd_ex(const spattn_tensor *q, const spattn_tensor *q_rope,
+                                           const spattn_tensor *k, const spattn_tensor *k_rope,
+                                           const spattn_tensor *v, const spattn_tensor *indices,
+                                           int64_t sbs, int32_t mode, double scale,
+                                           const spattn_tensor *o, const spattn_tensor *lse,
+                                           const spattn_options *opt);
+
+/*
+ * spattn_sfa_bwd: gradients of spattn_sfa_fwd.
+ *   inputs as in spattn_sfa_fwd, plus o [B, S1, N1, D], dout [B, S1, N1, D], lse [B, S1, N1].
+ *   dq [B, S1, N1, D], dq_rope [B, S1, N1, Dr] (iff rope), dk [B, S2, N2, D],
+ *   dk_rope [B, S2, N2, Dr] (iff rope), dv [B, S2, N2, D] iff v is given.  With v == NULL the
+ *   dV contribution is added into dk (shared key/value) and dv must be NULL.
+ *   Keys never selected get zero gradients.
+ */
+SPATTN_API spattn_status spattn_sfa_bwd(const spattn_tensor *q, const spattn_tensor *q_rope,
+                                        const spattn_tensor *k, const spattn_tensor *k_rope,
+                                        const spattn_tensor *v, const spattn_tensor *o,
+                                        const spattn_tensor *dout, const spattn_tensor *lse,
+                                        const spattn_tensor *indices, int64_t sbs, int32_t mode,
+                                        double scale, const spattn_tensor *dq,
+                                        const spattn_tensor *dq_rope, const spattn_tensor *dk,
+                                        const spattn_tensor *dk_rope, const spattn_tensor *dv);
+SPATTN_API spattn_status spattn_sfa_bwd_ex(const spattn_tensor *q, const spattn_tensor *q_rope,
+                                           const spattn_tensor *k, const spattn_tensor *k_rope,
+                                           const spattn_tensor *v, const spattn_tensor *o,
+                                           const spattn_tensor *dout, const spattn_tensor *lse,
+                                           const spattn_tensor *indices, int64_t sbs, int32_t mode,
+                                           double scale, const spattn_tensor *dq,
+                                           const spattn_tensor *dq_rope, const spattn_tensor *dk,
+                                           const spattn_tensor *dk_rope, const spattn_tensor *dv,
+                                           const spattn_options *opt);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Backend queries.                                                                          */
+/* ---------------------------------------------------------------------------------------- */
+/* 1 when the CUDA backend was built in and a CUDA device is visible, else 0. */
+SPATTN_API int spattn_cuda_available(void);
+/* Which SIMD variant the CPU kernels use on this machine: "avx512", "avx2" or "generic". */
+SPATTN_API const char *spattn_cpu_isa(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SPATTN_H */

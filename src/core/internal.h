@@ -1,0 +1,99 @@
+/*
+ * Internal interface between the core (validation, dispatch) and the backends (src/cpu,
+ * src/cuda).  The core validates every argument, fills a problem struct and calls the backend;
+ * a backend may assume every check listed in bsa_api.c / sfa_api.c has passed.
+ */
+#ifndef SPATTN_INTERNAL_H
+#define SPATTN_INTERNAL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "spattn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- errors ---------------------------------------------------------------------------- */
+/* Records a formatted message as the thread's last error and returns `status`. */
+spattn_status spattn_set_error(spattn_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+void spattn_clear_error(void);
+
+/* ---- execution context handed to backends ------------------------------------------------ */
+typedef struct spattn_exec {
+    int32_t num_threads;   /* CPU: 0 = OpenMP default (the backend resolves it) */
+    void *stream;          /* cudaStream_t */
+    void *workspace;       /* caller's workspace (already checked to be large enough) or NULL */
+    size_t workspace_size;
+    int32_t deterministic;
+} spattn_exec;
+
+/* ---- problems (validated) ---------------------------------------------------------------- */
+typedef struct spattn_bsa_problem {
+    /* Tensors as the caller described them; the ones a pass does not use are NULL. */
+    const spattn_tensor *q, *k, *v, *mask, *o, *lse, *dout, *dq, *dk, *dv;
+    int64_t B, N, Nkv;        /* N query heads, Nkv key/value heads, N % Nkv == 0 */
+    int64_t Sq, Skv, D;
+    int64_t bx, by, nbx, nby; /* nbx = ceil(Sq/bx), nby = ceil(Skv/by) */
+    float scale;              /* resolved (never 0) */
+    int32_t dtype;            /* of q, k, v, o, dout, dq, dk, dv */
+} spattn_bsa_problem;
+
+typedef struct spattn_sfa_problem {
+    const spattn_tensor *q, *q_rope, *k, *k_rope, *v, *idx, *o, *lse, *dout;
+    const spattn_tensor *dq, *dq_rope, *dk, *dk_rope, *dv;
+    int64_t B, S1, S2, N1, N2, D, Dr, K;
+    int64_t sbs;              /* power of two, 1 .. 128 */
+    int64_t nblk;             /* ceil(S2 / sbs): valid index values are -1 .. nblk-1 */
+    int32_t mode;             /* 0 or 3 */
+    int32_t shared_kv;        /* 1 when v == NULL (v is the first D columns of k) */
+    float scale;              /* resolved */
+    int32_t dtype;
+} spattn_sfa_problem;
+
+/* ---- backends ---------------------------------------------------------------------------- */
+/* CPU (src/cpu).  Workspace functions return bytes for `num_threads` threads. */
+size_t spattn_cpu_bsa_workspace(const spattn_bsa_problem *p, int backward, int num_threads);
+spattn_status spattn_cpu_bsa_fwd(const spattn_bsa_problem *p, const spattn_exec *ex);
+spattn_status spattn_cpu_bsa_bwd(const spattn_bsa_problem *p, const spattn_exec *ex);
+size_t spattn_cpu_sfa_workspace(const spattn_sfa_problem *p, int backward, int num_threads);
+spattn_status spattn_cpu_sfa_fwd(const spattn_sfa_problem *p, const spattn_exec *ex);
+spattn_status spattn_cpu_sfa_bwd(const spattn_sfa_problem *p, const spattn_exec *ex);
+/* "avx512" | "avx2" | "generic" */
+const char *spattn_cpu_isa_name(void);
+
+/* CUDA (src/cuda; src/core/cuda_stub.c when built without CUDA). */
+int spattn_cuda_backend_available(void);
+size_t spattn_cuda_bsa_workspace(const spattn_bsa_problem *p, int backward);
+spattn_status spattn_cuda_bsa_fwd(const spattn_bsa_problem *p, const spattn_exec *ex);
+spattn_status spattn_cuda_bsa_bwd(const spattn_bsa_problem *p, const spattn_exec *ex);
+size_t spattn_cuda_sfa_workspace(const spattn_sfa_problem *p, int backward);
+/* Scans the index tensor on the device; SPATTN_STATUS_BAD_INDEX (with a message naming the
+ * first bad position and value) when any value lies outside [-1, nblk).  Synchronizes. */
+spattn_status spattn_cuda_sfa_check_indices(const spattn_sfa_problem *p, const spattn_exec *ex);
+spattn_status spattn_cuda_sfa_fwd(const spattn_sfa_problem *p, const spattn_exec *ex);
+spattn_status spattn_cuda_sfa_bwd(const spattn_sfa_problem *p, const spattn_exec *ex);
+
+/* ---- tensor helpers (src/core/tensor.c) -------------------------------------------------- */
+/* Element offset of a multi-index. */
+static inline int64_t spattn_offset4(const spattn_tensor *t, int64_t i0, int64_t i1, int64_t i2,
+                                     int64_t i3) {
+    return i0 * t->strides[0] + i1 * t->strides[1] + i2 * t->strides[2] + i3 * t->strides[3];
+}
+static inline int64_t spattn_offset3(const spattn_tensor *t, int64_t i0, int64_t i1, int64_t i2) {
+    return i0 * t->strides[0] + i1 * t->strides[1] + i2 * t->strides[2];
+}
+int64_t spattn_numel(const spattn_tensor *t);
+int spattn_is_float_dtype(int32_t dtype);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
