@@ -12,3 +12,16 @@ size_t spattn_cuda_sfa_workspace(const spattn_sfa_problem *p, int backward) { (v
 spattn_status spattn_cuda_sfa_check_indices(const spattn_sfa_problem *p, const spattn_exec *ex) { (void)p; (void)ex; return NO_CUDA(); }
 spattn_status spattn_cuda_sfa_fwd(const spattn_sfa_problem *p, const spattn_exec *ex) { (void)p; (void)ex; return NO_CUDA(); }
 spattn_status spattn_cuda_sfa_bwd(const spattn_sfa_problem *p, const spattn_exec *ex) { (void)p; (void)ex; return NO_CUDA(); }
+spattn_status spattn_cuda_ref_bsa_fwd(const spattn_bsa_problem *p, const spattn_exec *ex, float *o, float *lse) {
+    (void)p; (void)ex; (void)o; (void)lse; return NO_CUDA();
+}
+spattn_status spattn_cuda_ref_bsa_bwd(const spattn_bsa_problem *p, const spattn_exec *ex, float *dq, float *dk, float *dv) {
+    (void)p; (void)ex; (void)dq; (void)dk; (void)dv; return NO_CUDA();
+}
+spattn_status spattn_cuda_ref_sfa_fwd(const spattn_sfa_problem *p, const spattn_exec *ex, float *o, float *lse) {
+    (void)p; (void)ex; (void)o; (void)lse; return NO_CUDA();
+}
+spattn_status spattn_cuda_ref_sfa_bwd(const spattn_sfa_problem *p, const spattn_exec *ex, float *dq, float *dq_rope,
+                                      float *dk, float *dk_rope, float *dv) {
+    (void)p; (void)ex; (void)dq; (void)dq_rope; (void)dk; (void)dk_rope; (void)dv; return NO_CUDA();
+}

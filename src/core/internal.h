@@ -80,6 +80,22 @@ spattn_status spattn_cuda_sfa_check_indices(const spattn_sfa_problem *p, const s
 spattn_status spattn_cuda_sfa_fwd(const spattn_sfa_problem *p, const spattn_exec *ex);
 spattn_status spattn_cuda_sfa_bwd(const spattn_sfa_problem *p, const spattn_exec *ex);
 
+/* Deliberately simple CUDA reference kernels: the golden of `spattn verify --backend cuda`
+ * (independent of the fast kernels; fp32 accumulation, no tiling tricks).  They read the
+ * problem's input tensors (device pointers with strides) and write CONTIGUOUS fp32 device
+ * buffers shaped like the real outputs (o [B,N,Sq,D], lse [B,N,Sq], ...; sfa: dq [B,S1,N1,D],
+ * dq_rope [B,S1,N1,Dr] or NULL, dk [B,S2,N2,D] (dV added in when shared_kv), dk_rope, dv or
+ * NULL).  The backward recomputes P itself.  Stream = ex->stream; they synchronize it. */
+spattn_status spattn_cuda_ref_bsa_fwd(const spattn_bsa_problem *p, const spattn_exec *ex,
+                                      float *o, float *lse);
+spattn_status spattn_cuda_ref_bsa_bwd(const spattn_bsa_problem *p, const spattn_exec *ex,
+                                      float *dq, float *dk, float *dv);
+spattn_status spattn_cuda_ref_sfa_fwd(const spattn_sfa_problem *p, const spattn_exec *ex,
+                                      float *o, float *lse);
+spattn_status spattn_cuda_ref_sfa_bwd(const spattn_sfa_problem *p, const spattn_exec *ex,
+                                      float *dq, float *dq_rope, float *dk, float *dk_rope,
+                                      float *dv);
+
 /* ---- tensor helpers (src/core/tensor.c) -------------------------------------------------- */
 /* Element offset of a multi-index. */
 static inline int64_t spattn_offset4(const spattn_tensor *t, int64_t i0, int64_t i1, int64_t i2,
