@@ -9,4 +9,3 @@ spattn_status spattn_cpu_bsa_fwd(const spattn_bsa_problem *p, const spattn_exec 
 spattn_status spattn_cpu_bsa_bwd(const spattn_bsa_problem *p, const spattn_exec *ex) {
     (void)p; (void)ex; return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED, "bsa cpu: not built yet");
 }
-const char *spattn_cpu_isa_name(void) { return "generic"; }
