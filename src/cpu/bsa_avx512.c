@@ -1,0 +1,5 @@
+/* bsa CPU kernels, avx512 variant: generated from the shared body in bsa_kernels.inc. */
+#define SPATTN_ISA_AVX512 1
+#if defined(__x86_64__) || defined(__i386__)
+#include "bsa_kernels.inc"
+#endif
