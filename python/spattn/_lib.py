@@ -1,0 +1,255 @@
+"""ctypes binding of libspattn: library loading, descriptors, status -> exception mapping."""
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import threading
+from pathlib import Path
+from typing import Optional, Sequence
+
+MAX_DIMS = 8
+
+# spattn_dtype
+F32, F16, BF16, I32, U8 = 0, 1, 2, 3, 4
+DTYPE_NAMES = {F32: "fp32", F16: "fp16", BF16: "bf16", I32: "int32", U8: "uint8"}
+# spattn_device_type
+DEVICE_CPU, DEVICE_CUDA = 1, 2
+# status codes used on the Python side
+STATUS_SUCCESS = 0
+STATUS_BAD_NDIM = 200
+STATUS_BAD_SHAPE = 201
+STATUS_BAD_DTYPE = 300
+STATUS_BAD_STRIDE = 400
+STATUS_BAD_DEVICE = 500
+STATUS_BACKEND_UNAVAILABLE = 501
+STATUS_NOT_SUPPORTED = 700
+STATUS_INVALID_VALUE = 101
+
+SFA_MODE_NONE, SFA_MODE_CAUSAL = 0, 3
+
+
+class SpattnError(ValueError):
+    """A libspattn call (or the binding's own check) rejected its arguments.
+
+    ``status`` is the library's spattn_status code, ``status_name`` its short name and
+    ``message`` the spattn_last_error() text naming the argument at fault.
+    """
+
+    def __init__(self, status: int, message: str, status_name: Optional[str] = None):
+        self.status = int(status)
+        self.status_name = status_name or status_str(self.status)
+        self.message = message
+        super().__init__(f"{self.status_name} (status {self.status}): {message}")
+
+
+class SpattnNotSupportedError(SpattnError, NotImplementedError):
+    """Valid input that this build cannot run (status 700 NOT_SUPPORTED, 501 BACKEND_UNAVAILABLE)."""
+
+
+class SpattnTensor(ctypes.Structure):
+    """Mirror of spattn_tensor (strides in elements)."""
+
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device_type", ctypes.c_int32),
+        ("device_id", ctypes.c_int32),
+        ("dtype", ctypes.c_int32),
+        ("ndim", ctypes.c_int32),
+        ("shape", ctypes.c_int64 * MAX_DIMS),
+        ("strides", ctypes.c_int64 * MAX_DIMS),
+    ]
+
+
+class SpattnOptions(ctypes.Structure):
+    """Mirror of spattn_options."""
+
+    _fields_ = [
+        ("backend", ctypes.c_int32),
+        ("num_threads", ctypes.c_int32),
+        ("cuda_stream", ctypes.c_void_p),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_size", ctypes.c_size_t),
+        ("deterministic", ctypes.c_int32),
+        ("reserved", ctypes.c_int32 * 7),
+    ]
+
+
+_PT = ctypes.POINTER(SpattnTensor)
+_PO = ctypes.POINTER(SpattnOptions)
+_lib: Optional[ctypes.CDLL] = None
+_lib_path: Optional[str] = None
+_lock = threading.Lock()
+
+
+def _candidates() -> list:
+    env = os.environ.get("SPATTN_LIBRARY")
+    if env:
+        return [env]
+    here = Path(__file__).resolve().parent
+    found = sorted(glob.glob(str(here / "lib" / "libspattn.so*")))
+    # Running from a source checkout (PYTHONPATH=python): fall back to the repo's build folder.
+    repo = here.parent.parent
+    if (repo / "include" / "spattn.h").is_file():
+        found += sorted(glob.glob(str(repo / "build" / "libspattn.so*")))
+    return found
+
+
+def library_path() -> str:
+    """Path of the loaded libspattn (loads it on first use)."""
+    lib()
+    assert _lib_path is not None
+    return _lib_path
+
+
+def lib() -> ctypes.CDLL:
+    """The loaded libspattn with argument types declared."""
+    global _lib, _lib_path
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is not None:
+            return _lib
+        cands = _candidates()
+        if not cands:
+            raise ImportError(
+                "spattn: libspattn.so not found (not bundled in the package and SPATTN_LIBRARY unset); "
+                "reinstall with `pip install ./python` or set SPATTN_LIBRARY=/path/to/libspattn.so")
+        errors = []
+        for path in cands:
+            try:
+                handle = ctypes.CDLL(path)
+            except OSError as e:
+                errors.append(f"{path}: {e}")
+                continue
+            _declare(handle)
+            _lib, _lib_path = handle, path
+            return handle
+        raise ImportError("spattn: could not load libspattn: " + "; ".join(errors))
+
+
+def _declare(h: ctypes.CDLL) -> None:
+    i64, i32, dbl = ctypes.c_int64, ctypes.c_int32, ctypes.c_double
+    h.spattn_status_str.argtypes = [ctypes.c_int]
+    h.spattn_status_str.restype = ctypes.c_char_p
+    h.spattn_last_error.argtypes = []
+    h.spattn_last_error.restype = ctypes.c_char_p
+    h.spattn_version.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    h.spattn_version.restype = ctypes.c_char_p
+    h.spattn_options_init.argtypes = [_PO]
+    h.spattn_options_init.restype = None
+    h.spattn_cuda_available.argtypes = []
+    h.spattn_cuda_available.restype = ctypes.c_int
+    h.spattn_cpu_isa.argtypes = []
+    h.spattn_cpu_isa.restype = ctypes.c_char_p
+    h.spattn_bsa_fwd_ex.argtypes = [_PT, _PT, _PT, _PT, i64, i64, dbl, _PT, _PT, _PO]
+    h.spattn_bsa_fwd_ex.restype = ctypes.c_int
+    h.spattn_bsa_bwd_ex.argtypes = [_PT, _PT, _PT, _PT, _PT, _PT, _PT, i64, i64, dbl, _PT, _PT, _PT, _PO]
+    h.spattn_bsa_bwd_ex.restype = ctypes.c_int
+    h.spattn_sfa_fwd_ex.argtypes = [_PT, _PT, _PT, _PT, _PT, _PT, i64, i32, dbl, _PT, _PT, _PO]
+    h.spattn_sfa_fwd_ex.restype = ctypes.c_int
+    h.spattn_sfa_bwd_ex.argtypes = [_PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT, i64, i32, dbl,
+                                    _PT, _PT, _PT, _PT, _PT, _PO]
+    h.spattn_sfa_bwd_ex.restype = ctypes.c_int
+
+
+def status_str(status: int) -> str:
+    """Short name of a status code (without loading the library if it is unavailable)."""
+    try:
+        raw = lib().spattn_status_str(int(status))
+    except ImportError:
+        return f"SPATTN_STATUS_{status}"
+    return (raw or b"").decode("utf-8", "replace").split(":")[0]
+
+
+def error(status: int, message: str) -> SpattnError:
+    """The exception for a status (NotImplementedError flavour for 700 / 501)."""
+    cls = SpattnNotSupportedError if status in (STATUS_NOT_SUPPORTED, STATUS_BACKEND_UNAVAILABLE) else SpattnError
+    return cls(status, message)
+
+
+def check(status: int) -> None:
+    """Raise the mapped exception for a non-zero status, with spattn_last_error()'s text."""
+    if status == STATUS_SUCCESS:
+        return
+    msg = (lib().spattn_last_error() or b"").decode("utf-8", "replace")
+    raise error(status, msg)
+
+
+def version() -> str:
+    """Version string of the loaded library."""
+    return lib().spattn_version(None, None, None).decode()
+
+
+def cuda_available() -> bool:
+    """True when the library was built with CUDA and a device is visible."""
+    return bool(lib().spattn_cuda_available())
+
+
+def cpu_isa() -> str:
+    """SIMD variant of the CPU kernels on this machine."""
+    return lib().spattn_cpu_isa().decode()
+
+
+def make_tensor(name: str, ptr: int, dtype: int, shape: Sequence[int], strides: Sequence[int],
+                device_type: int = DEVICE_CPU, device_id: int = 0) -> SpattnTensor:
+    """A descriptor over memory at ``ptr`` (strides in elements)."""
+    if not 1 <= len(shape) <= MAX_DIMS:
+        raise SpattnError(STATUS_BAD_NDIM, f"{name}: ndim must be in [1, {MAX_DIMS}], got {len(shape)}",
+                          "SPATTN_STATUS_BAD_NDIM")
+    t = SpattnTensor()
+    t.data = ptr or None
+    t.device_type = device_type
+    t.device_id = device_id
+    t.dtype = dtype
+    t.ndim = len(shape)
+    for i, (s, st) in enumerate(zip(shape, strides)):
+        t.shape[i] = int(s)
+        t.strides[i] = int(st)
+    return t
+
+
+def options(cuda_stream: Optional[int] = None, num_threads: int = 0) -> SpattnOptions:
+    """spattn_options with defaults, optionally a CUDA stream handle and a CPU thread count."""
+    opt = SpattnOptions()
+    lib().spattn_options_init(ctypes.byref(opt))
+    if cuda_stream:
+        opt.cuda_stream = cuda_stream
+    opt.num_threads = int(num_threads)
+    return opt
+
+
+def ref(t: Optional[SpattnTensor]):
+    """Pointer argument for an optional descriptor (NULL for None)."""
+    return ctypes.byref(t) if t is not None else None
+
+
+def bsa_fwd(q, k, v, mask, bx: int, by: int, scale: float, o, lse, opt: SpattnOptions) -> None:
+    check(lib().spattn_bsa_fwd_ex(ref(q), ref(k), ref(v), ref(mask), int(bx), int(by), float(scale),
+                                  ref(o), ref(lse), ctypes.byref(opt)))
+
+
+def bsa_bwd(q, k, v, mask, bx: int, by: int, scale: float, o, dout, lse, dq, dk, dv,
+            opt: SpattnOptions) -> None:
+    check(lib().spattn_bsa_bwd_ex(ref(q), ref(k), ref(v), ref(o), ref(dout), ref(lse), ref(mask), int(bx),
+                                  int(by), float(scale), ref(dq), ref(dk), ref(dv), ctypes.byref(opt)))
+
+
+def sfa_fwd(q, q_rope, k, k_rope, v, idx, sbs: int, mode: int, scale: float, o, lse,
+            opt: SpattnOptions) -> None:
+    check(lib().spattn_sfa_fwd_ex(ref(q), ref(q_rope), ref(k), ref(k_rope), ref(v), ref(idx), int(sbs),
+                                  int(mode), float(scale), ref(o), ref(lse), ctypes.byref(opt)))
+
+
+def sfa_bwd(q, q_rope, k, k_rope, v, o, dout, lse, idx, sbs: int, mode: int, scale: float,
+            dq, dq_rope, dk, dk_rope, dv, opt: SpattnOptions) -> None:
+    check(lib().spattn_sfa_bwd_ex(ref(q), ref(q_rope), ref(k), ref(k_rope), ref(v), ref(o), ref(dout),
+                                  ref(lse), ref(idx), int(sbs), int(mode), float(scale), ref(dq),
+                                  ref(dq_rope), ref(dk), ref(dk_rope), ref(dv), ctypes.byref(opt)))
+
+
+def scale_arg(scale: Optional[float]) -> float:
+    """The library's scale argument: None means 0 (= the default 1/sqrt(D))."""
+    if scale is None:
+        return 0.0
+    return float(scale)

@@ -1,0 +1,210 @@
+"""torch.library custom ops over libspattn (namespace ``spattn``), with fake and autograd rules.
+
+Ops (all outputs freshly allocated, contiguous):
+  spattn::bsa_fwd(q, k, v, block_mask, bx, by, scale) -> (o, lse)
+  spattn::bsa_bwd(q, k, v, block_mask, o, dout, lse, bx, by, scale) -> (dq, dk, dv)
+  spattn::sfa_fwd(q, k, indices, v?, q_rope?, k_rope?, sbs, mode, scale) -> (o, lse)
+  spattn::sfa_bwd(q, k, indices, v?, q_rope?, k_rope?, o, dout, lse, sbs, mode, scale)
+      -> (dq, dk, dv, dq_rope, dk_rope)   (absent gradients are empty tensors)
+``scale`` 0 means the library default.  CUDA tensors run on torch's current stream.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import torch
+
+from . import _lib
+from ._lib import SpattnError
+
+Tensor = torch.Tensor
+
+_DTYPES = {
+    torch.float32: _lib.F32,
+    torch.float16: _lib.F16,
+    torch.bfloat16: _lib.BF16,
+    torch.int32: _lib.I32,
+    torch.uint8: _lib.U8,
+}
+
+
+def as_mask(m: Tensor) -> Tensor:
+    """A block mask as uint8 without a copy (bool and int8 are reinterpreted)."""
+    if m.dtype in (torch.bool, torch.int8):
+        return m.view(torch.uint8)
+    return m
+
+
+def as_indices(idx: Tensor) -> Tensor:
+    """sfa indices as int32 (other integer dtypes are converted)."""
+    if idx.dtype != torch.int32 and not idx.dtype.is_floating_point and idx.dtype != torch.bool:
+        return idx.to(torch.int32)
+    return idx
+
+
+def _desc(name: str, t: Optional[Tensor]) -> Optional[_lib.SpattnTensor]:
+    if t is None:
+        return None
+    code = _DTYPES.get(t.dtype)
+    if code is None:
+        raise SpattnError(_lib.STATUS_BAD_DTYPE,
+                          f"{name}: dtype {t.dtype} is not supported (float16, bfloat16, float32; int32 "
+                          "indices; uint8 masks)", "SPATTN_STATUS_BAD_DTYPE")
+    dev = t.device
+    if dev.type == "cpu":
+        dt, di = _lib.DEVICE_CPU, 0
+    elif dev.type == "cuda":
+        dt, di = _lib.DEVICE_CUDA, dev.index if dev.index is not None else torch.cuda.current_device()
+    else:
+        raise SpattnError(_lib.STATUS_BAD_DEVICE, f"{name}: device {dev} is not supported (cpu, cuda)",
+                          "SPATTN_STATUS_BAD_DEVICE")
+    return _lib.make_tensor(name, t.data_ptr(), code, tuple(t.shape), tuple(t.stride()), dt, di)
+
+
+def _check_devices(named: List[Tuple[str, Optional[Tensor]]]) -> torch.device:
+    ref_name, ref_t = named[0]
+    assert ref_t is not None
+    for name, t in named[1:]:
+        if t is not None and t.device != ref_t.device:
+            raise SpattnError(_lib.STATUS_BAD_DEVICE,
+                              f"{name}: on {t.device}, expected the device of {ref_name} ({ref_t.device})",
+                              "SPATTN_STATUS_BAD_DEVICE")
+    return ref_t.device
+
+
+def _opts(device: torch.device) -> _lib.SpattnOptions:
+    if device.type == "cuda":
+        return _lib.options(cuda_stream=torch.cuda.current_stream(device).cuda_stream)
+    return _lib.options()
+
+
+def _empty_like_shape(t: Tensor, shape, dtype=None) -> Tensor:
+    return torch.empty(tuple(shape), dtype=dtype or t.dtype, device=t.device)
+
+
+# ----------------------------------------------------------------------------------------------
+# bsa
+# ----------------------------------------------------------------------------------------------
+@torch.library.custom_op("spattn::bsa_fwd", mutates_args=())
+def bsa_fwd(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, bx: int, by: int,
+            scale: float) -> Tuple[Tensor, Tensor]:
+    m = as_mask(block_mask)
+    dev = _check_devices([("q", q), ("k", k), ("v", v), ("block_mask", m)])
+    o = _empty_like_shape(q, q.shape)
+    lse = _empty_like_shape(q, q.shape[:-1], torch.float32)
+    _lib.bsa_fwd(_desc("q", q), _desc("k", k), _desc("v", v), _desc("block_mask", m), bx, by, scale,
+                 _desc("o", o), _desc("lse", lse), _opts(dev))
+    return o, lse
+
+
+@bsa_fwd.register_fake
+def _(q, k, v, block_mask, bx, by, scale):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("spattn::bsa_bwd", mutates_args=())
+def bsa_bwd(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, o: Tensor, dout: Tensor, lse: Tensor,
+            bx: int, by: int, scale: float) -> Tuple[Tensor, Tensor, Tensor]:
+    m = as_mask(block_mask)
+    dev = _check_devices([("q", q), ("k", k), ("v", v), ("block_mask", m), ("o", o), ("dout", dout),
+                          ("lse", lse)])
+    dq, dk, dv = torch.empty_like(q, memory_format=torch.contiguous_format), \
+        torch.empty_like(k, memory_format=torch.contiguous_format), \
+        torch.empty_like(v, memory_format=torch.contiguous_format)
+    _lib.bsa_bwd(_desc("q", q), _desc("k", k), _desc("v", v), _desc("block_mask", m), bx, by, scale,
+                 _desc("o", o), _desc("dout", dout), _desc("lse", lse), _desc("dq", dq), _desc("dk", dk),
+                 _desc("dv", dv), _opts(dev))
+    return dq, dk, dv
+
+
+@bsa_bwd.register_fake
+def _(q, k, v, block_mask, o, dout, lse, bx, by, scale):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _bsa_setup(ctx, inputs, output):
+    q, k, v, block_mask, bx, by, scale = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, block_mask, o, lse)
+    ctx.bx, ctx.by, ctx.scale = bx, by, scale
+    ctx.mark_non_differentiable(lse)
+
+
+def _bsa_backward(ctx, grad_o, grad_lse):
+    q, k, v, block_mask, o, lse = ctx.saved_tensors
+    dq, dk, dv = bsa_bwd(q, k, v, block_mask, o, grad_o, lse, ctx.bx, ctx.by, ctx.scale)
+    return dq, dk, dv, None, None, None, None
+
+
+bsa_fwd.register_autograd(_bsa_backward, setup_context=_bsa_setup)
+
+
+# ----------------------------------------------------------------------------------------------
+# sfa
+# ----------------------------------------------------------------------------------------------
+@torch.library.custom_op("spattn::sfa_fwd", mutates_args=())
+def sfa_fwd(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Tensor], q_rope: Optional[Tensor],
+            k_rope: Optional[Tensor], sbs: int, mode: int, scale: float) -> Tuple[Tensor, Tensor]:
+    idx = as_indices(indices)
+    dev = _check_devices([("q", q), ("k", k), ("indices", idx), ("v", v), ("q_rope", q_rope),
+                          ("k_rope", k_rope)])
+    o = _empty_like_shape(q, q.shape)
+    lse = _empty_like_shape(q, q.shape[:-1], torch.float32)
+    _lib.sfa_fwd(_desc("q", q), _desc("q_rope", q_rope), _desc("k", k), _desc("k_rope", k_rope),
+                 _desc("v", v), _desc("indices", idx), sbs, mode, scale, _desc("o", o), _desc("lse", lse),
+                 _opts(dev))
+    return o, lse
+
+
+@sfa_fwd.register_fake
+def _(q, k, indices, v, q_rope, k_rope, sbs, mode, scale):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("spattn::sfa_bwd", mutates_args=())
+def sfa_bwd(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Tensor], q_rope: Optional[Tensor],
+            k_rope: Optional[Tensor], o: Tensor, dout: Tensor, lse: Tensor, sbs: int, mode: int,
+            scale: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    idx = as_indices(indices)
+    dev = _check_devices([("q", q), ("k", k), ("indices", idx), ("v", v), ("q_rope", q_rope),
+                          ("k_rope", k_rope), ("o", o), ("dout", dout), ("lse", lse)])
+    cf = torch.contiguous_format
+    dq = torch.empty_like(q, memory_format=cf)
+    dk = torch.empty_like(k, memory_format=cf)
+    dv = torch.empty_like(v, memory_format=cf) if v is not None else None
+    dqr = torch.empty_like(q_rope, memory_format=cf) if q_rope is not None else None
+    dkr = torch.empty_like(k_rope, memory_format=cf) if k_rope is not None else None
+    _lib.sfa_bwd(_desc("q", q), _desc("q_rope", q_rope), _desc("k", k), _desc("k_rope", k_rope),
+                 _desc("v", v), _desc("o", o), _desc("dout", dout), _desc("lse", lse),
+                 _desc("indices", idx), sbs, mode, scale, _desc("dq", dq), _desc("dq_rope", dqr),
+                 _desc("dk", dk), _desc("dk_rope", dkr), _desc("dv", dv), _opts(dev))
+    empty = q.new_empty(0)
+    return (dq, dk, dv if dv is not None else empty, dqr if dqr is not None else empty.clone(),
+            dkr if dkr is not None else empty.clone())
+
+
+@sfa_bwd.register_fake
+def _(q, k, indices, v, q_rope, k_rope, o, dout, lse, sbs, mode, scale):
+    def like(t):
+        return t.new_empty(t.shape) if t is not None else q.new_empty(0)
+    return like(q), like(k), like(v), like(q_rope), like(k_rope)
+
+
+def _sfa_setup(ctx, inputs, output):
+    q, k, indices, v, q_rope, k_rope, sbs, mode, scale = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, indices, v, q_rope, k_rope, o, lse)
+    ctx.sbs, ctx.mode, ctx.scale = sbs, mode, scale
+    ctx.has_v, ctx.has_rope = v is not None, q_rope is not None
+    ctx.mark_non_differentiable(lse)
+
+
+def _sfa_backward(ctx, grad_o, grad_lse):
+    q, k, indices, v, q_rope, k_rope, o, lse = ctx.saved_tensors
+    dq, dk, dv, dqr, dkr = sfa_bwd(q, k, indices, v, q_rope, k_rope, o, grad_o, lse, ctx.sbs, ctx.mode,
+                                   ctx.scale)
+    return (dq, dk, None, dv if ctx.has_v else None, dqr if ctx.has_rope else None,
+            dkr if ctx.has_rope else None, None, None, None)
+
+
+sfa_fwd.register_autograd(_sfa_backward, setup_context=_sfa_setup)

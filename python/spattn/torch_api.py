@@ -1,0 +1,56 @@
+"""PyTorch functions with autograd (through the ``torch.ops.spattn`` custom ops)."""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+
+from . import _lib
+from . import _ops  # noqa: F401  (registers torch.ops.spattn.*)
+
+Tensor = torch.Tensor
+
+__all__ = ["block_sparse_attention", "sparse_flash_attention"]
+
+
+def _pair(block_size: Union[int, Sequence[int]]) -> Tuple[int, int]:
+    if isinstance(block_size, int):
+        return block_size, block_size
+    if len(block_size) != 2:
+        raise ValueError(f"block_size: expected an int or (bx, by), got {block_size!r}")
+    return int(block_size[0]), int(block_size[1])
+
+
+def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor,
+                           block_size: Union[int, Sequence[int]] = (64, 64), scale: Optional[float] = None,
+                           return_lse: bool = False):
+    """Block-sparse attention, layout BNSD.
+
+    q [B, N, Sq, D]; k, v [B, Nkv, Skv, D] (N % Nkv == 0); block_mask [B, N, ceil(Sq/bx),
+    ceil(Skv/by)] (bool/uint8/int8, nonzero = attended); block_size (bx, by) or one int; scale
+    None = 1/sqrt(D).  Returns o [B, N, Sq, D], or (o, lse [B, N, Sq] float32) with return_lse.
+    Differentiable in q, k, v (lse is not differentiable).
+    """
+    bx, by = _pair(block_size)
+    o, lse = torch.ops.spattn.bsa_fwd(q, k, v, _ops.as_mask(block_mask), bx, by, _lib.scale_arg(scale))
+    return (o, lse) if return_lse else o
+
+
+def sparse_flash_attention(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Tensor] = None,
+                           q_rope: Optional[Tensor] = None, k_rope: Optional[Tensor] = None,
+                           sparse_block_size: int = 1, causal: bool = True, scale: Optional[float] = None,
+                           return_lse: bool = False):
+    """Top-k sparse flash attention (sparse MLA), layout BSND.
+
+    q [B, S1, N1, D], k [B, S2, N2, D], indices [B, S1, N2, K] int32 (-1 = padding; block index
+    when sparse_block_size > 1); v None = shared key/value (v is k); q_rope/k_rope [.., Dr]
+    optional (the score runs over D + Dr); causal True = right-down causal (mode 3); scale None =
+    1/sqrt(D + Dr).  Returns o [B, S1, N1, D], or (o, lse [B, S1, N1] float32) with return_lse.
+    """
+    if (q_rope is None) != (k_rope is None):
+        raise ValueError("q_rope and k_rope must be given together")
+    o, lse = torch.ops.spattn.sfa_fwd(q, k, _ops.as_indices(indices), v, q_rope, k_rope,
+                                      int(sparse_block_size),
+                                      _lib.SFA_MODE_CAUSAL if causal else _lib.SFA_MODE_NONE,
+                                      _lib.scale_arg(scale))
+    return (o, lse) if return_lse else o
