@@ -1,0 +1,86 @@
+/*
+ * Shared declarations of the CPU sfa path: the resolved problem (sfa_plan), the workspace
+ * layout (one formula for spattn_cpu_sfa_workspace and for carving it up), and the table of
+ * ISA-specific task kernels (sfa_kernels.inc, compiled once per ISA).
+ *
+ * Algorithm (see docs/runbooks/sparse_flash_attention.md):
+ *   forward:  one task per (b, token, kv-group); the selected keys are gathered in chunks of
+ *             SFA_NC rows into a per-thread fp32 buffer and shared by the G = N1/N2 heads.
+ *   backward: token tiles of T tokens (T depends on shapes only).  A query pass (parallel over
+ *             (token, group)) computes dQ and stores dS and P per (slot, head); a scatter pass
+ *             (parallel over fixed column blocks of dK/dV) adds dS^T Q and P^T dO into fp32
+ *             accumulators, tokens and slots in ascending order.  Every accumulator element
+ *             therefore sees the same sequence of additions for any thread count.
+ */
+#ifndef SPATTN_SFA_CPU_H
+#define SPATTN_SFA_CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../core/internal.h"
+
+#define SFA_NC 64     /* keys per gathered chunk */
+#define SFA_CW 32     /* columns per scatter unit of the backward */
+#define SFA_VW 16     /* head lanes are padded to a multiple of this */
+#define SFA_ALIGN 64
+
+typedef struct sfa_plan {
+    const spattn_sfa_problem *p;
+    int64_t G;      /* heads per kv group */
+    int64_t Gp;     /* G rounded up to SFA_VW */
+    int64_t Dq;     /* D + Dr */
+    int64_t Dp, Drp, Dqp; /* D, Dr rounded up to SFA_VW; Dqp = Dp + Drp: every internal fp32
+                             row is laid out [nope Dp | rope Drp] with zero padding, so the
+                             kernels run on whole vectors only */
+    int64_t kmax;   /* most expanded keys one row can hold: K * min(sbs, S2) */
+    int nt;         /* threads */
+    /* backward tiling */
+    int64_t T;      /* tokens per tile */
+    int64_t ncol;   /* scatter units per kv group */
+} sfa_plan;
+
+/* Per-thread buffers (floats unless noted), offsets in bytes from the thread's base. */
+typedef struct sfa_thread_layout {
+    size_t qt, dot, kc, vc, st, dpt, acc, ml, keys, mark, total;
+} sfa_thread_layout;
+
+/* Tile buffers of the backward, per (token-in-tile, group) slot. */
+typedef struct sfa_tile_layout {
+    size_t x;     /* [2G][Dq] fp32: q rows then dO rows */
+    size_t dsp;   /* [kmax][2G] fp32: scale*dS then P per slot */
+    size_t keys;  /* [kmax] int32 */
+    size_t meta;  /* int64 n, int64 has_duplicates */
+    size_t total; /* bytes of one slot */
+} sfa_tile_layout;
+
+void sfa_plan_init(sfa_plan *pl, const spattn_sfa_problem *p, int backward, int num_threads);
+sfa_thread_layout sfa_thread_layout_of(const sfa_plan *pl, int backward);
+sfa_tile_layout sfa_tile_layout_of(const sfa_plan *pl);
+/* Total workspace bytes; the offsets of its three parts (thread buffers, tile, accumulators). */
+size_t sfa_workspace_parts(const sfa_plan *pl, int backward, size_t *off_tile, size_t *off_acc);
+
+/* Expands index row (b, i, n2) into key positions (int32), applying padding, the partial
+ * last block and the mode-3 limit.  Returns the count (<= kmax). */
+int64_t sfa_expand_row(const sfa_plan *pl, int64_t b, int64_t i, int64_t n2, int32_t *keys);
+
+/* ISA-specific task kernels (one definition per ISA variant in sfa_kernels.inc). */
+typedef struct sfa_kernels {
+    /* forward of (b, i, n2): writes o and lse of the group's heads */
+    void (*fwd_task)(const sfa_plan *pl, int64_t b, int64_t i, int64_t n2, char *tb);
+    /* backward query pass of (b, i, n2): writes dq/dq_rope, fills tile slot `ts` */
+    void (*bwd_query)(const sfa_plan *pl, int64_t b, int64_t i, int64_t n2, char *tb, char *ts);
+    /* backward scatter of column unit `unit` of group n2 for the tile's tokens 0..ntok-1
+     * (slot of token u: tile + (u * N2 + n2) * slot_bytes) into the batch's accumulators
+     * dkacc [S2][N2][Dqp] and dvacc [S2][N2][Dp] (NULL when shared_kv) */
+    void (*bwd_scatter)(const sfa_plan *pl, int64_t n2, int64_t unit, char *tile,
+                        size_t slot_bytes, int64_t ntok, float *dkacc, float *dvacc);
+} sfa_kernels;
+
+const sfa_kernels *sfa_kernels_generic(void);
+const sfa_kernels *sfa_kernels_avx2(void);
+const sfa_kernels *sfa_kernels_avx512(void);
+/* The table for this machine (follows spattn_cpu_isa_name()). */
+const sfa_kernels *sfa_kernels_select(void);
+
+#endif
