@@ -1,0 +1,354 @@
+/*
+ * `spattn bench`: median / min / max time and TFLOP/s of every selected case and pass, our
+ * results beside peers' (--compare FILE, same JSON schema: docs/cli.md) with per-case ratios
+ * and their geometric mean, and an SVG bar chart (--svg FILE).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "json.h"
+#include "report.h"
+#include "run.h"
+#include "spattn.h"
+#include "svg.h"
+
+typedef struct bres {
+    char name[96];
+    int op, pass;
+    double median_ms, min_ms, max_ms, flops, tflops;
+    int ok;
+    char msg[512];
+    const sp_case *c;
+} bres;
+
+typedef struct bset {
+    char label[128];
+    bres *v;
+    int n;
+} bset;
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static const char *pass_str(int pass) { return pass == SP_PASS_FWD ? "fwd" : "bwd"; }
+
+/* Runs the benchmarks; returns the number of failed runs, or -1 on a usage error. */
+static int run_all(sp_opts *o, const sp_case_list *cases, bset *ours) {
+    int npass = (o->passes & SP_PASS_FWD ? 1 : 0) + (o->passes & SP_PASS_BWD ? 1 : 0);
+    ours->v = calloc((size_t)(cases->n * npass), sizeof *ours->v);
+    double *ms = malloc((size_t)o->repeats * sizeof *ms);
+    if (!ours->v || !ms) {
+        free(ms);
+        return -1;
+    }
+    snprintf(ours->label, sizeof ours->label, "spattn %s", sp_backend_str(o->backend));
+    double total_work = 0.0;
+    for (int i = 0; i < cases->n; i++) {
+        double p = sp_pairs_estimate(&cases->v[i]);
+        if (o->passes & SP_PASS_FWD) total_work += sp_flops(&cases->v[i], p, 0);
+        if (o->passes & SP_PASS_BWD) total_work += sp_flops(&cases->v[i], p, 1);
+    }
+    sp_progress prog;
+    sp_progress_start(&prog, cases->n, total_work, o->quiet);
+    int failed = 0;
+    for (int i = 0; i < cases->n; i++) {
+        const sp_case *c = &cases->v[i];
+        sp_progress_case(&prog, i, c->name);
+        sp_inputs in;
+        char err[512];
+        int have_in = sp_inputs_make(c, &in, err, sizeof err) == 0;
+        double pairs = have_in ? sp_pairs(c, &in) : 0.0;
+        for (int pass = SP_PASS_FWD; pass <= SP_PASS_BWD; pass++) {
+            if (!(o->passes & pass)) continue;
+            bres *r = &ours->v[ours->n++];
+            snprintf(r->name, sizeof r->name, "%s", c->name);
+            r->c = c;
+            r->op = c->op;
+            r->pass = pass;
+            r->flops = sp_flops(c, pairs, pass == SP_PASS_BWD);
+            int status = 0;
+            if (!have_in) {
+                snprintf(r->msg, sizeof r->msg, "%s", err);
+            } else if ((o->backend == SPATTN_BACKEND_CUDA
+                            ? sp_bench_cuda(c, &in, pass, o->warmup, o->repeats, ms, &status,
+                                            r->msg, sizeof r->msg)
+                            : sp_bench_cpu(c, &in, pass, o->warmup, o->repeats, o->threads, ms,
+                                           &status, r->msg, sizeof r->msg)) == 0) {
+                r->ok = 1;
+                r->median_ms = median(ms, o->repeats);
+                r->min_ms = ms[0];
+                r->max_ms = ms[o->repeats - 1];
+                r->tflops = r->flops / (r->median_ms * 1e-3) / 1e12;
+            }
+            if (!r->ok) {
+                failed++;
+                sp_progress_end(&prog);
+                fprintf(stderr, "spattn: %s:%d: case %s: %s\n", c->file, c->line, c->name, r->msg);
+            }
+            sp_progress_done(&prog, r->flops);
+        }
+        if (have_in) sp_inputs_free(&in);
+    }
+    sp_progress_end(&prog);
+    free(ms);
+    return failed;
+}
+
+/* Reads a result set (ours via --load, or a peer's) from the bench JSON schema. */
+static int load_set(const char *path, bset *s) {
+    char err[512];
+    sp_jv *doc = sp_json_load(path, err, sizeof err);
+    if (!doc) {
+        fprintf(stderr, "spattn: %s\n", err);
+        return -1;
+    }
+    const sp_jv *results = sp_jv_get(doc, "results");
+    if (!results || results->type != SP_JARR) {
+        fprintf(stderr, "spattn: %s: no \"results\" array (schema: docs/cli.md)\n", path);
+        sp_json_free(doc);
+        return -1;
+    }
+    const char *label = sp_jv_str(doc, "name");
+    const char *backend = sp_jv_str(doc, "backend");
+    if (label && backend) snprintf(s->label, sizeof s->label, "%s %s", label, backend);
+    else snprintf(s->label, sizeof s->label, "%s", label ? label : backend ? backend : path);
+    s->v = calloc((size_t)(results->n ? results->n : 1), sizeof *s->v);
+    s->n = 0;
+    if (!s->v) {
+        sp_json_free(doc);
+        return -1;
+    }
+    for (int i = 0; i < results->n; i++) {
+        const sp_jv *e = &results->items[i];
+        const char *name = sp_jv_str(e, "case"), *pass = sp_jv_str(e, "pass");
+        if (!name || !pass || (strcmp(pass, "fwd") && strcmp(pass, "bwd"))) {
+            fprintf(stderr, "spattn: %s: results[%d]: needs \"case\" and \"pass\": \"fwd\"|\"bwd\"\n",
+                    path, i);
+            sp_json_free(doc);
+            return -1;
+        }
+        bres *r = &s->v[s->n++];
+        snprintf(r->name, sizeof r->name, "%s", name);
+        r->pass = strcmp(pass, "fwd") ? SP_PASS_BWD : SP_PASS_FWD;
+        r->median_ms = sp_jv_num(e, "median_ms", NAN);
+        r->min_ms = sp_jv_num(e, "min_ms", NAN);
+        r->max_ms = sp_jv_num(e, "max_ms", NAN);
+        r->tflops = sp_jv_num(e, "tflops", NAN);
+        r->flops = sp_jv_num(e, "flops", NAN);
+        r->ok = isfinite(r->median_ms) || isfinite(r->tflops);
+        const char *op = sp_jv_str(e, "op");
+        r->op = op && !strcmp(op, "sfa") ? SP_OP_SFA : SP_OP_BSA;
+    }
+    double sc = sp_jv_num(doc, "scale", 1.0);
+    if (sc != 1.0) fprintf(stderr, "spattn: note: %s was a scaled run (x%g)\n", path, sc);
+    sp_json_free(doc);
+    return 0;
+}
+
+static const bres *find(const bset *s, const char *name, int pass) {
+    for (int i = 0; i < s->n; i++)
+        if (s->v[i].pass == pass && !strcmp(s->v[i].name, name)) return &s->v[i];
+    return NULL;
+}
+
+/* Speed of ours relative to a peer: peer time / our time (> 1: we are faster). */
+static double ratio(const bres *ours, const bres *peer) {
+    if (!ours || !peer || !ours->ok || !peer->ok) return NAN;
+    if (isfinite(ours->median_ms) && isfinite(peer->median_ms) && ours->median_ms > 0)
+        return peer->median_ms / ours->median_ms;
+    if (isfinite(ours->tflops) && isfinite(peer->tflops) && peer->tflops > 0)
+        return ours->tflops / peer->tflops;
+    return NAN;
+}
+
+static void print_results(const bset *ours) {
+    printf("%-26s %-4s %10s %10s %10s %9s %10s\n", "case", "pass", "median_ms", "min_ms", "max_ms",
+           "TFLOP/s", "GFLOP");
+    for (int i = 0; i < ours->n; i++) {
+        const bres *r = &ours->v[i];
+        if (!r->ok) {
+            printf("%-26s %-4s ERROR %s\n", r->name, pass_str(r->pass), r->msg);
+            continue;
+        }
+        printf("%-26s %-4s %10.3f %10.3f %10.3f %9.3f %10.2f\n", r->name, pass_str(r->pass),
+               r->median_ms, r->min_ms, r->max_ms, r->tflops, r->flops / 1e9);
+    }
+}
+
+static void print_compare(const bset *ours, const bset *peers, int np) {
+    printf("\ncomparison (ratio = peer time / our time; > 1 means spattn is faster)\n");
+    printf("%-26s %-4s %10s", "case", "pass", "ours_ms");
+    for (int p = 0; p < np; p++) printf("  %-22.22s %7s", peers[p].label, "ratio");
+    printf("\n");
+    double logsum[SP_MAX_LIST] = {0};
+    int cnt[SP_MAX_LIST] = {0};
+    for (int i = 0; i < ours->n; i++) {
+        const bres *r = &ours->v[i];
+        printf("%-26s %-4s %10.3f", r->name, pass_str(r->pass), r->ok ? r->median_ms : NAN);
+        for (int p = 0; p < np; p++) {
+            const bres *q = find(&peers[p], r->name, r->pass);
+            double x = ratio(r, q);
+            printf("  %22.3f %6.2fx", q && q->ok ? q->median_ms : NAN, x);
+            if (isfinite(x) && x > 0) {
+                logsum[p] += log(x);
+                cnt[p]++;
+            }
+        }
+        printf("\n");
+    }
+    for (int p = 0; p < np; p++) {
+        if (cnt[p])
+            printf("geometric mean vs %s: %.3fx over %d case-passes\n", peers[p].label,
+                   exp(logsum[p] / cnt[p]), cnt[p]);
+        else
+            printf("geometric mean vs %s: no common case\n", peers[p].label);
+    }
+}
+
+static int write_json(const sp_opts *o, const bset *ours) {
+    FILE *f = fopen(o->json_path, "w");
+    if (!f) {
+        fprintf(stderr, "spattn: --json %s: cannot write: %s\n", o->json_path, strerror(errno));
+        return -1;
+    }
+    sp_jw w;
+    sp_jw_init(&w, f);
+    sp_jw_obj(&w, NULL);
+    sp_json_header(&w, o, "bench");
+    sp_jw_int(&w, "warmup", o->warmup);
+    sp_jw_int(&w, "repeats", o->repeats);
+    sp_jw_str(&w, "timer", o->backend == SPATTN_BACKEND_CUDA ? "cuda_events_l2_flushed" : "wall_clock");
+    sp_jw_arr(&w, "results");
+    for (int i = 0; i < ours->n; i++) {
+        const bres *r = &ours->v[i];
+        sp_jw_obj(&w, NULL);
+        sp_jw_str(&w, "case", r->name);
+        sp_jw_str(&w, "op", sp_op_name(r->op));
+        sp_jw_str(&w, "pass", pass_str(r->pass));
+        if (r->c) {
+            sp_jw_num(&w, "scale", r->c->scaled_by);
+            sp_json_shape(&w, r->c);
+        }
+        sp_jw_bool(&w, "ok", r->ok);
+        if (!r->ok) sp_jw_str(&w, "error", r->msg);
+        sp_jw_num(&w, "median_ms", r->ok ? r->median_ms : NAN);
+        sp_jw_num(&w, "min_ms", r->ok ? r->min_ms : NAN);
+        sp_jw_num(&w, "max_ms", r->ok ? r->max_ms : NAN);
+        sp_jw_num(&w, "flops", r->flops);
+        sp_jw_num(&w, "tflops", r->ok ? r->tflops : NAN);
+        sp_jw_end_obj(&w);
+    }
+    sp_jw_end_arr(&w);
+    sp_jw_end_obj(&w);
+    return fclose(f) ? -1 : 0;
+}
+
+static int write_svg(const sp_opts *o, const bset *ours, const bset *peers, int np) {
+    int ns = np + 1, ng = ours->n;
+    const char **groups = calloc((size_t)(ng ? ng : 1), sizeof *groups);
+    char *labels = calloc((size_t)(ng ? ng : 1), 112);
+    const char *series[SP_MAX_LIST + 1];
+    double *vals = calloc((size_t)(ns * (ng ? ng : 1)), sizeof *vals);
+    int rc = -1;
+    if (!groups || !labels || !vals) goto done;
+    series[0] = ours->label;
+    for (int p = 0; p < np; p++) series[p + 1] = peers[p].label;
+    for (int g = 0; g < ng; g++) {
+        const bres *r = &ours->v[g];
+        char *l = labels + (size_t)g * 112;
+        snprintf(l, 112, "%s %s", r->name, pass_str(r->pass));
+        groups[g] = l;
+        vals[g] = r->ok ? r->tflops : NAN;
+        for (int p = 0; p < np; p++) {
+            const bres *q = find(&peers[p], r->name, r->pass);
+            double v = NAN;
+            if (q && q->ok) {
+                v = q->tflops;
+                /* A peer that reports only its time: our FLOP count of the same case. */
+                if (!isfinite(v) && isfinite(q->median_ms) && r->flops > 0)
+                    v = r->flops / (q->median_ms * 1e-3) / 1e12;
+            }
+            vals[(p + 1) * ng + g] = v;
+        }
+    }
+    char title[256];
+    double f = sp_effective_scale(o);
+    snprintf(title, sizeof title, "spattn bench: TFLOP/s per case%s", f < 1.0 ? " (scaled run)" : "");
+    rc = sp_svg_bars(o->svg_path, title, "TFLOP/s", groups, ng, series, ns, vals);
+    if (rc) fprintf(stderr, "spattn: --svg %s: cannot write\n", o->svg_path);
+done:
+    free(groups);
+    free(labels);
+    free(vals);
+    return rc;
+}
+
+int sp_cmd_bench(sp_opts *o) {
+    bset ours = {{0}, NULL, 0};
+    bset peers[SP_MAX_LIST];
+    int np = 0, rc = SP_EXIT_OK;
+    sp_case_list cases = {0};
+    memset(peers, 0, sizeof peers);
+    for (int i = 0; i < o->n_compare; i++) {
+        if (load_set(o->compare[i], &peers[np])) {
+            rc = SP_EXIT_USAGE;
+            goto done;
+        }
+        np++;
+    }
+    if (o->load_path) {
+        if (load_set(o->load_path, &ours)) {
+            rc = SP_EXIT_USAGE;
+            goto done;
+        }
+    } else {
+        if (sp_resolve_backend(o) || sp_select_cases(o, &cases)) {
+            rc = SP_EXIT_USAGE;
+            goto done;
+        }
+        if (cases.n == 0) {
+            fprintf(stderr, "spattn: no case matches the filters\n");
+            rc = SP_EXIT_USAGE;
+            goto done;
+        }
+        char dev[512];
+        sp_device_name(o, dev, sizeof dev);
+        printf("spattn %s bench: %d case%s, backend %s, %s; warm-up %d, repeats %d (%s)\n",
+               spattn_version(NULL, NULL, NULL), cases.n, cases.n == 1 ? "" : "s",
+               sp_backend_str(o->backend), dev, o->warmup, o->repeats,
+               o->backend == SPATTN_BACKEND_CUDA ? "CUDA events, L2 flushed before each repeat"
+                                                 : "wall clock");
+        double f = sp_effective_scale(o);
+        if (f < 1.0)
+            printf("SCALED RUN: sequence lengths x%g%s; --scale 1 runs the cases at full size\n", f,
+                   o->scale > 0.0 ? "" : " (the cpu backend's default)");
+        fflush(stdout);
+        int failed = run_all(o, &cases, &ours);
+        if (failed < 0) {
+            fprintf(stderr, "spattn: out of memory\n");
+            rc = SP_EXIT_USAGE;
+            goto done;
+        }
+        if (failed) rc = SP_EXIT_FAIL;
+    }
+    print_results(&ours);
+    if (np) print_compare(&ours, peers, np);
+    if (o->json_path && !o->load_path && write_json(o, &ours)) rc = SP_EXIT_USAGE;
+    if (o->svg_path && write_svg(o, &ours, peers, np)) rc = SP_EXIT_USAGE;
+done:
+    free(ours.v);
+    for (int p = 0; p < SP_MAX_LIST; p++) free(peers[p].v);
+    sp_case_list_free(&cases);
+    return rc;
+}

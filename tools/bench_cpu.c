@@ -1,0 +1,47 @@
+/* bench on the CPU: wall-clock time of each call (the CPU has no L2 flush worth doing: the
+ * working sets of the suite's cases are far larger than the caches). */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "call.h"
+#include "run.h"
+
+int sp_bench_cpu(const sp_case *c, const sp_inputs *in, int pass, int warmup, int repeats,
+                 int threads, double *ms, int *status, char *msg, size_t msglen) {
+    size_t bytes[SP_B_COUNT];
+    sp_buffer_sizes(c, bytes);
+    void *buf[SP_B_COUNT] = {in->q, in->k, in->v, in->dout, in->mask, in->idx};
+    int rc = -1;
+    *status = 0;
+    for (int b = SP_B_O; b < SP_B_COUNT; b++) {
+        buf[b] = bytes[b] ? calloc(1, bytes[b]) : NULL;
+        if (bytes[b] && !buf[b]) {
+            *status = SPATTN_STATUS_OUT_OF_MEMORY;
+            snprintf(msg, msglen, "out of memory allocating the outputs");
+            goto done;
+        }
+    }
+    sp_tensors t;
+    sp_tensors_make(c, buf, SPATTN_DEVICE_CPU, &t);
+    spattn_options opt;
+    spattn_options_init(&opt);
+    opt.backend = SPATTN_BACKEND_CPU;
+    opt.num_threads = threads;
+    spattn_status st = SPATTN_STATUS_SUCCESS;
+    if (pass == SP_PASS_BWD) st = sp_call_fwd(c, &t, &opt); /* O and LSE for the backward */
+    for (int i = 0; i < warmup + repeats && st == SPATTN_STATUS_SUCCESS; i++) {
+        double t0 = sp_now_ms();
+        st = pass == SP_PASS_FWD ? sp_call_fwd(c, &t, &opt) : sp_call_bwd(c, &t, &opt);
+        if (i >= warmup) ms[i - warmup] = sp_now_ms() - t0;
+    }
+    if (st != SPATTN_STATUS_SUCCESS) {
+        *status = st;
+        snprintf(msg, msglen, "%s: %s: %s", pass == SP_PASS_FWD ? "forward" : "backward",
+                 spattn_status_str(st), spattn_last_error());
+        goto done;
+    }
+    rc = 0;
+done:
+    for (int b = SP_B_O; b < SP_B_COUNT; b++) free(buf[b]);
+    return rc;
+}

@@ -1,0 +1,497 @@
+/*
+ * Case-file parser.  Strict on purpose: an unknown key, a repeated key, a value that does not
+ * parse completely or a missing required key is an error with file:line, so that a typo never
+ * turns into a different case.
+ */
+#include "cases.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "spattn.h"
+
+/* Upper bound for any dimension: keeps every element count far inside int64. */
+#define SP_DIM_MAX (1LL << 24)
+
+const char *sp_op_name(int op) { return op == SP_OP_BSA ? "bsa" : op == SP_OP_SFA ? "sfa" : "?"; }
+
+static const char *const kPatterns[] = {"dense", "causal", "window", "bigbird", "random"};
+
+const char *sp_pattern_name(int pattern) {
+    return pattern >= 0 && pattern < 5 ? kPatterns[pattern] : "?";
+}
+
+static void fail(char *err, size_t errlen, const char *file, int line, const char *fmt, ...) {
+    int k = snprintf(err, errlen, "%s:%d: ", file, line);
+    if (k < 0 || (size_t)k >= errlen) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err + k, errlen - (size_t)k, fmt, ap);
+    va_end(ap);
+}
+
+/* Which keys a case may carry.  `ops` is a bit set of the operators the key applies to. */
+enum { K_INT, K_DTYPE, K_PATTERN, K_REAL, K_KV, K_OP, K_SEED };
+typedef struct keydef {
+    const char *name;
+    int type;
+    int ops; /* 1 = bsa, 2 = sfa, 3 = both */
+} keydef;
+
+static const keydef kKeys[] = {
+    {"op", K_OP, 3},       {"dtype", K_DTYPE, 3}, {"seed", K_SEED, 3},      {"B", K_INT, 3},
+    {"D", K_INT, 3},       {"N", K_INT, 1},       {"Nkv", K_INT, 1},        {"Sq", K_INT, 1},
+    {"Skv", K_INT, 1},     {"bx", K_INT, 1},      {"by", K_INT, 1},         {"pattern", K_PATTERN, 1},
+    {"window", K_INT, 1},  {"glob", K_INT, 1},    {"win", K_INT, 1},        {"rand", K_INT, 1},
+    {"density", K_REAL, 1}, {"S1", K_INT, 2},     {"S2", K_INT, 2},         {"N1", K_INT, 2},
+    {"N2", K_INT, 2},      {"Dr", K_INT, 2},      {"K", K_INT, 2},          {"sbs", K_INT, 2},
+    {"mode", K_INT, 2},    {"kv", K_KV, 2},
+};
+#define NKEYS ((int)(sizeof(kKeys) / sizeof(kKeys[0])))
+
+static int find_key(const char *name, size_t len) {
+    for (int i = 0; i < NKEYS; i++)
+        if (strlen(kKeys[i].name) == len && memcmp(kKeys[i].name, name, len) == 0) return i;
+    return -1;
+}
+
+static int parse_int(const char *s, int64_t *out) {
+    if (!isdigit((unsigned char)s[0])) return -1;
+    errno = 0;
+    char *end;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end) return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_u64(const char *s, uint64_t *out) {
+    if (!isdigit((unsigned char)s[0])) return -1;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 0);
+    if (errno || *end) return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_real(const char *s, double *out) {
+    if (!s[0] || isspace((unsigned char)s[0])) return -1;
+    errno = 0;
+    char *end;
+    double v = strtod(s, &end);
+    if (errno || *end || !isfinite(v)) return -1;
+    *out = v;
+    return 0;
+}
+
+/* Parsed values of one line, before the per-operator checks. */
+typedef struct rawcase {
+    int have[NKEYS];
+    int64_t ival[NKEYS];
+    double rval[NKEYS];
+    uint64_t seed;
+} rawcase;
+
+static int64_t iv(const rawcase *r, const char *key) { return r->ival[find_key(key, strlen(key))]; }
+static int has(const rawcase *r, const char *key) { return r->have[find_key(key, strlen(key))]; }
+
+/* Checks key `key` is present and in [lo, hi]. */
+static int need(const rawcase *r, const char *key, int64_t lo, int64_t hi, const char *file,
+                int line, const char *name, char *err, size_t errlen) {
+    if (!has(r, key)) {
+        fail(err, errlen, file, line, "case %s: missing key '%s'", name, key);
+        return -1;
+    }
+    int64_t v = iv(r, key);
+    if (v < lo || v > hi) {
+        fail(err, errlen, file, line, "case %s: %s=%lld out of range [%lld, %lld]", name, key,
+             (long long)v, (long long)lo, (long long)hi);
+        return -1;
+    }
+    return 0;
+}
+
+#define NEED(key, lo, hi)                                                            \
+    do {                                                                             \
+        if (need(&r, key, lo, hi, file, line, c->name, err, errlen)) return -1;      \
+    } while (0)
+
+/* Parses one non-empty, comment-stripped line into *c. */
+static int parse_line(const char *file, int line, char *text, sp_case *c, char *err,
+                      size_t errlen) {
+    rawcase r;
+    memset(&r, 0, sizeof r);
+    memset(c, 0, sizeof *c);
+    snprintf(c->file, sizeof c->file, "%s", file);
+    c->line = line;
+    int op = -1, op_from_key = 0, used_ops = 0;
+    char *save = NULL;
+    char *tok = strtok_r(text, " \t\r", &save);
+    /* The name: letters, digits, '_', '-', '.'; never a key=value. */
+    if (strchr(tok, '=')) {
+        fail(err, errlen, file, line, "a case line starts with its name, got '%s'", tok);
+        return -1;
+    }
+    if (strlen(tok) >= sizeof c->name) {
+        fail(err, errlen, file, line, "case name longer than %zu characters", sizeof c->name - 1);
+        return -1;
+    }
+    for (const char *p = tok; *p; p++)
+        if (!isalnum((unsigned char)*p) && *p != '_' && *p != '-' && *p != '.') {
+            fail(err, errlen, file, line, "case name '%s': only letters, digits, '_', '-', '.'", tok);
+            return -1;
+        }
+    snprintf(c->name, sizeof c->name, "%s", tok);
+    c->dtype = -1;
+    while ((tok = strtok_r(NULL, " \t\r", &save)) != NULL) {
+        char *eq = strchr(tok, '=');
+        if (!eq || eq == tok) {
+            fail(err, errlen, file, line, "case %s: expected key=value, got '%s'", c->name, tok);
+            return -1;
+        }
+        int ki = find_key(tok, (size_t)(eq - tok));
+        *eq = '\0';
+        const char *val = eq + 1;
+        if (ki < 0) {
+            fail(err, errlen, file, line, "case %s: unknown key '%s'", c->name, tok);
+            return -1;
+        }
+        if (r.have[ki]) {
+            fail(err, errlen, file, line, "case %s: key '%s' given twice", c->name, tok);
+            return -1;
+        }
+        r.have[ki] = 1;
+        if (kKeys[ki].ops != 3) used_ops |= kKeys[ki].ops;
+        int bad = 0;
+        switch (kKeys[ki].type) {
+        case K_INT: bad = parse_int(val, &r.ival[ki]); break;
+        case K_SEED: bad = parse_u64(val, &r.seed); break;
+        case K_REAL: bad = parse_real(val, &r.rval[ki]); break;
+        case K_DTYPE:
+            if (!strcmp(val, "fp16")) c->dtype = SPATTN_DTYPE_F16;
+            else if (!strcmp(val, "bf16")) c->dtype = SPATTN_DTYPE_BF16;
+            else if (!strcmp(val, "fp32")) c->dtype = SPATTN_DTYPE_F32;
+            else bad = 1;
+            break;
+        case K_PATTERN:
+            bad = 1;
+            for (int p = 0; p < 5; p++)
+                if (!strcmp(val, kPatterns[p])) {
+                    c->pattern = p;
+                    bad = 0;
+                }
+            break;
+        case K_KV:
+            if (!strcmp(val, "shared")) c->shared_kv = 1;
+            else if (!strcmp(val, "separate")) c->shared_kv = 0;
+            else bad = 1;
+            break;
+        case K_OP:
+            if (!strcmp(val, "bsa")) op = SP_OP_BSA;
+            else if (!strcmp(val, "sfa")) op = SP_OP_SFA;
+            else bad = 1;
+            op_from_key = 1;
+            break;
+        }
+        if (bad) {
+            static const char *const want[] = {"a non-negative integer", "fp16, bf16 or fp32",
+                                               "dense, causal, window, bigbird or random",
+                                               "a finite number", "shared or separate",
+                                               "bsa or sfa", "a non-negative integer"};
+            fail(err, errlen, file, line, "case %s: bad value '%s' for key '%s' (expected %s)",
+                 c->name, val, tok, want[kKeys[ki].type]);
+            return -1;
+        }
+    }
+    /* The operator: op= when given, else from the keys used. */
+    if (used_ops == 3) {
+        fail(err, errlen, file, line, "case %s: mixes bsa keys (Sq, Skv, N, bx, by, pattern...) "
+             "and sfa keys (S1, S2, N1, N2, K, sbs, mode...)", c->name);
+        return -1;
+    }
+    if (!op_from_key) op = used_ops == 1 ? SP_OP_BSA : used_ops == 2 ? SP_OP_SFA : -1;
+    if (op < 0) {
+        fail(err, errlen, file, line, "case %s: cannot tell the operator (add op=bsa or op=sfa)",
+             c->name);
+        return -1;
+    }
+    if (used_ops && used_ops != (op == SP_OP_BSA ? 1 : 2)) {
+        fail(err, errlen, file, line, "case %s: op=%s but keys of the other operator are given",
+             c->name, sp_op_name(op));
+        return -1;
+    }
+    c->op = op;
+    if (c->dtype < 0) {
+        fail(err, errlen, file, line, "case %s: missing key 'dtype'", c->name);
+        return -1;
+    }
+    c->seed = r.seed;
+    c->scaled_by = 1.0;
+    NEED("B", 1, SP_DIM_MAX);
+    NEED("D", 1, 4096);
+    c->B = iv(&r, "B");
+    c->D = iv(&r, "D");
+    if (op == SP_OP_BSA) {
+        NEED("N", 1, SP_DIM_MAX);
+        NEED("Sq", 1, SP_DIM_MAX);
+        NEED("Skv", 1, SP_DIM_MAX);
+        NEED("bx", 1, SP_DIM_MAX);
+        NEED("by", 1, SP_DIM_MAX);
+        c->N = iv(&r, "N");
+        c->Sq = iv(&r, "Sq");
+        c->Skv = iv(&r, "Skv");
+        c->bx = iv(&r, "bx");
+        c->by = iv(&r, "by");
+        c->Nkv = c->N;
+        if (has(&r, "Nkv")) {
+            NEED("Nkv", 1, c->N);
+            c->Nkv = iv(&r, "Nkv");
+            if (c->N % c->Nkv) {
+                fail(err, errlen, file, line, "case %s: Nkv=%lld must divide N=%lld", c->name,
+                     (long long)c->Nkv, (long long)c->N);
+                return -1;
+            }
+        }
+        if (!has(&r, "pattern")) {
+            fail(err, errlen, file, line, "case %s: missing key 'pattern'", c->name);
+            return -1;
+        }
+        /* Pattern parameters: required for their pattern, refused for the others. */
+        static const char *const pkeys[] = {"window", "glob", "win", "rand", "density"};
+        static const int powner[] = {SP_PAT_WINDOW, SP_PAT_BIGBIRD, SP_PAT_BIGBIRD,
+                                     SP_PAT_BIGBIRD, SP_PAT_RANDOM};
+        for (int i = 0; i < 5; i++) {
+            if (powner[i] == c->pattern && !has(&r, pkeys[i])) {
+                fail(err, errlen, file, line, "case %s: pattern=%s needs key '%s'", c->name,
+                     kPatterns[c->pattern], pkeys[i]);
+                return -1;
+            }
+            if (powner[i] != c->pattern && has(&r, pkeys[i])) {
+                fail(err, errlen, file, line, "case %s: key '%s' applies only to pattern=%s",
+                     c->name, pkeys[i], kPatterns[powner[i]]);
+                return -1;
+            }
+        }
+        if (c->pattern == SP_PAT_WINDOW) {
+            NEED("window", 0, SP_DIM_MAX);
+            c->window = iv(&r, "window");
+        }
+        if (c->pattern == SP_PAT_BIGBIRD) {
+            NEED("glob", 0, SP_DIM_MAX);
+            NEED("win", 0, SP_DIM_MAX);
+            NEED("rand", 0, SP_DIM_MAX);
+            c->glob = iv(&r, "glob");
+            c->win = iv(&r, "win");
+            c->rnd = iv(&r, "rand");
+        }
+        if (c->pattern == SP_PAT_RANDOM) {
+            double p = r.rval[find_key("density", 7)];
+            if (!(p >= 0.0 && p <= 1.0)) {
+                fail(err, errlen, file, line, "case %s: density=%g must lie in [0, 1]", c->name, p);
+                return -1;
+            }
+            c->density = p;
+        }
+        int64_t nbx = (c->Sq + c->bx - 1) / c->bx, nby = (c->Skv + c->by - 1) / c->by;
+        if (c->B * c->N > SP_DIM_MAX || nbx * nby > SP_DIM_MAX) {
+            fail(err, errlen, file, line, "case %s: too large", c->name);
+            return -1;
+        }
+    } else {
+        NEED("S1", 1, SP_DIM_MAX);
+        NEED("S2", 1, SP_DIM_MAX);
+        NEED("N1", 1, SP_DIM_MAX);
+        NEED("N2", 1, SP_DIM_MAX);
+        NEED("Dr", 0, 4096);
+        NEED("K", 1, SP_DIM_MAX);
+        c->S1 = iv(&r, "S1");
+        c->S2 = iv(&r, "S2");
+        c->N1 = iv(&r, "N1");
+        c->N2 = iv(&r, "N2");
+        c->Dr = iv(&r, "Dr");
+        c->K = iv(&r, "K");
+        c->sbs = 1;
+        if (has(&r, "sbs")) {
+            NEED("sbs", 1, 128);
+            c->sbs = iv(&r, "sbs");
+            if (c->sbs & (c->sbs - 1)) {
+                fail(err, errlen, file, line, "case %s: sbs=%lld must be a power of two", c->name,
+                     (long long)c->sbs);
+                return -1;
+            }
+        }
+        if (!has(&r, "mode")) {
+            fail(err, errlen, file, line, "case %s: missing key 'mode'", c->name);
+            return -1;
+        }
+        c->mode = (int32_t)iv(&r, "mode");
+        if (iv(&r, "mode") != 0 && iv(&r, "mode") != 3) {
+            fail(err, errlen, file, line, "case %s: mode=%lld must be 0 (none) or 3 (causal)",
+                 c->name, (long long)iv(&r, "mode"));
+            return -1;
+        }
+        if (c->N1 % c->N2) {
+            fail(err, errlen, file, line, "case %s: N2=%lld must divide N1=%lld", c->name,
+                 (long long)c->N2, (long long)c->N1);
+            return -1;
+        }
+        if (!has(&r, "kv")) c->shared_kv = 1;
+    }
+    return 0;
+}
+
+static int list_push(sp_case_list *l, const sp_case *c) {
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 64;
+        sp_case *v = realloc(l->v, (size_t)cap * sizeof *v);
+        if (!v) return -1;
+        l->v = v;
+        l->cap = cap;
+    }
+    l->v[l->n++] = *c;
+    return 0;
+}
+
+int sp_cases_parse_text(const char *file, const char *text, sp_case_list *out, char *err,
+                        size_t errlen) {
+    int line = 0, first = out->n;
+    const char *p = text;
+    char buf[4096];
+    while (*p) {
+        line++;
+        const char *nl = strchr(p, '\n');
+        size_t len = nl ? (size_t)(nl - p) : strlen(p);
+        if (len >= sizeof buf) {
+            fail(err, errlen, file, line, "line longer than %zu characters", sizeof buf - 1);
+            return -1;
+        }
+        memcpy(buf, p, len);
+        buf[len] = '\0';
+        p = nl ? nl + 1 : p + len;
+        char *hash = strchr(buf, '#');
+        if (hash) *hash = '\0';
+        char *s = buf;
+        while (*s && isspace((unsigned char)*s)) s++;
+        if (!*s) continue;
+        sp_case c;
+        if (parse_line(file, line, s, &c, err, errlen)) return -1;
+        for (int i = first; i < out->n; i++)
+            if (!strcmp(out->v[i].name, c.name)) {
+                fail(err, errlen, file, line, "case %s: name already used on line %d", c.name,
+                     out->v[i].line);
+                return -1;
+            }
+        if (list_push(out, &c)) {
+            fail(err, errlen, file, line, "out of memory");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int sp_cases_load(const char *path, sp_case_list *out, char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "%s:0: cannot open case file: %s", path, strerror(errno));
+        return -1;
+    }
+    size_t cap = 1 << 16, len = 0;
+    char *text = malloc(cap);
+    while (text) {
+        size_t got = fread(text + len, 1, cap - len - 1, f);
+        len += got;
+        if (len < cap - 1) break;
+        char *t = realloc(text, cap * 2);
+        if (!t) {
+            free(text);
+            text = NULL;
+            break;
+        }
+        text = t;
+        cap *= 2;
+    }
+    int rd_err = ferror(f);
+    fclose(f);
+    if (!text || rd_err) {
+        free(text);
+        snprintf(err, errlen, "%s:0: cannot read case file", path);
+        return -1;
+    }
+    text[len] = '\0';
+    if (memchr(text, '\0', len)) {
+        free(text);
+        snprintf(err, errlen, "%s:0: not a text file (NUL byte)", path);
+        return -1;
+    }
+    int rc = sp_cases_parse_text(path, text, out, err, errlen);
+    free(text);
+    return rc;
+}
+
+void sp_case_list_free(sp_case_list *l) {
+    free(l->v);
+    l->v = NULL;
+    l->n = l->cap = 0;
+}
+
+static int64_t scale_len(int64_t s, double f) {
+    int64_t r = (int64_t)llround((double)s * f);
+    return r < 1 ? 1 : r;
+}
+
+void sp_case_scale(const sp_case *in, double f, sp_case *out) {
+    *out = *in;
+    if (!(f > 0.0) || f >= 1.0) return;
+    out->scaled_by = f;
+    if (in->op == SP_OP_BSA) {
+        /* Keep at least two block rows / columns (when the case had them) so that partial
+         * blocks, causal edges and windows still occur; keep Sq == Skv when it was. */
+        int64_t minq = 2 * in->bx < in->Sq ? 2 * in->bx : in->Sq;
+        int64_t mink = 2 * in->by < in->Skv ? 2 * in->by : in->Skv;
+        out->Sq = scale_len(in->Sq, f);
+        out->Skv = scale_len(in->Skv, f);
+        if (out->Sq < minq) out->Sq = minq;
+        if (out->Skv < mink) out->Skv = mink;
+        if (in->Sq == in->Skv) out->Sq = out->Skv = out->Sq > out->Skv ? out->Sq : out->Skv;
+        /* A window is a token count: shrink it with the sequence so the band stays a band. */
+        if (in->pattern == SP_PAT_WINDOW) out->window = (int64_t)llround((double)in->window * f);
+    } else {
+        out->S1 = scale_len(in->S1, f);
+        out->S2 = scale_len(in->S2, f);
+        if (in->S2 >= in->S1 && out->S2 < out->S1) out->S2 = out->S1;
+        /* K shrinks with S2 so that each query still selects the same fraction of the keys
+         * (otherwise a scaled case degenerates into dense attention); capped at the blocks
+         * that exist. */
+        int64_t nblk = (out->S2 + out->sbs - 1) / out->sbs;
+        out->K = scale_len(in->K, f);
+        if (out->K > nblk) out->K = nblk;
+    }
+}
+
+void sp_case_shape_str(const sp_case *c, char *buf, size_t n) {
+    if (c->op == SP_OP_BSA) {
+        int k = snprintf(buf, n, "B=%lld N=%lld", (long long)c->B, (long long)c->N);
+        if (c->Nkv != c->N) k += snprintf(buf + k, n - (size_t)k, " Nkv=%lld", (long long)c->Nkv);
+        k += snprintf(buf + k, n - (size_t)k, " Sq=%lld Skv=%lld D=%lld bx=%lld by=%lld %s",
+                      (long long)c->Sq, (long long)c->Skv, (long long)c->D, (long long)c->bx,
+                      (long long)c->by, sp_pattern_name(c->pattern));
+        if (c->pattern == SP_PAT_WINDOW)
+            snprintf(buf + k, n - (size_t)k, " window=%lld", (long long)c->window);
+        else if (c->pattern == SP_PAT_BIGBIRD)
+            snprintf(buf + k, n - (size_t)k, " glob=%lld win=%lld rand=%lld", (long long)c->glob,
+                     (long long)c->win, (long long)c->rnd);
+        else if (c->pattern == SP_PAT_RANDOM)
+            snprintf(buf + k, n - (size_t)k, " density=%g", c->density);
+    } else {
+        snprintf(buf, n, "B=%lld S1=%lld S2=%lld N1=%lld N2=%lld D=%lld Dr=%lld K=%lld sbs=%lld mode=%d%s",
+                 (long long)c->B, (long long)c->S1, (long long)c->S2, (long long)c->N1,
+                 (long long)c->N2, (long long)c->D, (long long)c->Dr, (long long)c->K,
+                 (long long)c->sbs, c->mode, c->shared_kv ? "" : " kv=separate");
+    }
+}
