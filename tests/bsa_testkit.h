@@ -20,7 +20,7 @@ static const char *const pat_name[PAT_COUNT] = {"dense",  "causal",     "window"
                                                 "random", "empty_rows", "zero"};
 
 /* Mask [B, N, nbx, nby] following cases/README.md (block-level formulas). */
-static void bk_make_mask(tu_rng *r, int pat, int64_t B, int64_t N, int64_t Sq, int64_t Skv,
+static inline void bk_make_mask(tu_rng *r, int pat, int64_t B, int64_t N, int64_t Sq, int64_t Skv,
                          int64_t bx, int64_t by, uint8_t *m) {
     int64_t nbx = (Sq + bx - 1) / bx, nby = (Skv + by - 1) / by, off = Skv - Sq;
     int64_t W = 1 + tu_range(r, 0, 2 * (bx > by ? bx : by)), g = 1, w = 1, nr = 1;
@@ -53,7 +53,7 @@ enum { LAY_CONTIG, LAY_PERMUTED, LAY_PADDED, LAY_INNER2, LAY_COUNT };
 static const char *const lay_name[LAY_COUNT] = {"contig", "permuted", "padded", "inner-stride2"};
 
 /* Strides for `shape` under `lay`; returns the number of elements the buffer needs. */
-static int64_t bk_strides(int ndim, const int64_t *shape, int lay, int64_t *st) {
+static inline int64_t bk_strides(int ndim, const int64_t *shape, int lay, int64_t *st) {
     int64_t ext[4] = {shape[0], shape[1], shape[2], ndim > 3 ? shape[3] : 1};
     int order[4] = {0, 1, 2, 3}; /* outermost first */
     int64_t pad[4] = {0, 0, 0, 0}, inner = 1;
@@ -76,7 +76,7 @@ typedef struct bk_tensor {
     int64_t nbuf; /* elements in buf */
 } bk_tensor;
 
-static void bk_poison(bk_tensor *x) {
+static inline void bk_poison(bk_tensor *x) {
     size_t es = spattn_dtype_size((spattn_dtype)x->t.dtype);
     if (x->t.dtype == SPATTN_DTYPE_U8) { memset(x->buf, 0xA5, (size_t)x->nbuf); return; }
     for (int64_t i = 0; i < x->nbuf; i++) {
@@ -85,7 +85,7 @@ static void bk_poison(bk_tensor *x) {
     }
 }
 
-static bk_tensor bk_alloc(int32_t dtype, int ndim, const int64_t *shape, int lay) {
+static inline bk_tensor bk_alloc(int32_t dtype, int ndim, const int64_t *shape, int lay) {
     bk_tensor x;
     int64_t st[4];
     x.nbuf = bk_strides(ndim, shape, lay, st);
@@ -95,9 +95,9 @@ static bk_tensor bk_alloc(int32_t dtype, int ndim, const int64_t *shape, int lay
     bk_poison(&x);
     return x;
 }
-static void bk_free(bk_tensor *x) { free(x->buf); x->buf = NULL; }
+static inline void bk_free(bk_tensor *x) { free(x->buf); x->buf = NULL; }
 
-static int64_t bk_off(const spattn_tensor *t, const int64_t *idx) {
+static inline int64_t bk_off(const spattn_tensor *t, const int64_t *idx) {
     int64_t o = 0;
     for (int d = 0; d < t->ndim; d++) o += idx[d] * t->strides[d];
     return o;
@@ -107,12 +107,12 @@ static inline int64_t bk_numel(const spattn_tensor *t) {
     for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
     return n;
 }
-static void bk_next(const spattn_tensor *t, int64_t *idx);
+static inline void bk_next(const spattn_tensor *t, int64_t *idx);
 /* Visit every element of a <=4-d tensor in row-major logical order. */
 #define BK_FOREACH(t, lin, off)                                                          \
     for (int64_t lin = 0, idx_[4] = {0, 0, 0, 0}, off = 0; lin < bk_numel(t);         \
          lin++, bk_next(t, idx_), off = bk_off(t, idx_))
-static void bk_next(const spattn_tensor *t, int64_t *idx) {
+static inline void bk_next(const spattn_tensor *t, int64_t *idx) {
     for (int d = t->ndim - 1; d >= 0; d--) {
         if (++idx[d] < t->shape[d]) return;
         idx[d] = 0;
@@ -120,17 +120,17 @@ static void bk_next(const spattn_tensor *t, int64_t *idx) {
 }
 
 /* Logical row-major doubles <-> the view. */
-static void bk_store(bk_tensor *x, const double *v) {
+static inline void bk_store(bk_tensor *x, const double *v) {
     BK_FOREACH(&x->t, lin, off) spattn_store_f32(x->buf, x->t.dtype, off, (float)v[lin]);
 }
-static void bk_store_u8(bk_tensor *x, const uint8_t *v) {
+static inline void bk_store_u8(bk_tensor *x, const uint8_t *v) {
     BK_FOREACH(&x->t, lin, off)((uint8_t *)x->buf)[off] = v[lin];
 }
-static void bk_load(const bk_tensor *x, double *v) {
+static inline void bk_load(const bk_tensor *x, double *v) {
     BK_FOREACH(&x->t, lin, off) v[lin] = spattn_load_f32(x->buf, x->t.dtype, off);
 }
 /* 1 when every buffer element outside the view still holds the poison pattern. */
-static int bk_gaps_untouched(const bk_tensor *x) {
+static inline int bk_gaps_untouched(const bk_tensor *x) {
     size_t es = spattn_dtype_size((spattn_dtype)x->t.dtype);
     uint8_t *inview = calloc((size_t)x->nbuf, 1);
     BK_FOREACH(&x->t, lin, off) inview[off] = 1;
@@ -146,7 +146,7 @@ static int bk_gaps_untouched(const bk_tensor *x) {
 }
 
 /* Standard normal values rounded to `dtype` (the inputs of a case). */
-static void bk_randn(tu_rng *r, double *v, int64_t n, int32_t dtype) {
+static inline void bk_randn(tu_rng *r, double *v, int64_t n, int32_t dtype) {
     for (int64_t i = 0; i < n; i++) {
         float f = (float)tu_normal(r);
         uint16_t h;
@@ -160,7 +160,7 @@ static void bk_randn(tu_rng *r, double *v, int64_t n, int32_t dtype) {
  * when use_max), NaN nowhere, +-inf only where the golden has the same infinity.  Returns the
  * worst ratio err / allowed (<= 1 passes). */
 static int bk_norm_max; /* set by a test to normalize by max|golden| instead of the rms */
-static double bk_compare(const double *a, const double *g, int64_t n, double tol, int64_t *bad_at) {
+static inline double bk_compare(const double *a, const double *g, int64_t n, double tol, int64_t *bad_at) {
     double ss = 0, mx = 0;
     int64_t cnt = 0;
     for (int64_t i = 0; i < n; i++)
@@ -179,10 +179,10 @@ static double bk_compare(const double *a, const double *g, int64_t n, double tol
     return worst;
 }
 
-static double bk_dtype_tol(int32_t dt) {
+static inline double bk_dtype_tol(int32_t dt) {
     return dt == SPATTN_DTYPE_F32 ? 1e-5 : dt == SPATTN_DTYPE_F16 ? 4e-3 : 3e-2;
 }
-static const char *bk_dt_name(int32_t dt) { return spattn_dtype_name((spattn_dtype)dt); }
+static inline const char *bk_dt_name(int32_t dt) { return spattn_dtype_name((spattn_dtype)dt); }
 
 /* ---- one complete case: inputs, reference, library run, comparison ---------------------- */
 typedef struct bk_case {
@@ -201,9 +201,9 @@ typedef struct bk_data {
     bk_tensor tq, tk, tv, tm, tdo;
 } bk_data;
 
-static double bk_scale(const bk_case *c) { return c->scale != 0 ? c->scale : 1.0 / sqrt((double)c->D); }
+static inline double bk_scale(const bk_case *c) { return c->scale != 0 ? c->scale : 1.0 / sqrt((double)c->D); }
 
-static void bk_setup(bk_data *d, const bk_case *c, tu_rng *r, int with_ref_bwd) {
+static inline void bk_setup(bk_data *d, const bk_case *c, tu_rng *r, int with_ref_bwd) {
     memset(d, 0, sizeof *d);
     d->c = *c;
     int64_t nbx = (c->Sq + c->bx - 1) / c->bx, nby = (c->Skv + c->by - 1) / c->by;
@@ -246,7 +246,7 @@ static void bk_setup(bk_data *d, const bk_case *c, tu_rng *r, int with_ref_bwd) 
     bk_store_u8(&d->tm, d->mask);
 }
 
-static void bk_teardown(bk_data *d) {
+static inline void bk_teardown(bk_data *d) {
     free(d->q); free(d->k); free(d->v); free(d->dout); free(d->mask);
     free(d->o_ref); free(d->lse_ref); free(d->dq_ref); free(d->dk_ref); free(d->dv_ref);
     bk_free(&d->tq); bk_free(&d->tk); bk_free(&d->tv); bk_free(&d->tdo); bk_free(&d->tm);
@@ -257,7 +257,7 @@ typedef struct bk_out {
     bk_tensor o, lse, dq, dk, dv;
 } bk_out;
 
-static spattn_status bk_run_fwd(bk_data *d, bk_out *out, int lay) {
+static inline spattn_status bk_run_fwd(bk_data *d, bk_out *out, int lay) {
     const bk_case *c = &d->c;
     int64_t sq[4] = {c->B, c->N, c->Sq, c->D}, sl[3] = {c->B, c->N, c->Sq};
     out->o = bk_alloc(c->dtype, 4, sq, lay);
@@ -271,7 +271,7 @@ static spattn_status bk_run_fwd(bk_data *d, bk_out *out, int lay) {
 }
 
 /* Backward on the library's own forward outputs (o, lse). */
-static spattn_status bk_run_bwd(bk_data *d, bk_out *out, int lay) {
+static inline spattn_status bk_run_bwd(bk_data *d, bk_out *out, int lay) {
     const bk_case *c = &d->c;
     int64_t sq[4] = {c->B, c->N, c->Sq, c->D}, skv[4] = {c->B, c->Nkv, c->Skv, c->D};
     out->dq = bk_alloc(c->dtype, 4, sq, lay);
@@ -286,7 +286,7 @@ static spattn_status bk_run_bwd(bk_data *d, bk_out *out, int lay) {
                              &opt);
 }
 
-static void bk_out_free(bk_out *o) {
+static inline void bk_out_free(bk_out *o) {
     bk_free(&o->o); bk_free(&o->lse); bk_free(&o->dq); bk_free(&o->dk); bk_free(&o->dv);
 }
 
@@ -297,7 +297,7 @@ static inline int bk_same_bits(const bk_tensor *a, const bk_tensor *b) {
            !memcmp(a->buf, b->buf, (size_t)a->nbuf * spattn_dtype_size((spattn_dtype)a->t.dtype));
 }
 
-static void bk_describe(const bk_case *c, char *buf, size_t n) {
+static inline void bk_describe(const bk_case *c, char *buf, size_t n) {
     snprintf(buf, n, "B%lld N%lld Nkv%lld Sq%lld Skv%lld D%lld bx%lld by%lld %s %s %s scale%g thr%d",
              (long long)c->B, (long long)c->N, (long long)c->Nkv, (long long)c->Sq,
              (long long)c->Skv, (long long)c->D, (long long)c->bx, (long long)c->by,
@@ -305,7 +305,7 @@ static void bk_describe(const bk_case *c, char *buf, size_t n) {
 }
 
 /* Compares one output view against a golden (logical row-major doubles). */
-static int bk_check_tensor(const char *what, const bk_tensor *x, const double *g, int64_t n,
+static inline int bk_check_tensor(const char *what, const bk_tensor *x, const double *g, int64_t n,
                            double tol, const char *desc) {
     double *a = malloc(sizeof(double) * (size_t)n);
     bk_load(x, a);
