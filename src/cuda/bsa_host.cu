@@ -1,0 +1,259 @@
+// Host side of the block-sparse attention CUDA backend: shapes, workspace carving, launches.
+// The host never reads the mask or any tensor data; schedules are built on the device
+// (bsa_sched.cu).  Fast path: fp16 / bf16 with D <= 128 (padded to 64 or 128).  Other cases
+// (fp32 tensors, 128 < D <= 256) run the simple reference kernels (bsa_ref.cu) into fp32
+// scratch and convert: correct, not fast.
+#include <math.h>
+#include <stdint.h>
+
+#include "../core/internal.h"
+#include "bsa_launch.h"
+
+namespace {
+
+constexpr size_t kAlign = 256;
+size_t up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+bool fast_path(const spattn_bsa_problem *p) {
+    return (p->dtype == SPATTN_DTYPE_F16 || p->dtype == SPATTN_DTYPE_BF16) && bsa_dpad(p->D) != 0;
+}
+
+// Workspace layout: offsets of each piece and the total (exact bytes).
+struct Layout {
+    size_t off[6];
+    size_t total;
+};
+
+Layout layout(const spattn_bsa_problem *p, int backward) {
+    Layout L = {};
+    const size_t rows = (size_t)p->B * p->N * p->Sq;
+    size_t sz[6] = {0, 0, 0, 0, 0, 0};
+    if (!fast_path(p)) {
+        if (!backward) {
+            sz[0] = rows * p->D * 4;  // o fp32
+            sz[1] = rows * 4;         // lse fp32
+        } else {
+            const size_t kv = (size_t)p->B * p->Nkv * p->Skv * p->D;
+            sz[0] = rows * p->D * 4;  // dq
+            sz[1] = kv * 4;           // dk
+            sz[2] = kv * 4;           // dv
+        }
+    } else {
+        const int dp = bsa_dpad(p->D);
+        if (!backward) {
+            const bsa_tile t = bsa_fwd_tile(dp);
+            const size_t nq = (size_t)p->B * p->N * ((p->Sq + t.bm - 1) / t.bm);
+            const size_t nk = (size_t)((p->Skv + t.bn - 1) / t.bn);
+            sz[0] = nq * 4;
+            sz[1] = nq * nk * 4;
+        } else {
+            const bsa_tile tq = bsa_dq_tile(dp), tk = bsa_dkdv_tile(dp);
+            const size_t nq = (size_t)p->B * p->N * ((p->Sq + tq.bm - 1) / tq.bm);
+            const size_t nk = (size_t)((p->Skv + tq.bn - 1) / tq.bn);
+            const size_t kr = (size_t)p->B * p->Nkv * ((p->Skv + tk.bn - 1) / tk.bn);
+            const size_t ke = (size_t)(p->N / p->Nkv) * ((p->Sq + tk.bm - 1) / tk.bm);
+            sz[0] = rows * 4;  // delta
+            sz[1] = rows * 4;  // lse2
+            sz[2] = nq * 4;
+            sz[3] = nq * nk * 4;
+            sz[4] = kr * 4;
+            sz[5] = kr * ke * 4;
+        }
+    }
+    size_t o = 0;
+    for (int i = 0; i < 6; i++) {
+        L.off[i] = o;
+        o += up(sz[i]);
+    }
+    L.total = o;
+    return L;
+}
+
+bsa_view view(const spattn_tensor *t) {
+    bsa_view v;
+    v.p = t->data;
+    v.s0 = t->strides[0];
+    v.s1 = t->strides[1];
+    v.s2 = t->strides[2];
+    v.s3 = t->strides[3];
+    v.vec = v.s3 == 1 && v.s2 % 8 == 0 && v.s1 % 8 == 0 && v.s0 % 8 == 0 && ((uintptr_t)t->data % 16) == 0;
+    return v;
+}
+
+bsa_params params(const spattn_bsa_problem *pb) {
+    bsa_params p = {};
+    p.q = view(pb->q);
+    p.k = view(pb->k);
+    p.v = view(pb->v);
+    if (pb->o) p.o = view(pb->o);
+    if (pb->dout) p.dout = view(pb->dout);
+    if (pb->dq) p.dq = view(pb->dq);
+    if (pb->dk) p.dk = view(pb->dk);
+    if (pb->dv) p.dv = view(pb->dv);
+    p.mask.p = static_cast<const uint8_t *>(pb->mask->data);
+    p.mask.s0 = pb->mask->strides[0];
+    p.mask.s1 = pb->mask->strides[1];
+    p.mask.s2 = pb->mask->strides[2];
+    p.mask.s3 = pb->mask->strides[3];
+    if (pb->lse) {
+        p.lse = static_cast<float *>(pb->lse->data);
+        p.lse_s0 = pb->lse->strides[0];
+        p.lse_s1 = pb->lse->strides[1];
+        p.lse_s2 = pb->lse->strides[2];
+    }
+    p.B = (int)pb->B;
+    p.N = (int)pb->N;
+    p.Nkv = (int)pb->Nkv;
+    p.G = (int)(pb->N / pb->Nkv);
+    p.Sq = (int)pb->Sq;
+    p.Skv = (int)pb->Skv;
+    p.D = (int)pb->D;
+    p.bx = (int)(pb->bx < pb->Sq ? pb->bx : pb->Sq);  // a block wider than S covers it all
+    p.by = (int)(pb->by < pb->Skv ? pb->by : pb->Skv);
+    p.nbx = (int)pb->nbx;
+    p.nby = (int)pb->nby;
+    p.scale = pb->scale;
+    p.scale_log2 = pb->scale * 1.4426950408889634f;
+    return p;
+}
+
+spattn_status fail(cudaError_t e, const char *what) {
+    return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "bsa cuda: %s: %s", what, cudaGetErrorString(e));
+}
+
+// Workspace: the caller's, or stream-ordered allocation freed after the launches.
+struct Workspace {
+    char *base = nullptr;
+    bool owned = false;
+    cudaStream_t st = nullptr;
+    spattn_status get(const spattn_exec *ex, size_t bytes) {
+        st = (cudaStream_t)ex->stream;
+        if (bytes == 0) return SPATTN_STATUS_SUCCESS;
+        if (ex->workspace) {
+            base = static_cast<char *>(ex->workspace);
+            return SPATTN_STATUS_SUCCESS;
+        }
+        cudaError_t e = cudaMallocAsync((void **)&base, bytes, st);
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            return spattn_set_error(SPATTN_STATUS_OUT_OF_MEMORY, "bsa cuda: cudaMallocAsync(%zu bytes): %s", bytes,
+                                    cudaGetErrorString(e));
+        }
+        owned = true;
+        return SPATTN_STATUS_SUCCESS;
+    }
+    ~Workspace() {
+        if (owned) cudaFreeAsync(base, st);
+    }
+};
+
+// fp32 contiguous [B, H, S, D] -> strided tensor of its dtype.
+__global__ void convert_kernel(const float *src, bsa_view dst, int dtype, int H, int S, int D, long long total) {
+    for (long long x = blockIdx.x * (long long)blockDim.x + threadIdx.x; x < total; x += (long long)gridDim.x * blockDim.x) {
+        long long r = x;
+        const int d = (int)(r % D); r /= D;
+        const int s = (int)(r % S); r /= S;
+        const int h = (int)(r % H);
+        const int b = (int)(r / H);
+        const long long off = b * dst.s0 + h * dst.s1 + s * dst.s2 + d * dst.s3;
+        const float v = src[x];
+        if (dtype == SPATTN_DTYPE_F16) static_cast<__half *>(dst.p)[off] = __float2half_rn(v);
+        else if (dtype == SPATTN_DTYPE_BF16) static_cast<__nv_bfloat16 *>(dst.p)[off] = __float2bfloat16_rn(v);
+        else static_cast<float *>(dst.p)[off] = v;
+    }
+}
+
+cudaError_t convert(const float *src, const spattn_tensor *t, cudaStream_t st) {
+    const long long total = t->shape[0] * t->shape[1] * t->shape[2] * t->shape[3];
+    const long long blocks = (total + 255) / 256;
+    convert_kernel<<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0, st>>>(
+        src, view(t), t->dtype, (int)t->shape[1], (int)t->shape[2], (int)t->shape[3], total);
+    return cudaGetLastError();
+}
+
+__global__ void lse_copy_kernel(const float *src, float *dst, long long s0, long long s1, long long s2, int N, int S,
+                                long long total) {
+    for (long long x = blockIdx.x * (long long)blockDim.x + threadIdx.x; x < total; x += (long long)gridDim.x * blockDim.x) {
+        const int i = (int)(x % S), n = (int)((x / S) % N), b = (int)(x / ((long long)S * N));
+        dst[b * s0 + n * s1 + i * s2] = src[x];
+    }
+}
+
+}  // namespace
+
+extern "C" size_t spattn_cuda_bsa_workspace(const spattn_bsa_problem *p, int backward) {
+    return layout(p, backward).total;
+}
+
+extern "C" spattn_status spattn_cuda_bsa_fwd(const spattn_bsa_problem *pb, const spattn_exec *ex) {
+    const Layout L = layout(pb, 0);
+    Workspace ws;
+    spattn_status s = ws.get(ex, L.total);
+    if (s != SPATTN_STATUS_SUCCESS) return s;
+    cudaStream_t st = ws.st;
+    cudaError_t e;
+    if (!fast_path(pb)) {  // fp32 or D > 128: the simple kernels, then a strided conversion
+        float *o32 = reinterpret_cast<float *>(ws.base + L.off[0]), *l32 = reinterpret_cast<float *>(ws.base + L.off[1]);
+        s = spattn_cuda_ref_bsa_fwd(pb, ex, o32, l32);
+        if (s != SPATTN_STATUS_SUCCESS) return s;
+        if ((e = convert(o32, pb->o, st)) != cudaSuccess) return fail(e, "convert o");
+        if (pb->lse) {
+            const long long total = pb->B * pb->N * pb->Sq;
+            lse_copy_kernel<<<(unsigned)((total + 255) / 256 < 65536 ? (total + 255) / 256 : 65536), 256, 0, st>>>(
+                l32, static_cast<float *>(pb->lse->data), pb->lse->strides[0], pb->lse->strides[1],
+                pb->lse->strides[2], (int)pb->N, (int)pb->Sq, total);
+            if ((e = cudaGetLastError()) != cudaSuccess) return fail(e, "copy lse");
+        }
+        return SPATTN_STATUS_SUCCESS;
+    }
+    const int dp = bsa_dpad(pb->D), bf16 = pb->dtype == SPATTN_DTYPE_BF16;
+    bsa_params p = params(pb);
+    const bsa_tile t = bsa_fwd_tile(dp);
+    int *cnt = reinterpret_cast<int *>(ws.base + L.off[0]), *list = reinterpret_cast<int *>(ws.base + L.off[1]);
+    if ((e = spattn_bsa_launch_sched_q(&p, t.bm, t.bn, cnt, list, st)) != cudaSuccess) return fail(e, "schedule");
+    p.sq.cnt = cnt;
+    p.sq.list = list;
+    p.sq.stride = (p.Skv + t.bn - 1) / t.bn;
+    if ((e = spattn_bsa_launch_fwd(&p, dp, bf16, st)) != cudaSuccess) return fail(e, "forward kernel");
+    return SPATTN_STATUS_SUCCESS;
+}
+
+extern "C" spattn_status spattn_cuda_bsa_bwd(const spattn_bsa_problem *pb, const spattn_exec *ex) {
+    const Layout L = layout(pb, 1);
+    Workspace ws;
+    spattn_status s = ws.get(ex, L.total);
+    if (s != SPATTN_STATUS_SUCCESS) return s;
+    cudaStream_t st = ws.st;
+    cudaError_t e;
+    if (!fast_path(pb)) {
+        float *dq = reinterpret_cast<float *>(ws.base + L.off[0]), *dk = reinterpret_cast<float *>(ws.base + L.off[1]),
+              *dv = reinterpret_cast<float *>(ws.base + L.off[2]);
+        s = spattn_cuda_ref_bsa_bwd(pb, ex, dq, dk, dv);
+        if (s != SPATTN_STATUS_SUCCESS) return s;
+        if ((e = convert(dq, pb->dq, st)) != cudaSuccess) return fail(e, "convert dq");
+        if ((e = convert(dk, pb->dk, st)) != cudaSuccess) return fail(e, "convert dk");
+        if ((e = convert(dv, pb->dv, st)) != cudaSuccess) return fail(e, "convert dv");
+        return SPATTN_STATUS_SUCCESS;
+    }
+    const int dp = bsa_dpad(pb->D), bf16 = pb->dtype == SPATTN_DTYPE_BF16;
+    bsa_params p = params(pb);
+    float *delta = reinterpret_cast<float *>(ws.base + L.off[0]), *lse2 = reinterpret_cast<float *>(ws.base + L.off[1]);
+    int *qcnt = reinterpret_cast<int *>(ws.base + L.off[2]), *qlist = reinterpret_cast<int *>(ws.base + L.off[3]);
+    int *kcnt = reinterpret_cast<int *>(ws.base + L.off[4]), *klist = reinterpret_cast<int *>(ws.base + L.off[5]);
+    const bsa_tile tq = bsa_dq_tile(dp), tk = bsa_dkdv_tile(dp);
+    if ((e = spattn_bsa_launch_delta(&p, bf16, delta, lse2, st)) != cudaSuccess) return fail(e, "delta kernel");
+    if ((e = spattn_bsa_launch_sched_q(&p, tq.bm, tq.bn, qcnt, qlist, st)) != cudaSuccess) return fail(e, "schedule");
+    if ((e = spattn_bsa_launch_sched_k(&p, tk.bm, tk.bn, kcnt, klist, st)) != cudaSuccess) return fail(e, "schedule");
+    p.lse2 = lse2;
+    p.delta = delta;
+    p.sq.cnt = qcnt;
+    p.sq.list = qlist;
+    p.sq.stride = (p.Skv + tq.bn - 1) / tq.bn;
+    p.nqt = (p.Sq + tk.bm - 1) / tk.bm;
+    p.sk.cnt = kcnt;
+    p.sk.list = klist;
+    p.sk.stride = p.G * p.nqt;
+    if ((e = spattn_bsa_launch_dkdv(&p, dp, bf16, st)) != cudaSuccess) return fail(e, "dK/dV kernel");
+    if ((e = spattn_bsa_launch_dq(&p, dp, bf16, st)) != cudaSuccess) return fail(e, "dQ kernel");
+    return SPATTN_STATUS_SUCCESS;
+}

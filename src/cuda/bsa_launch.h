@@ -1,0 +1,24 @@
+// Launchers of the block-sparse attention CUDA kernels (bsa_sched.cu, bsa_fwd.cu, bsa_bwd.cu),
+// called by the host side in bsa_host.cu.  All run on `st` and only enqueue work.
+#ifndef SPATTN_BSA_LAUNCH_H
+#define SPATTN_BSA_LAUNCH_H
+
+#include <cuda_runtime.h>
+
+#include "bsa_common.cuh"
+
+extern "C" {
+// Query-major schedule for row tiles of bm queries and key tiles of bn keys:
+// cnt [B*N*nqt], list [B*N*nqt][nkt].  Edge key tiles (past Skv) are marked partial.
+cudaError_t spattn_bsa_launch_sched_q(const bsa_params *p, int bm, int bn, int *cnt, int *list, cudaStream_t st);
+// Key-major schedule (for dK/dV): per (b, kv head, key tile of bn) the (group head, query tile
+// of bm) pairs that hit it: cnt [B*Nkv*nkt], list [B*Nkv*nkt][G*nqt].
+cudaError_t spattn_bsa_launch_sched_k(const bsa_params *p, int bm, int bn, int *cnt, int *list, cudaStream_t st);
+cudaError_t spattn_bsa_launch_fwd(const bsa_params *p, int dp, int bf16, cudaStream_t st);
+// Delta = rowsum(dO * O) and lse2 = lse * log2(e) (+inf on empty rows), both [B*N*Sq].
+cudaError_t spattn_bsa_launch_delta(const bsa_params *p, int bf16, float *delta, float *lse2, cudaStream_t st);
+cudaError_t spattn_bsa_launch_dq(const bsa_params *p, int dp, int bf16, cudaStream_t st);
+cudaError_t spattn_bsa_launch_dkdv(const bsa_params *p, int dp, int bf16, cudaStream_t st);
+}
+
+#endif

@@ -1,0 +1,84 @@
+// Schedules of the block-sparse attention kernels, built on the device from the uint8 block
+// mask (no token-level mask is ever materialized).  One warp per row of the schedule; each
+// lane classifies one tile (empty / full / partial) by reading the mask blocks the tile
+// overlaps, and a ballot compacts the non-empty tiles in order.
+#include "bsa_launch.h"
+
+// Classifies the tile rows [r0, r1] x cols [c0, c1] (inclusive, clamped to the tensor) of
+// mask head (b, h): 0 empty, 1 every pair attended, 2 some pairs attended.
+__device__ __forceinline__ int bsa_classify(const bsa_mask_view &m, int b, int h, int r0, int r1, int c0, int c1,
+                                            int bx, int by) {
+    const uint8_t *base = m.p + (long long)b * m.s0 + (long long)h * m.s1;
+    int any = 0, all = 1;
+    for (int rb = r0 / bx; rb <= r1 / bx; rb++)
+        for (int cb = c0 / by; cb <= c1 / by; cb++) {
+            int v = __ldg(base + (long long)rb * m.s2 + (long long)cb * m.s3) != 0;
+            any |= v;
+            all &= v;
+        }
+    return any ? (all ? 1 : 2) : 0;
+}
+
+__global__ void bsa_sched_q_kernel(const bsa_params p, int bm, int bn, int nqt, int nkt, int *cnt, int *list) {
+    const int lane = threadIdx.x & 31;
+    const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= (long long)p.B * p.N * nqt) return;
+    const int m = (int)(row % nqt), bn_ = (int)(row / nqt), b = bn_ / p.N, n = bn_ % p.N;
+    const int r0 = m * bm, r1 = min(p.Sq, r0 + bm) - 1;
+    int out = 0;
+    int *dst = list + row * nkt;
+    for (int t0 = 0; t0 < nkt; t0 += 32) {
+        const int t = t0 + lane;
+        int code = 0;
+        if (t < nkt) {
+            const int c0 = t * bn, c1 = min(p.Skv, c0 + bn) - 1;
+            code = bsa_classify(p.mask, b, n, r0, r1, c0, c1, p.bx, p.by);
+            if (code == 1 && c0 + bn > p.Skv) code = 2;  // edge tile: keys past Skv are masked
+        }
+        const unsigned bal = __ballot_sync(0xffffffffu, code != 0);
+        if (code) dst[out + __popc(bal & ((1u << lane) - 1))] = t * 2 + (code == 2);
+        out += __popc(bal);
+    }
+    if (lane == 0) cnt[row] = out;
+}
+
+__global__ void bsa_sched_k_kernel(const bsa_params p, int bm, int bn, int nqt, int nkt, int *cnt, int *list) {
+    const int lane = threadIdx.x & 31;
+    const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= (long long)p.B * p.Nkv * nkt) return;
+    const int t = (int)(row % nkt), bh = (int)(row / nkt), b = bh / p.Nkv, hk = bh % p.Nkv;
+    const int c0 = t * bn, c1 = min(p.Skv, c0 + bn) - 1;
+    const int total = p.G * nqt;
+    int out = 0;
+    int *dst = list + row * (long long)total;
+    for (int e0 = 0; e0 < total; e0 += 32) {
+        const int e = e0 + lane;
+        int code = 0;
+        if (e < total) {
+            const int hg = e / nqt, m = e % nqt;
+            const int r0 = m * bm, r1 = min(p.Sq, r0 + bm) - 1;
+            // rows past Sq carry lse2 = +inf (P = 0) and keys past Skv are never written: no edge marks
+            code = bsa_classify(p.mask, b, hk * p.G + hg, r0, r1, c0, c1, p.bx, p.by);
+        }
+        const unsigned bal = __ballot_sync(0xffffffffu, code != 0);
+        if (code) dst[out + __popc(bal & ((1u << lane) - 1))] = e * 2 + (code == 2);
+        out += __popc(bal);
+    }
+    if (lane == 0) cnt[row] = out;
+}
+
+extern "C" cudaError_t spattn_bsa_launch_sched_q(const bsa_params *p, int bm, int bn, int *cnt, int *list,
+                                                 cudaStream_t st) {
+    const int nqt = (p->Sq + bm - 1) / bm, nkt = (p->Skv + bn - 1) / bn;
+    const long long rows = (long long)p->B * p->N * nqt;
+    bsa_sched_q_kernel<<<(unsigned)((rows + 3) / 4), 128, 0, st>>>(*p, bm, bn, nqt, nkt, cnt, list);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t spattn_bsa_launch_sched_k(const bsa_params *p, int bm, int bn, int *cnt, int *list,
+                                                 cudaStream_t st) {
+    const int nqt = (p->Sq + bm - 1) / bm, nkt = (p->Skv + bn - 1) / bn;
+    const long long rows = (long long)p->B * p->Nkv * nkt;
+    bsa_sched_k_kernel<<<(unsigned)((rows + 3) / 4), 128, 0, st>>>(*p, bm, bn, nqt, nkt, cnt, list);
+    return cudaGetLastError();
+}
