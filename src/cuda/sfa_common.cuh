@@ -1,0 +1,128 @@
+// Shared device helpers of the sfa CUDA kernels (sfa_fwd.cu, sfa_bwd.cu, sfa_host.cu):
+// kernel parameter block, index decoding, and thin wrappers over mma.sync / ldmatrix / cp.async.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "../core/internal.h"
+
+namespace sfa {
+
+// Everything a fast kernel reads; element strides (int64) of the caller's tensors.
+struct Params {
+    const void *q, *qr, *k, *kr, *o, *dout;
+    const float *lse_in;   // bwd: forward LSE
+    void *out_o;           // fwd: O
+    float *out_lse;        // fwd: LSE (may be NULL)
+    void *dq, *dqr;        // bwd outputs
+    const int32_t *idx;
+    int64_t sq[4], sqr[4], sk[4], skr[4], so[4], sdo[4], slse[3], sidx[4];
+    int64_t sdq[4], sdqr[4];
+    int B, S1, S2, N1, N2, H, K, log2sbs, sbs, nblk, mode;
+    float scale, scale_log2;  // scale and scale * log2(e)
+    // bwd accumulation of dK (dV folded in): [B, S2, N2, 576] fp32 (atomic) or int64 fixed point
+    float *acc_f32;
+    unsigned long long *acc_i64;
+    const float *fix_scale;   // device scalar 2^F (deterministic path)
+};
+
+constexpr int D = 512;     // value / nope width of the fast kernels
+constexpr int DR = 64;     // rope width of the fast kernels
+constexpr int DQK = D + DR;
+constexpr int NK = 32;     // keys per tile
+constexpr int PAD = 8;     // smem row padding (elements): rows of 584 / 520 / 40 halves
+constexpr int LDQK = DQK + PAD;
+
+template <typename T> struct Ty;
+template <> struct Ty<__nv_bfloat16> {
+    static __device__ __forceinline__ uint32_t pack(float a, float b) {
+        __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+        return *reinterpret_cast<uint32_t *>(&v);
+    }
+    static __device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+    static __device__ __forceinline__ __nv_bfloat16 from_f(float x) { return __float2bfloat16_rn(x); }
+};
+template <> struct Ty<__half> {
+    static __device__ __forceinline__ uint32_t pack(float a, float b) {
+        __half2 v = __floats2half2_rn(a, b);
+        return *reinterpret_cast<uint32_t *>(&v);
+    }
+    static __device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
+    static __device__ __forceinline__ __half from_f(float x) { return __float2half_rn(x); }
+};
+
+template <typename T>
+__device__ __forceinline__ void mma16816(float *c, const uint32_t *a, const uint32_t *b);
+template <>
+__device__ __forceinline__ void mma16816<__nv_bfloat16>(float *c, const uint32_t *a, const uint32_t *b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+template <>
+__device__ __forceinline__ void mma16816<__half>(float *c, const uint32_t *a, const uint32_t *b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t *r, uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t *r, uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x2(uint32_t *r, uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x2_t(uint32_t *r, uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+}
+// 16-byte async copy; src_bytes = 0 zero-fills the destination (src must still be a valid address).
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// Key of virtual slot v (v = entry * sbs + offset) of an index row, or -1 when the slot is
+// padding, out of range (never read), past S2, or masked by the causal limit `lim`.
+__device__ __forceinline__ int key_of(const Params &p, const int32_t *row, int64_t sidx3, int v,
+                                      int lim) {
+    int e = v >> p.log2sbs;
+    if (e >= p.K) return -1;
+    int bi = __ldg(row + (int64_t)e * sidx3);
+    if (bi < 0 || bi >= p.nblk) return -1;
+    int key = (bi << p.log2sbs) + (v & (p.sbs - 1));
+    if (key >= p.S2 || key > lim) return -1;
+    return key;
+}
+
+// First tile index >= t (tiles of NK virtual slots) holding at least one valid key; every lane
+// of the warp gets the same answer, and `key` holds the key of slot `lane` of that tile.
+__device__ __forceinline__ int next_tile(const Params &p, const int32_t *row, int64_t sidx3, int t,
+                                         int ntiles, int lim, int lane, int &key) {
+    for (; t < ntiles; ++t) {
+        key = key_of(p, row, sidx3, t * NK + lane, lim);
+        if (__ballot_sync(0xffffffffu, key >= 0)) return t;
+    }
+    key = -1;
+    return ntiles;
+}
+
+}  // namespace sfa

@@ -1,0 +1,372 @@
+// sfa CUDA backend entry points (src/core/internal.h): index check, workspace size, forward and
+// backward dispatch to the fast kernels (sfa_fwd.cu, sfa_bwd.cu), the deterministic
+// fixed-point setup and the final dK conversion.
+//
+// Fast path: fp16/bf16, D = 512, Dr = 64, shared key/value (v == NULL), unit stride on the last
+// dimension, 16-byte aligned rows.  Anything else is answered SPATTN_STATUS_NOT_SUPPORTED with
+// a message saying what (the CPU backend covers every valid input).
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "sfa_common.cuh"
+
+extern "C" cudaError_t spattn_sfa_fast_fwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
+extern "C" cudaError_t spattn_sfa_fast_bwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
+
+namespace {
+
+#define CU_TRY(expr)                                                                            \
+    do {                                                                                        \
+        cudaError_t e_ = (expr);                                                                \
+        if (e_ != cudaSuccess)                                                                  \
+            return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "sfa cuda: %s failed: %s", #expr, \
+                                    cudaGetErrorString(e_));                                    \
+    } while (0)
+
+// ---- index check ------------------------------------------------------------------------------
+__global__ void check_idx_kernel(const int32_t *idx, int64_t s0, int64_t s1, int64_t s2, int64_t s3,
+                                 int64_t B, int64_t S1, int64_t N2, int64_t K, int64_t nblk,
+                                 unsigned long long *first_bad) {
+    const int64_t total = B * S1 * N2 * K;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t j = i % K, t = i / K;
+        int64_t n = t % N2;
+        t /= N2;
+        int64_t s = t % S1, b = t / S1;
+        int32_t x = idx[b * s0 + s * s1 + n * s2 + j * s3];
+        if (x < -1 || (int64_t)x >= nblk) atomicMin(first_bad, (unsigned long long)i);
+    }
+}
+
+// ---- deterministic accumulation: bound of |dK| -> fixed-point exponent F ------------------------
+// stats: [0] max|q,q_rope|  [1] max|k,k_rope|  [2] max|o|  [3] max|dout|  (float bits as uint)
+//        [4] max count of one index block over the rows of one (b, n2)
+//        [5] 2^F (float)  [6] 2^-F (float)
+template <typename T>
+__global__ void maxabs_kernel(const T *x, int64_t n0, int64_t n1, int64_t n2, int64_t n3,
+                              int64_t s0, int64_t s1, int64_t s2, unsigned *out) {
+    // rows of n3 contiguous elements (unit last stride, checked by the caller)
+    const int64_t rows = n0 * n1 * n2;
+    float m = 0.f;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        int64_t c = r % n2, t = r / n2;
+        int64_t bb = t % n1, a = t / n1;
+        const T *rowp = x + a * s0 + bb * s1 + c * s2;
+        for (int64_t j = threadIdx.x; j < n3; j += blockDim.x) m = fmaxf(m, fabsf(sfa::Ty<T>::to_f(rowp[j])));
+    }
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0) atomicMax(out, __float_as_uint(m));
+}
+
+__global__ void hist_kernel(const int32_t *idx, int64_t s0, int64_t s1, int64_t s2, int64_t s3,
+                            int64_t B, int64_t S1, int64_t N2, int64_t K, int64_t nblk,
+                            unsigned *hist, unsigned *stats) {
+    const int64_t total = B * S1 * N2 * K;
+    unsigned mx = 0;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t j = i % K, t = i / K;
+        int64_t n = t % N2;
+        t /= N2;
+        int64_t s = t % S1, b = t / S1;
+        int32_t x = idx[b * s0 + s * s1 + n * s2 + j * s3];
+        if (x >= 0 && x < nblk) {
+            unsigned old = atomicAdd(&hist[(b * N2 + n) * nblk + x], 1u);
+            mx = max(mx, old + 1);
+        }
+    }
+    atomicMax(&stats[4], mx);
+}
+
+__global__ void fix_scale_kernel(unsigned *stats, float scale, int D, int H) {
+    const float mq = __uint_as_float(stats[0]), mk = __uint_as_float(stats[1]);
+    const float mo = __uint_as_float(stats[2]), mdo = __uint_as_float(stats[3]);
+    const double cnt = (double)stats[4] * H;
+    // |contribution of one (row, head, key)| <= P * (scale*(|dP| + |Delta|)*max|q| + max|dO|)
+    // with P <= 1, |dP| <= D max|dO| max|k|, |Delta| <= D max|dO| max|o|; margin 8.
+    const double per = (double)scale * D * mdo * ((double)mk + mo) * mq + mdo;
+    const double bound = 8.0 * cnt * per + 1e-30;
+    int F = 62 - (int)ceil(log2(bound));
+    F = F > 60 ? 60 : (F < -60 ? -60 : F);
+    reinterpret_cast<float *>(stats)[5] = exp2f((float)F);
+    reinterpret_cast<float *>(stats)[6] = exp2f((float)-F);
+}
+
+template <typename T>
+__global__ void convert_dk_kernel(const void *acc, int det, const float *inv_scale, T *dk,
+                                  T *dkr, int64_t B, int64_t S2, int64_t N2, int64_t sd0,
+                                  int64_t sd1, int64_t sd2, int64_t sd3, int64_t sr0, int64_t sr1,
+                                  int64_t sr2, int64_t sr3) {
+    const int64_t total = B * S2 * N2 * sfa::DQK;
+    const float inv = det ? *inv_scale : 1.f;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t col = i % sfa::DQK, t = i / sfa::DQK;
+        const int64_t n = t % N2, t2 = t / N2;
+        const int64_t s = t2 % S2, b = t2 / S2;
+        float v = det ? (float)((double)reinterpret_cast<const long long *>(acc)[i] * (double)inv)
+                      : reinterpret_cast<const float *>(acc)[i];
+        if (col < sfa::D)
+            dk[b * sd0 + s * sd1 + n * sd2 + col * sd3] = sfa::Ty<T>::from_f(v);
+        else
+            dkr[b * sr0 + s * sr1 + n * sr2 + (col - sfa::D) * sr3] = sfa::Ty<T>::from_f(v);
+    }
+}
+
+// ---- fast-path eligibility -----------------------------------------------------------------------
+bool rows_aligned(const spattn_tensor *t) {
+    if (!t) return true;
+    if (t->strides[3] != 1) return false;
+    if (((uintptr_t)t->data) % 16) return false;
+    for (int d = 0; d < 3; ++d)
+        if (t->strides[d] % 8) return false;
+    return true;
+}
+
+spattn_status fast_path_ok(const spattn_sfa_problem *p, int backward) {
+    if (p->dtype == SPATTN_DTYPE_F32)
+        return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
+                                "sfa cuda: fp32 tensors are not supported on the GPU (fp16 and "
+                                "bf16 only); use the CPU backend for fp32");
+    if (p->D != sfa::D || p->Dr != sfa::DR)
+        return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
+                                "sfa cuda: head dims D=%lld, Dr=%lld have no GPU kernel (D=512 with "
+                                "Dr=64 only); use the CPU backend",
+                                (long long)p->D, (long long)p->Dr);
+    if (!p->shared_kv)
+        return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
+                                "sfa cuda: a separate v tensor has no GPU kernel yet (shared "
+                                "key/value, v = NULL, only); use the CPU backend");
+    const spattn_tensor *ts[] = {p->q, p->q_rope, p->k, p->k_rope, p->o, p->dout, p->dq, p->dq_rope};
+    const char *nm[] = {"q", "q_rope", "k", "k_rope", "o", "dout", "dq", "dq_rope"};
+    for (int i = 0; i < 8; ++i) {
+        if (!backward && i >= 5 && i != 4) continue;
+        if (!rows_aligned(ts[i]))
+            return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
+                                    "sfa cuda: %s needs unit stride on its last dimension, a "
+                                    "16-byte aligned base and strides that are multiples of 8 "
+                                    "elements on the GPU fast path",
+                                    nm[i]);
+    }
+    if (p->B * p->N2 > 65535 || p->S1 * ((p->N1 / p->N2 + 15) / 16) > 0x7fffffffLL ||
+        p->S2 > (1LL << 30) || p->K * p->sbs > (1LL << 30))
+        return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED, "sfa cuda: problem too large for the grid");
+    return SPATTN_STATUS_SUCCESS;
+}
+
+void fill_params(const spattn_sfa_problem *p, sfa::Params *k) {
+    memset(k, 0, sizeof(*k));
+    auto cp4 = [](int64_t *d, const spattn_tensor *t) {
+        if (t)
+            for (int i = 0; i < 4; ++i) d[i] = t->strides[i];
+    };
+    k->q = p->q->data;
+    k->qr = p->q_rope->data;
+    k->k = p->k->data;
+    k->kr = p->k_rope->data;
+    cp4(k->sq, p->q);
+    cp4(k->sqr, p->q_rope);
+    cp4(k->sk, p->k);
+    cp4(k->skr, p->k_rope);
+    k->idx = (const int32_t *)p->idx->data;
+    cp4(k->sidx, p->idx);
+    if (p->o) {
+        k->o = p->o->data;
+        k->out_o = p->o->data;
+        cp4(k->so, p->o);
+    }
+    if (p->lse)
+        for (int i = 0; i < 3; ++i) k->slse[i] = p->lse->strides[i];
+    if (p->dout) {
+        k->dout = p->dout->data;
+        cp4(k->sdo, p->dout);
+    }
+    if (p->dq) {
+        k->dq = p->dq->data;
+        cp4(k->sdq, p->dq);
+    }
+    if (p->dq_rope) {
+        k->dqr = p->dq_rope->data;
+        cp4(k->sdqr, p->dq_rope);
+    }
+    k->B = (int)p->B;
+    k->S1 = (int)p->S1;
+    k->S2 = (int)p->S2;
+    k->N1 = (int)p->N1;
+    k->N2 = (int)p->N2;
+    k->H = (int)(p->N1 / p->N2);
+    k->K = (int)p->K;
+    k->sbs = (int)p->sbs;
+    int l = 0;
+    while ((1LL << l) < p->sbs) ++l;
+    k->log2sbs = l;
+    k->nblk = (int)p->nblk;
+    k->mode = p->mode;
+    k->scale = p->scale;
+    k->scale_log2 = p->scale * 1.4426950408889634f;
+}
+
+size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+// Backward workspace: [acc B*S2*N2*576 x 8 bytes][hist B*N2*nblk x 4][stats 64 bytes]
+size_t bwd_ws_parts(const spattn_sfa_problem *p, size_t *acc, size_t *hist) {
+    *acc = align256((size_t)p->B * p->S2 * p->N2 * sfa::DQK * 8);
+    *hist = align256((size_t)p->B * p->N2 * p->nblk * 4);
+    return *acc + *hist + 256;
+}
+
+unsigned grid_for(int64_t n, int64_t per_block) {
+    int64_t g = (n + per_block - 1) / per_block;
+    if (g < 1) g = 1;
+    if (g > 132 * 32) g = 132 * 32;
+    return (unsigned)g;
+}
+
+template <typename T>
+void launch_maxabs(const spattn_tensor *t, unsigned *out, cudaStream_t st) {
+    maxabs_kernel<T><<<grid_for(t->shape[0] * t->shape[1] * t->shape[2], 1), 128, 0, st>>>(
+        (const T *)t->data, t->shape[0], t->shape[1], t->shape[2], t->shape[3], t->strides[0],
+        t->strides[1], t->strides[2], out);
+}
+
+template <typename T>
+spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::Params *kp) {
+    cudaStream_t st = (cudaStream_t)ex->stream;
+    size_t acc_b, hist_b;
+    size_t need = bwd_ws_parts(p, &acc_b, &hist_b);
+    unsigned char *ws = (unsigned char *)ex->workspace;
+    bool own = false;
+    if (!ws) {
+        CU_TRY(cudaMallocAsync((void **)&ws, need, st));
+        own = true;
+    }
+    const bool det = ex->deterministic != 0;
+    unsigned *hist = (unsigned *)(ws + acc_b);
+    unsigned *stats = (unsigned *)(ws + acc_b + hist_b);
+    cudaError_t e = cudaMemsetAsync(ws, 0, det ? need : acc_b / 2, st);
+    if (e == cudaSuccess && det) {
+        launch_maxabs<T>(p->q, stats + 0, st);
+        launch_maxabs<T>(p->q_rope, stats + 0, st);
+        launch_maxabs<T>(p->k, stats + 1, st);
+        launch_maxabs<T>(p->k_rope, stats + 1, st);
+        launch_maxabs<T>(p->o, stats + 2, st);
+        launch_maxabs<T>(p->dout, stats + 3, st);
+        const spattn_tensor *ix = p->idx;
+        hist_kernel<<<grid_for(p->B * p->S1 * p->N2 * p->K, 256), 256, 0, st>>>(
+            (const int32_t *)ix->data, ix->strides[0], ix->strides[1], ix->strides[2],
+            ix->strides[3], p->B, p->S1, p->N2, p->K, p->nblk, hist, stats);
+        fix_scale_kernel<<<1, 1, 0, st>>>(stats, p->scale, (int)p->D, (int)(p->N1 / p->N2));
+        e = cudaGetLastError();
+    }
+    if (e == cudaSuccess) {
+        if (det) {
+            kp->acc_i64 = (unsigned long long *)ws;
+            kp->fix_scale = (const float *)(stats + 5);
+        } else {
+            kp->acc_f32 = (float *)ws;
+        }
+        e = spattn_sfa_fast_bwd_launch(kp, p->dtype == SPATTN_DTYPE_BF16, st);
+    }
+    if (e == cudaSuccess) {
+        const spattn_tensor *dk = p->dk, *dkr = p->dk_rope;
+        convert_dk_kernel<T><<<grid_for(p->B * p->S2 * p->N2 * sfa::DQK, 256), 256, 0, st>>>(
+            ws, det, (const float *)(stats + 6), (T *)dk->data, (T *)dkr->data, p->B, p->S2, p->N2,
+            dk->strides[0], dk->strides[1], dk->strides[2], dk->strides[3], dkr->strides[0],
+            dkr->strides[1], dkr->strides[2], dkr->strides[3]);
+        e = cudaGetLastError();
+    }
+    if (own) {
+        cudaError_t e2 = cudaFreeAsync(ws, st);
+        if (e == cudaSuccess) e = e2;
+    }
+    if (e != cudaSuccess)
+        return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "sfa cuda backward: %s",
+                                cudaGetErrorString(e));
+    return SPATTN_STATUS_SUCCESS;
+}
+
+}  // namespace
+
+extern "C" size_t spattn_cuda_sfa_workspace(const spattn_sfa_problem *p, int backward) {
+    if (!backward) return 0;
+    size_t a, h;
+    return bwd_ws_parts(p, &a, &h);
+}
+
+extern "C" spattn_status spattn_cuda_sfa_check_indices(const spattn_sfa_problem *p,
+                                                       const spattn_exec *ex) {
+    cudaStream_t st = (cudaStream_t)ex->stream;
+    const spattn_tensor *t = p->idx;
+    unsigned long long *d_bad = nullptr;
+    CU_TRY(cudaMallocAsync((void **)&d_bad, 8, st));
+    cudaError_t e = cudaMemsetAsync(d_bad, 0xff, 8, st);
+    const int64_t total = p->B * p->S1 * p->N2 * p->K;
+    if (e == cudaSuccess) {
+        check_idx_kernel<<<grid_for(total, 256), 256, 0, st>>>(
+            (const int32_t *)t->data, t->strides[0], t->strides[1], t->strides[2], t->strides[3],
+            p->B, p->S1, p->N2, p->K, p->nblk, d_bad);
+        e = cudaGetLastError();
+    }
+    unsigned long long bad = ~0ull;
+    if (e == cudaSuccess) e = cudaMemcpyAsync(&bad, d_bad, 8, cudaMemcpyDeviceToHost, st);
+    int32_t val = 0;
+    if (e == cudaSuccess && bad != ~0ull) {
+        // fetch the value once the scan is known to have found something
+        e = cudaStreamSynchronize(st);
+        if (e == cudaSuccess) {
+            int64_t i = (int64_t)bad, j = i % p->K, r = i / p->K;
+            int64_t n = r % p->N2;
+            r /= p->N2;
+            int64_t s = r % p->S1, b = r / p->S1;
+            const int32_t *src = (const int32_t *)t->data + b * t->strides[0] +
+                                 s * t->strides[1] + n * t->strides[2] + j * t->strides[3];
+            e = cudaMemcpyAsync(&val, src, 4, cudaMemcpyDeviceToHost, st);
+        }
+    }
+    cudaError_t ef = cudaFreeAsync(d_bad, st);
+    if (e == cudaSuccess) e = ef;
+    if (e == cudaSuccess) e = cudaStreamSynchronize(st);
+    if (e != cudaSuccess)
+        return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "sfa cuda: index check failed: %s",
+                                cudaGetErrorString(e));
+    if (bad != ~0ull) {
+        int64_t i = (int64_t)bad, j = i % p->K, r = i / p->K;
+        int64_t n = r % p->N2;
+        r /= p->N2;
+        int64_t s = r % p->S1, b = r / p->S1;
+        return spattn_set_error(SPATTN_STATUS_BAD_INDEX,
+                                "indices: value at [%lld, %lld, %lld, %lld] must be -1 or in [0, "
+                                "%lld) (ceil(S2/sbs) = ceil(%lld/%lld)), got %d",
+                                (long long)b, (long long)s, (long long)n, (long long)j,
+                                (long long)p->nblk, (long long)p->S2, (long long)p->sbs, val);
+    }
+    return SPATTN_STATUS_SUCCESS;
+}
+
+extern "C" spattn_status spattn_cuda_sfa_fwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
+    spattn_status s = fast_path_ok(p, 0);
+    if (s != SPATTN_STATUS_SUCCESS) return s;
+    sfa::Params kp;
+    fill_params(p, &kp);
+    kp.out_lse = p->lse ? (float *)p->lse->data : nullptr;
+    kp.o = nullptr;
+    cudaError_t e = spattn_sfa_fast_fwd_launch(&kp, p->dtype == SPATTN_DTYPE_BF16,
+                                               (cudaStream_t)ex->stream);
+    if (e != cudaSuccess)
+        return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "sfa cuda forward: %s",
+                                cudaGetErrorString(e));
+    return SPATTN_STATUS_SUCCESS;
+}
+
+extern "C" spattn_status spattn_cuda_sfa_bwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
+    spattn_status s = fast_path_ok(p, 1);
+    if (s != SPATTN_STATUS_SUCCESS) return s;
+    sfa::Params kp;
+    fill_params(p, &kp);
+    kp.out_o = nullptr;
+    kp.lse_in = (const float *)p->lse->data;
+    return p->dtype == SPATTN_DTYPE_BF16 ? bwd_impl<__nv_bfloat16>(p, ex, &kp)
+                                         : bwd_impl<__half>(p, ex, &kp);
+}

@@ -1,0 +1,915 @@
+// GPU correctness check and benchmark of the sfa (top-k sparse flash attention) CUDA backend.
+// Runs on a machine with a GPU; prints "skipped" and exits 0 when none is visible (it is not a
+// ctest test: CI has no GPU).
+//
+//   sfa_cuda_check            random small shapes vs an fp64 host reference written here from
+//                             cases/README.md (padding anywhere, duplicates, empty rows, mode 3
+//                             with S1 != S2 and S1 > S2, sbs > 1 with a partial last block,
+//                             N2 = 2, odd head counts, rope split and concatenated, strided
+//                             views); the CUDA reference kernels vs fp64 too (separate v, fp32,
+//                             D = 64); out-of-range indices -> BAD_INDEX with the outputs left
+//                             untouched; NOT_SUPPORTED messages; bitwise repeatability of the
+//                             deterministic backward; the fp32-atomic backward within tolerance.
+//   sfa_cuda_check quick      a few small cases (for compute-sanitizer)
+//   sfa_cuda_check bench CASES_FILE [JSON_OUT] [repeats] [noverify]
+//                             every case of the suite: inputs generated per cases/README.md,
+//                             verified against the CUDA reference kernels (eco criterion), then
+//                             timed (CUDA events, L2 flushed before each repeat, median).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "core/internal.h"
+#include "spattn.h"
+
+#define CK(x)                                                                                  \
+    do {                                                                                       \
+        cudaError_t e_ = (x);                                                                  \
+        if (e_ != cudaSuccess) {                                                               \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            exit(2);                                                                           \
+        }                                                                                      \
+    } while (0)
+
+static int g_pass = 0, g_fail = 0;
+static void check(bool ok, const char *fmt, const char *a = "", long long v = 0) {
+    if (ok) {
+        g_pass++;
+    } else {
+        g_fail++;
+        printf("FAIL: ");
+        printf(fmt, a, v);
+        printf("\n");
+    }
+}
+
+struct Rng {
+    uint64_t s;
+    explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 0x1234567ull) {}
+    uint64_t next() {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        return s;
+    }
+    double u() { return (double)(next() >> 11) * 0x1.0p-53; }
+    double n() {
+        double u1 = u(), u2 = u();
+        if (u1 < 1e-300) u1 = 1e-300;
+        return sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2);
+    }
+    int64_t below(int64_t m) { return (int64_t)(next() % (uint64_t)m); }
+};
+
+static size_t esz(int dt) { return dt == SPATTN_DTYPE_F32 ? 4 : 2; }
+static float round_dt(double x, int dt) {
+    if (dt == SPATTN_DTYPE_F16) return __half2float(__float2half_rn((float)x));
+    if (dt == SPATTN_DTYPE_BF16) return __bfloat162float(__float2bfloat16_rn((float)x));
+    return (float)x;
+}
+static void store_dt(void *buf, size_t i, float x, int dt) {
+    if (dt == SPATTN_DTYPE_F16) ((__half *)buf)[i] = __float2half_rn(x);
+    else if (dt == SPATTN_DTYPE_BF16) ((__nv_bfloat16 *)buf)[i] = __float2bfloat16_rn(x);
+    else ((float *)buf)[i] = x;
+}
+static float load_dt(const void *buf, size_t i, int dt) {
+    if (dt == SPATTN_DTYPE_F16) return __half2float(((const __half *)buf)[i]);
+    if (dt == SPATTN_DTYPE_BF16) return __bfloat162float(((const __nv_bfloat16 *)buf)[i]);
+    return ((const float *)buf)[i];
+}
+
+struct Cfg {
+    std::string name;
+    int B, S1, S2, N1, N2, D, Dr, K, sbs, mode, dt;
+    int concat = 1;      // q|q_rope and k|k_rope as views of one [.., D+Dr] buffer
+    int pad_any = 0;     // padding scattered anywhere in the row
+    int dups = 0;        // duplicate entries in the rows
+    int empty = 0;       // some rows all -1
+    int sep_v = 0;       // separate v tensor (reference kernels only)
+    int row_pad = 0;     // extra elements at the end of each row of q/k/o/dout (strided views)
+};
+
+// Index rows per cases/README.md, plus the test variations.
+static std::vector<int32_t> gen_idx(const Cfg &c, Rng &r) {
+    const int64_t nblk = (c.S2 + c.sbs - 1) / c.sbs;
+    std::vector<int32_t> idx((size_t)c.B * c.S1 * c.N2 * c.K, -1);
+    std::vector<int32_t> perm(nblk + 1);
+    for (int b = 0; b < c.B; b++)
+        for (int i = 0; i < c.S1; i++)
+            for (int n = 0; n < c.N2; n++) {
+                int32_t *row = &idx[(((size_t)b * c.S1 + i) * c.N2 + n) * c.K];
+                int64_t limk = c.mode == 3 ? (int64_t)c.S2 - c.S1 + i : c.S2 - 1;
+                if (limk < 0) continue;
+                if (c.empty && r.below(7) == 0) continue;
+                int64_t limb = limk / c.sbs;  // newest allowed block
+                int64_t cnt = std::min<int64_t>(c.K, limb + 1);
+                // partial Fisher-Yates over [0, limb): take cnt-1 others, then limb itself
+                for (int64_t j = 0; j < limb; j++) perm[j] = (int32_t)j;
+                row[0] = (int32_t)limb;
+                for (int64_t j = 1; j < cnt; j++) {
+                    int64_t t = j - 1 + r.below(limb - (j - 1));
+                    std::swap(perm[j - 1], perm[t]);
+                    row[j] = perm[j - 1];
+                }
+                for (int64_t j = cnt - 1; j > 0; j--) std::swap(row[j], row[r.below(j + 1)]);
+                if (c.dups)
+                    for (int j = 0; j < c.K; j++)
+                        if (r.below(5) == 0 && cnt > 0) row[j] = row[r.below(cnt)];
+                if (c.pad_any)
+                    for (int j = c.K - 1; j > 0; j--) std::swap(row[j], row[r.below(j + 1)]);
+            }
+    return idx;
+}
+
+// ---- fp64 host reference (cases/README.md) -----------------------------------------------------
+struct RefOut {
+    std::vector<double> o, lse, dq, dk, dv;  // dq [.., D+Dr], dk [.., D+Dr], dv [.., D] (sep v)
+};
+static void ref64(const Cfg &c, const std::vector<double> &q, const std::vector<double> &k,
+                  const std::vector<double> &v, const std::vector<int32_t> &idx,
+                  const std::vector<double> &dout, double scale, RefOut &R) {
+    const int DQ = c.D + c.Dr, H = c.N1 / c.N2;
+    R.o.assign((size_t)c.B * c.S1 * c.N1 * c.D, 0);
+    R.lse.assign((size_t)c.B * c.S1 * c.N1, -INFINITY);
+    R.dq.assign((size_t)c.B * c.S1 * c.N1 * DQ, 0);
+    R.dk.assign((size_t)c.B * c.S2 * c.N2 * DQ, 0);
+    R.dv.assign((size_t)c.B * c.S2 * c.N2 * c.D, 0);
+    std::vector<int64_t> keys;
+    std::vector<double> p, dp;
+    for (int b = 0; b < c.B; b++)
+        for (int i = 0; i < c.S1; i++)
+            for (int h = 0; h < c.N1; h++) {
+                const int n2 = h / H;
+                const int32_t *row = &idx[(((size_t)b * c.S1 + i) * c.N2 + n2) * c.K];
+                const int64_t lim = c.mode == 3 ? (int64_t)c.S2 - c.S1 + i : c.S2 - 1;
+                keys.clear();
+                for (int e = 0; e < c.K; e++) {
+                    if (row[e] < 0) continue;
+                    for (int o2 = 0; o2 < c.sbs; o2++) {
+                        int64_t key = (int64_t)row[e] * c.sbs + o2;
+                        if (key < c.S2 && key <= lim) keys.push_back(key);
+                    }
+                }
+                if (keys.empty()) continue;
+                const size_t qi = (((size_t)b * c.S1 + i) * c.N1 + h);
+                auto krow = [&](int64_t key) { return &k[(((size_t)b * c.S2 + key) * c.N2 + n2) * DQ]; };
+                auto vrow = [&](int64_t key) {
+                    return c.sep_v ? &v[(((size_t)b * c.S2 + key) * c.N2 + n2) * c.D] : krow(key);
+                };
+                p.assign(keys.size(), 0);
+                double mx = -INFINITY;
+                for (size_t j = 0; j < keys.size(); j++) {
+                    const double *kr = krow(keys[j]);
+                    double a = 0;
+                    for (int d = 0; d < DQ; d++) a += q[qi * DQ + d] * kr[d];
+                    p[j] = a * scale;
+                    mx = std::max(mx, p[j]);
+                }
+                double l = 0;
+                for (double s : p) l += exp(s - mx);
+                const double L = mx + log(l);
+                R.lse[qi] = L;
+                double *oi = &R.o[qi * c.D];
+                for (size_t j = 0; j < keys.size(); j++) {
+                    p[j] = exp(p[j] - L);
+                    const double *vr = vrow(keys[j]);
+                    for (int d = 0; d < c.D; d++) oi[d] += p[j] * vr[d];
+                }
+                if (dout.empty()) continue;
+                const double *gi = &dout[qi * c.D];
+                double delta = 0;
+                for (int d = 0; d < c.D; d++) delta += gi[d] * oi[d];
+                for (size_t j = 0; j < keys.size(); j++) {
+                    const double *vr = vrow(keys[j]);
+                    const double *kr = krow(keys[j]);
+                    double a = 0;
+                    for (int d = 0; d < c.D; d++) a += gi[d] * vr[d];
+                    const double ds = p[j] * (a - delta);
+                    double *dkr = &R.dk[(((size_t)b * c.S2 + keys[j]) * c.N2 + n2) * DQ];
+                    double *dvr = c.sep_v ? &R.dv[(((size_t)b * c.S2 + keys[j]) * c.N2 + n2) * c.D] : dkr;
+                    for (int d = 0; d < DQ; d++) {
+                        R.dq[qi * DQ + d] += scale * ds * kr[d];
+                        dkr[d] += scale * ds * q[qi * DQ + d];
+                    }
+                    for (int d = 0; d < c.D; d++) dvr[d] += p[j] * gi[d];
+                }
+            }
+}
+
+// ---- eco criterion -----------------------------------------------------------------------------
+struct EcoRes {
+    bool pass;
+    double ratio, maxe, rel;
+};
+static EcoRes eco(const std::vector<float> &a, const std::vector<double> &g, int dt, bool is_lse) {
+    double atol, rtol, lim;
+    if (is_lse) {
+        atol = 0x1p-16;
+        rtol = 0x1p-10;
+        lim = 0.01;
+    } else if (dt == SPATTN_DTYPE_F16) {
+        atol = rtol = 0x1p-9;
+        lim = 0.1;
+    } else if (dt == SPATTN_DTYPE_BF16) {
+        atol = rtol = 0x1p-6;
+        lim = 1.0;
+    } else {
+        atol = rtol = 0x1p-12;
+        lim = 0.01;
+    }
+    size_t ok = 0;
+    bool special_bad = false;
+    double maxe = 0, num = 0, den = 0;
+    for (size_t i = 0; i < a.size(); i++) {
+        double x = a[i], y = g[i];
+        if (std::isnan(y) || std::isinf(y) || std::isnan(x) || std::isinf(x)) {
+            bool m = (std::isnan(x) && std::isnan(y)) || (std::isinf(x) && std::isinf(y) && (x > 0) == (y > 0));
+            if (m) ok++;
+            else special_bad = true;
+            continue;
+        }
+        double e = fabs(x - y);
+        if (e <= atol + rtol * fabs(y)) ok++;
+        maxe = std::max(maxe, e);
+        num += e * e;
+        den += y * y;
+    }
+    EcoRes r;
+    r.ratio = a.empty() ? 1.0 : (double)ok / a.size();
+    r.maxe = maxe;
+    r.rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    r.pass = !special_bad && r.ratio >= 0.99 && maxe <= lim;
+    return r;
+}
+
+// ---- device tensors of one problem ---------------------------------------------------------------
+struct Dev {
+    void *p = nullptr;
+    size_t n = 0;
+    void alloc(size_t bytes) {
+        n = bytes;
+        CK(cudaMalloc(&p, bytes ? bytes : 16));
+    }
+    ~Dev() {
+        if (p) cudaFree(p);
+    }
+};
+static spattn_tensor dt4(void *data, int dt, int64_t a, int64_t b, int64_t c, int64_t d,
+                         int64_t rowstride) {
+    spattn_tensor t;
+    memset(&t, 0, sizeof(t));
+    t.data = data;
+    t.device_type = SPATTN_DEVICE_CUDA;
+    t.dtype = dt;
+    t.ndim = 4;
+    t.shape[0] = a;
+    t.shape[1] = b;
+    t.shape[2] = c;
+    t.shape[3] = d;
+    t.strides[3] = 1;
+    t.strides[2] = rowstride;
+    t.strides[1] = rowstride * c;
+    t.strides[0] = rowstride * c * b;
+    return t;
+}
+static spattn_tensor dt3(void *data, int64_t a, int64_t b, int64_t c) {
+    spattn_tensor t;
+    memset(&t, 0, sizeof(t));
+    t.data = data;
+    t.device_type = SPATTN_DEVICE_CUDA;
+    t.dtype = SPATTN_DTYPE_F32;
+    t.ndim = 3;
+    t.shape[0] = a;
+    t.shape[1] = b;
+    t.shape[2] = c;
+    t.strides[2] = 1;
+    t.strides[1] = c;
+    t.strides[0] = b * c;
+    return t;
+}
+
+struct Prob {
+    Cfg c;
+    int DQ;
+    int64_t nq, nk;  // rows of q and k
+    int64_t qrs, krs, ors;  // row strides (elements) of the q/k buffers and of o/dout/dq
+    Dev q, qr, k, kr, v, idx, o, lse, dout, dq, dqr, dk, dkr, dv;
+    spattn_tensor tq, tqr, tk, tkr, tv, tidx, to, tlse, tdo, tdq, tdqr, tdk, tdkr, tdv;
+    std::vector<double> hq, hk, hv, hdo;  // rounded values, [.., D+Dr] concatenated
+    std::vector<int32_t> hidx;
+};
+
+static void upload_rows(const std::vector<double> &src, int64_t rows, int width, int col0, int cols,
+                        Dev &dst, int64_t stride, int dt) {
+    std::vector<unsigned char> buf(dst.n);
+    for (int64_t r = 0; r < rows; r++)
+        for (int j = 0; j < cols; j++) store_dt(buf.data(), r * stride + j, (float)src[r * width + col0 + j], dt);
+    CK(cudaMemcpy(dst.p, buf.data(), dst.n, cudaMemcpyHostToDevice));
+}
+
+static void setup(Prob &P, const Cfg &c, uint64_t seed) {
+    P.c = c;
+    Rng r(seed);
+    const int DQ = c.D + c.Dr;
+    P.DQ = DQ;
+    P.nq = (int64_t)c.B * c.S1 * c.N1;
+    P.nk = (int64_t)c.B * c.S2 * c.N2;
+    const int dt = c.dt;
+    P.hq.resize(P.nq * DQ);
+    P.hk.resize(P.nk * DQ);
+    for (auto &x : P.hq) x = round_dt(r.n(), dt);
+    for (auto &x : P.hk) x = round_dt(r.n(), dt);
+    if (c.sep_v) {
+        P.hv.resize(P.nk * c.D);
+        for (auto &x : P.hv) x = round_dt(r.n(), dt);
+    }
+    P.hdo.resize(P.nq * c.D);
+    for (auto &x : P.hdo) x = round_dt(r.n(), dt);
+    P.hidx = gen_idx(c, r);
+    const size_t es = esz(dt);
+    if (c.concat) {
+        P.qrs = DQ + c.row_pad;
+        P.krs = DQ + c.row_pad;
+        P.q.alloc(P.nq * P.qrs * es);
+        P.k.alloc(P.nk * P.krs * es);
+        upload_rows(P.hq, P.nq, DQ, 0, DQ, P.q, P.qrs, dt);
+        upload_rows(P.hk, P.nk, DQ, 0, DQ, P.k, P.krs, dt);
+        P.tq = dt4(P.q.p, dt, c.B, c.S1, c.N1, c.D, P.qrs);
+        P.tk = dt4(P.k.p, dt, c.B, c.S2, c.N2, c.D, P.krs);
+        P.tqr = dt4((char *)P.q.p + c.D * es, dt, c.B, c.S1, c.N1, c.Dr, P.qrs);
+        P.tkr = dt4((char *)P.k.p + c.D * es, dt, c.B, c.S2, c.N2, c.Dr, P.krs);
+    } else {
+        P.qrs = c.D + c.row_pad;
+        P.krs = c.D + c.row_pad;
+        P.q.alloc(P.nq * P.qrs * es);
+        P.k.alloc(P.nk * P.krs * es);
+        upload_rows(P.hq, P.nq, DQ, 0, c.D, P.q, P.qrs, dt);
+        upload_rows(P.hk, P.nk, DQ, 0, c.D, P.k, P.krs, dt);
+        P.tq = dt4(P.q.p, dt, c.B, c.S1, c.N1, c.D, P.qrs);
+        P.tk = dt4(P.k.p, dt, c.B, c.S2, c.N2, c.D, P.krs);
+        if (c.Dr) {
+            P.qr.alloc(P.nq * c.Dr * es);
+            P.kr.alloc(P.nk * c.Dr * es);
+            upload_rows(P.hq, P.nq, DQ, c.D, c.Dr, P.qr, c.Dr, dt);
+            upload_rows(P.hk, P.nk, DQ, c.D, c.Dr, P.kr, c.Dr, dt);
+            P.tqr = dt4(P.qr.p, dt, c.B, c.S1, c.N1, c.Dr, c.Dr);
+            P.tkr = dt4(P.kr.p, dt, c.B, c.S2, c.N2, c.Dr, c.Dr);
+        }
+    }
+    if (c.sep_v) {
+        P.v.alloc(P.nk * c.D * es);
+        upload_rows(P.hv, P.nk, c.D, 0, c.D, P.v, c.D, dt);
+        P.tv = dt4(P.v.p, dt, c.B, c.S2, c.N2, c.D, c.D);
+    }
+    P.idx.alloc(P.hidx.size() * 4);
+    CK(cudaMemcpy(P.idx.p, P.hidx.data(), P.idx.n, cudaMemcpyHostToDevice));
+    P.tidx = dt4(P.idx.p, SPATTN_DTYPE_I32, c.B, c.S1, c.N2, c.K, c.K);
+    P.ors = c.D + c.row_pad;
+    P.o.alloc(P.nq * P.ors * es);
+    P.dout.alloc(P.nq * P.ors * es);
+    upload_rows(P.hdo, P.nq, c.D, 0, c.D, P.dout, P.ors, dt);
+    P.lse.alloc(P.nq * 4);
+    P.dq.alloc(P.nq * P.ors * es);
+    P.dk.alloc(P.nk * c.D * es);
+    P.to = dt4(P.o.p, dt, c.B, c.S1, c.N1, c.D, P.ors);
+    P.tdo = dt4(P.dout.p, dt, c.B, c.S1, c.N1, c.D, P.ors);
+    P.tdq = dt4(P.dq.p, dt, c.B, c.S1, c.N1, c.D, P.ors);
+    P.tdk = dt4(P.dk.p, dt, c.B, c.S2, c.N2, c.D, c.D);
+    P.tlse = dt3(P.lse.p, c.B, c.S1, c.N1);
+    if (c.Dr) {
+        P.dqr.alloc(P.nq * c.Dr * es);
+        P.dkr.alloc(P.nk * c.Dr * es);
+        P.tdqr = dt4(P.dqr.p, dt, c.B, c.S1, c.N1, c.Dr, c.Dr);
+        P.tdkr = dt4(P.dkr.p, dt, c.B, c.S2, c.N2, c.Dr, c.Dr);
+    }
+    if (c.sep_v) {
+        P.dv.alloc(P.nk * c.D * es);
+        P.tdv = dt4(P.dv.p, dt, c.B, c.S2, c.N2, c.D, c.D);
+    }
+}
+
+static void poison(Dev &d) {
+    if (d.p) CK(cudaMemset(d.p, 0xff, d.n));  // NaN in every float format
+}
+
+static spattn_status run_fwd(Prob &P, int det = 1) {
+    spattn_options opt;
+    spattn_options_init(&opt);
+    opt.backend = SPATTN_BACKEND_CUDA;
+    opt.deterministic = det;
+    const Cfg &c = P.c;
+    return spattn_sfa_fwd_ex(&P.tq, c.Dr ? &P.tqr : nullptr, &P.tk, c.Dr ? &P.tkr : nullptr,
+                             c.sep_v ? &P.tv : nullptr, &P.tidx, c.sbs, c.mode, 0.0, &P.to, &P.tlse, &opt);
+}
+static spattn_status run_bwd(Prob &P, int det = 1) {
+    spattn_options opt;
+    spattn_options_init(&opt);
+    opt.backend = SPATTN_BACKEND_CUDA;
+    opt.deterministic = det;
+    const Cfg &c = P.c;
+    return spattn_sfa_bwd_ex(&P.tq, c.Dr ? &P.tqr : nullptr, &P.tk, c.Dr ? &P.tkr : nullptr,
+                             c.sep_v ? &P.tv : nullptr, &P.to, &P.tdo, &P.tlse, &P.tidx, c.sbs, c.mode, 0.0,
+                             &P.tdq, c.Dr ? &P.tdqr : nullptr, &P.tdk, c.Dr ? &P.tdkr : nullptr,
+                             c.sep_v ? &P.tdv : nullptr, &opt);
+}
+
+static std::vector<float> fetch(const Dev &d, int64_t rows, int cols, int64_t stride, int dt) {
+    std::vector<unsigned char> buf(d.n);
+    CK(cudaMemcpy(buf.data(), d.p, d.n, cudaMemcpyDeviceToHost));
+    std::vector<float> out(rows * cols);
+    for (int64_t r = 0; r < rows; r++)
+        for (int j = 0; j < cols; j++) out[r * cols + j] = load_dt(buf.data(), r * stride + j, dt);
+    return out;
+}
+static std::vector<float> fetch_f32(const float *d, size_t n) {
+    std::vector<float> out(n);
+    CK(cudaMemcpy(out.data(), d, n * 4, cudaMemcpyDeviceToHost));
+    return out;
+}
+static std::vector<double> cols_of(const std::vector<double> &x, int64_t rows, int width, int c0, int n) {
+    std::vector<double> out(rows * n);
+    for (int64_t r = 0; r < rows; r++)
+        for (int j = 0; j < n; j++) out[r * n + j] = x[r * width + c0 + j];
+    return out;
+}
+
+static bool report(const char *tag, const char *tensor, const EcoRes &e) {
+    if (!e.pass)
+        printf("  %-34s %-8s FAIL matched %.5f max_abs %.3g rel_l2 %.3g\n", tag, tensor, e.ratio, e.maxe, e.rel);
+    check(e.pass, "%s eco", tag);
+    return e.pass;
+}
+
+// Problem descriptor for the reference kernels (same fields the core validation fills).
+static spattn_sfa_problem problem_of(Prob &P, int bwd) {
+    const Cfg &c = P.c;
+    spattn_sfa_problem p;
+    memset(&p, 0, sizeof(p));
+    p.q = &P.tq;
+    p.q_rope = c.Dr ? &P.tqr : nullptr;
+    p.k = &P.tk;
+    p.k_rope = c.Dr ? &P.tkr : nullptr;
+    p.v = c.sep_v ? &P.tv : nullptr;
+    p.idx = &P.tidx;
+    p.o = &P.to;
+    p.lse = &P.tlse;
+    p.dout = bwd ? &P.tdo : nullptr;
+    p.B = c.B;
+    p.S1 = c.S1;
+    p.S2 = c.S2;
+    p.N1 = c.N1;
+    p.N2 = c.N2;
+    p.D = c.D;
+    p.Dr = c.Dr;
+    p.K = c.K;
+    p.sbs = c.sbs;
+    p.nblk = (c.S2 + c.sbs - 1) / c.sbs;
+    p.mode = c.mode;
+    p.shared_kv = !c.sep_v;
+    p.scale = (float)(1.0 / sqrt((double)(c.D + c.Dr)));
+    p.dtype = c.dt;
+    return p;
+}
+
+// Fast kernels (fwd, bwd det, bwd atomic) vs the fp64 host reference; also the CUDA reference
+// kernels vs fp64.  fast = 0: only the reference kernels (shapes without a fast kernel).
+static void test_case(const Cfg &c, uint64_t seed, bool fast = true) {
+    Prob P;
+    setup(P, c, seed);
+    RefOut R;
+    const double scale = 1.0 / sqrt((double)(c.D + c.Dr));
+    ref64(c, P.hq, P.hk, P.hv, P.hidx, P.hdo, scale, R);
+    const int DQ = P.DQ;
+    char tag[160];
+    snprintf(tag, sizeof tag, "%s", c.name.c_str());
+    if (fast) {
+        poison(P.o);
+        poison(P.lse);
+        spattn_status st = run_fwd(P);
+        check(st == SPATTN_STATUS_SUCCESS, "%s fwd status", tag, st);
+        if (st != SPATTN_STATUS_SUCCESS) printf("  %s: %s\n", tag, spattn_last_error());
+        CK(cudaDeviceSynchronize());
+        report(tag, "O", eco(fetch(P.o, P.nq, c.D, P.ors, c.dt), R.o, c.dt, false));
+        report(tag, "LSE", eco(fetch_f32((float *)P.lse.p, P.nq), R.lse, c.dt, true));
+        std::vector<unsigned char> dq1, dk1;
+        for (int det = 1; det >= 0; det--) {
+            poison(P.dq);
+            poison(P.dqr);
+            poison(P.dk);
+            poison(P.dkr);
+            st = run_bwd(P, det);
+            check(st == SPATTN_STATUS_SUCCESS, "%s bwd status", tag, st);
+            if (st != SPATTN_STATUS_SUCCESS) printf("  %s: %s\n", tag, spattn_last_error());
+            CK(cudaDeviceSynchronize());
+            char t2[200];
+            snprintf(t2, sizeof t2, "%s %s", tag, det ? "det" : "atomic");
+            report(t2, "dQ", eco(fetch(P.dq, P.nq, c.D, P.ors, c.dt), cols_of(R.dq, P.nq, DQ, 0, c.D), c.dt, false));
+            report(t2, "dK", eco(fetch(P.dk, P.nk, c.D, c.D, c.dt), cols_of(R.dk, P.nk, DQ, 0, c.D), c.dt, false));
+            if (c.Dr) {
+                report(t2, "dQ_rope", eco(fetch(P.dqr, P.nq, c.Dr, c.Dr, c.dt), cols_of(R.dq, P.nq, DQ, c.D, c.Dr), c.dt, false));
+                report(t2, "dK_rope", eco(fetch(P.dkr, P.nk, c.Dr, c.Dr, c.dt), cols_of(R.dk, P.nk, DQ, c.D, c.Dr), c.dt, false));
+            }
+        }
+    }
+    // CUDA reference kernels vs fp64
+    spattn_exec ex;
+    memset(&ex, 0, sizeof ex);
+    ex.deterministic = 1;
+    spattn_sfa_problem p = problem_of(P, 0);
+    float *go, *glse, *gdq, *gdqr = nullptr, *gdk, *gdkr = nullptr, *gdv = nullptr;
+    CK(cudaMalloc(&go, P.nq * c.D * 4));
+    CK(cudaMalloc(&glse, P.nq * 4));
+    CK(cudaMalloc(&gdq, P.nq * c.D * 4));
+    CK(cudaMalloc(&gdk, P.nk * c.D * 4));
+    if (c.Dr) {
+        CK(cudaMalloc(&gdqr, P.nq * c.Dr * 4));
+        CK(cudaMalloc(&gdkr, P.nk * c.Dr * 4));
+    }
+    if (c.sep_v) CK(cudaMalloc(&gdv, P.nk * c.D * 4));
+    spattn_status st = spattn_cuda_ref_sfa_fwd(&p, &ex, go, glse);
+    check(st == SPATTN_STATUS_SUCCESS, "%s ref fwd status", tag, st);
+    snprintf(tag, sizeof tag, "%s [cuda ref]", c.name.c_str());
+    report(tag, "O", eco(fetch_f32(go, P.nq * c.D), R.o, c.dt == SPATTN_DTYPE_F32 ? SPATTN_DTYPE_F32 : c.dt, false));
+    report(tag, "LSE", eco(fetch_f32(glse, P.nq), R.lse, c.dt, true));
+    p = problem_of(P, 1);
+    st = spattn_cuda_ref_sfa_bwd(&p, &ex, gdq, gdqr, gdk, gdkr, gdv);
+    check(st == SPATTN_STATUS_SUCCESS, "%s ref bwd status", tag, st);
+    report(tag, "dQ", eco(fetch_f32(gdq, P.nq * c.D), cols_of(R.dq, P.nq, DQ, 0, c.D), c.dt, false));
+    report(tag, "dK", eco(fetch_f32(gdk, P.nk * c.D), cols_of(R.dk, P.nk, DQ, 0, c.D), c.dt, false));
+    if (c.Dr) {
+        report(tag, "dQ_rope", eco(fetch_f32(gdqr, P.nq * c.Dr), cols_of(R.dq, P.nq, DQ, c.D, c.Dr), c.dt, false));
+        report(tag, "dK_rope", eco(fetch_f32(gdkr, P.nk * c.Dr), cols_of(R.dk, P.nk, DQ, c.D, c.Dr), c.dt, false));
+    }
+    if (c.sep_v) report(tag, "dV", eco(fetch_f32(gdv, P.nk * c.D), R.dv, c.dt, false));
+    cudaFree(go);
+    cudaFree(glse);
+    cudaFree(gdq);
+    cudaFree(gdk);
+    if (gdqr) cudaFree(gdqr);
+    if (gdkr) cudaFree(gdkr);
+    if (gdv) cudaFree(gdv);
+}
+
+static Cfg mk(const char *name, int B, int S1, int S2, int N1, int N2, int K, int sbs, int mode, int dt) {
+    Cfg c;
+    c.name = name;
+    c.B = B;
+    c.S1 = S1;
+    c.S2 = S2;
+    c.N1 = N1;
+    c.N2 = N2;
+    c.D = 512;
+    c.Dr = 64;
+    c.K = K;
+    c.sbs = sbs;
+    c.mode = mode;
+    c.dt = dt;
+    return c;
+}
+
+static bool bitwise_equal(const Dev &a, const std::vector<unsigned char> &b) {
+    std::vector<unsigned char> x(a.n);
+    CK(cudaMemcpy(x.data(), a.p, a.n, cudaMemcpyDeviceToHost));
+    return x == b;
+}
+static std::vector<unsigned char> snap(const Dev &a) {
+    std::vector<unsigned char> x(a.n);
+    CK(cudaMemcpy(x.data(), a.p, a.n, cudaMemcpyDeviceToHost));
+    return x;
+}
+
+static void test_bad_index() {
+    Cfg c = mk("bad_index", 1, 16, 64, 16, 1, 8, 1, 3, SPATTN_DTYPE_BF16);
+    Prob P;
+    setup(P, c, 7);
+    for (int variant = 0; variant < 3; variant++) {
+        std::vector<int32_t> bad = P.hidx;
+        size_t pos = variant == 0 ? 37 : (variant == 1 ? 100 : bad.size() - 1);
+        int32_t val = variant == 0 ? 64 : (variant == 1 ? -2 : 1 << 30);
+        bad[pos] = val;
+        if (variant == 1) bad[120] = 99;  // a later second bad value: the first must be reported
+        CK(cudaMemcpy(P.idx.p, bad.data(), P.idx.n, cudaMemcpyHostToDevice));
+        poison(P.o);
+        poison(P.lse);
+        std::vector<unsigned char> o0 = snap(P.o);
+        spattn_status st = run_fwd(P);
+        check(st == SPATTN_STATUS_BAD_INDEX, "bad index fwd status %s%lld", "", st);
+        char want[64];
+        snprintf(want, sizeof want, "got %d", val);
+        check(strstr(spattn_last_error(), want) != nullptr, "bad index message names the value: %s", spattn_last_error());
+        check(bitwise_equal(P.o, o0), "bad index: o untouched%s", "");
+        poison(P.dq);
+        poison(P.dk);
+        std::vector<unsigned char> q0 = snap(P.dq), k0 = snap(P.dk);
+        st = run_bwd(P);
+        check(st == SPATTN_STATUS_BAD_INDEX, "bad index bwd status %s%lld", "", st);
+        check(bitwise_equal(P.dq, q0) && bitwise_equal(P.dk, k0), "bad index: dq/dk untouched%s", "");
+    }
+    printf("  bad-index message: %s\n", spattn_last_error());
+}
+
+static void test_not_supported() {
+    Cfg c = mk("d64", 1, 8, 32, 16, 1, 8, 1, 0, SPATTN_DTYPE_BF16);
+    c.D = 64;
+    c.Dr = 0;
+    Prob P;
+    setup(P, c, 3);
+    spattn_status st = run_fwd(P);
+    check(st == SPATTN_STATUS_NOT_SUPPORTED, "D=64 fwd -> NOT_SUPPORTED%s %lld", "", st);
+    printf("  D=64: %s\n", spattn_last_error());
+    Cfg c2 = mk("f32", 1, 8, 32, 16, 1, 8, 1, 0, SPATTN_DTYPE_F32);
+    Prob P2;
+    setup(P2, c2, 4);
+    st = run_bwd(P2);
+    check(st == SPATTN_STATUS_NOT_SUPPORTED, "fp32 bwd -> NOT_SUPPORTED%s %lld", "", st);
+    printf("  fp32: %s\n", spattn_last_error());
+}
+
+static void test_determinism() {
+    Cfg c = mk("determinism", 1, 256, 1024, 64, 1, 256, 1, 3, SPATTN_DTYPE_BF16);
+    Prob P;
+    setup(P, c, 11);
+    check(run_fwd(P) == SPATTN_STATUS_SUCCESS, "det fwd%s", "");
+    std::vector<unsigned char> a[4];
+    int same = 1;
+    for (int rep = 0; rep < 3; rep++) {
+        poison(P.dq);
+        poison(P.dk);
+        poison(P.dkr);
+        poison(P.dqr);
+        check(run_bwd(P, 1) == SPATTN_STATUS_SUCCESS, "det bwd%s", "");
+        CK(cudaDeviceSynchronize());
+        std::vector<unsigned char> x[4] = {snap(P.dq), snap(P.dqr), snap(P.dk), snap(P.dkr)};
+        if (rep == 0)
+            for (int i = 0; i < 4; i++) a[i] = x[i];
+        else
+            for (int i = 0; i < 4; i++) same &= x[i] == a[i];
+    }
+    check(same, "deterministic backward bitwise repeatable%s", "");
+    printf("  deterministic backward: 3 runs bitwise %s\n", same ? "identical" : "DIFFERENT");
+    // the atomic path: usually not bitwise equal, but close
+    check(run_bwd(P, 0) == SPATTN_STATUS_SUCCESS, "atomic bwd%s", "");
+    CK(cudaDeviceSynchronize());
+    std::vector<unsigned char> k1 = snap(P.dk);
+    printf("  fp32-atomic backward vs deterministic dK: %s\n", k1 == a[2] ? "bitwise equal" : "differs (expected: order-dependent rounding)");
+}
+
+static int small_tests(bool quick) {
+    std::vector<Cfg> cs;
+    const int BF = SPATTN_DTYPE_BF16, FP = SPATTN_DTYPE_F16;
+    cs.push_back(mk("h16_causal_split", 1, 64, 64, 16, 1, 32, 1, 3, BF));
+    cs.back().concat = 0;
+    cs.push_back(mk("h4_n2_pad_any_dups_concat", 2, 40, 100, 8, 2, 48, 1, 3, FP));
+    cs.back().pad_any = 1;
+    cs.back().dups = 1;
+    if (!quick) {
+        cs.push_back(mk("h64_sbs4_partial_block", 1, 33, 70, 64, 1, 16, 4, 3, BF));
+        cs.push_back(mk("h128_sbs2_mode0", 1, 50, 50, 128, 1, 40, 2, 0, FP));
+        cs.push_back(mk("h16_n2_empty_rows_mode0", 1, 20, 300, 32, 2, 100, 1, 0, BF));
+        cs.back().empty = 1;
+        cs.back().pad_any = 1;
+        cs.push_back(mk("h3_odd_heads_sbs8", 1, 24, 90, 6, 2, 5, 8, 3, FP));
+        cs.back().dups = 1;
+        cs.push_back(mk("s1_gt_s2_causal", 1, 80, 30, 32, 1, 16, 1, 3, BF));
+        cs.push_back(mk("h8_strided_rows", 2, 50, 77, 8, 1, 64, 1, 3, BF));
+        cs.back().row_pad = 8;
+        cs.back().concat = 0;
+        cs.push_back(mk("h48_sbs128", 1, 17, 500, 48, 1, 3, 128, 3, FP));
+        cs.back().pad_any = 1;
+        cs.push_back(mk("h64_k_gt_s2_dups", 1, 12, 20, 64, 1, 64, 1, 0, BF));
+        cs.back().dups = 1;
+    }
+    uint64_t seed = 100;
+    for (auto &c : cs) {
+        int before = g_fail;
+        test_case(c, seed++);
+        printf("%-36s %s\n", c.name.c_str(), g_fail == before ? "ok" : "FAILED");
+    }
+    if (!quick) {
+        // reference kernels alone on shapes the fast path does not cover
+        Cfg c = mk("ref_sep_v_fp32_d64", 1, 20, 40, 4, 2, 12, 2, 3, SPATTN_DTYPE_F32);
+        c.D = 64;
+        c.Dr = 16;
+        c.sep_v = 1;
+        c.pad_any = 1;
+        int before = g_fail;
+        test_case(c, seed++, false);
+        Cfg c2 = mk("ref_norope_fp16_d40", 2, 9, 30, 3, 1, 7, 1, 0, FP);
+        c2.D = 40;
+        c2.Dr = 0;
+        c2.dups = 1;
+        test_case(c2, seed++, false);
+        printf("%-36s %s\n", "reference kernels (sep v, fp32, D 40/64)", g_fail == before ? "ok" : "FAILED");
+        test_bad_index();
+        test_not_supported();
+        test_determinism();
+    }
+    printf("%d passed, %d failed\n", g_pass, g_fail);
+    return g_fail ? 1 : 0;
+}
+
+// ---- suite benchmark -----------------------------------------------------------------------------
+static bool parse_case(const char *line, Cfg &c) {
+    char name[128];
+    if (sscanf(line, "%127s", name) != 1 || name[0] == '#') return false;
+    c = mk(name, 1, 1, 1, 1, 1, 1, 1, 0, SPATTN_DTYPE_BF16);
+    const char *p = line + strlen(name);
+    char key[32], val[32];
+    int n;
+    while (sscanf(p, " %31[^=]=%31s%n", key, val, &n) == 2) {
+        p += n;
+        std::string k = key;
+        int x = atoi(val);
+        if (k == "B") c.B = x;
+        else if (k == "S1") c.S1 = x;
+        else if (k == "S2") c.S2 = x;
+        else if (k == "N1") c.N1 = x;
+        else if (k == "N2") c.N2 = x;
+        else if (k == "D") c.D = x;
+        else if (k == "Dr") c.Dr = x;
+        else if (k == "K") c.K = x;
+        else if (k == "sbs") c.sbs = x;
+        else if (k == "mode") c.mode = x;
+        else if (k == "dtype") c.dt = !strcmp(val, "fp16") ? SPATTN_DTYPE_F16 : (!strcmp(val, "fp32") ? SPATTN_DTYPE_F32 : SPATTN_DTYPE_BF16);
+    }
+    return true;
+}
+
+static double pairs_of(const Prob &P) {
+    const Cfg &c = P.c;
+    double pairs = 0;
+    for (int b = 0; b < c.B; b++)
+        for (int i = 0; i < c.S1; i++)
+            for (int n = 0; n < c.N2; n++) {
+                const int32_t *row = &P.hidx[(((size_t)b * c.S1 + i) * c.N2 + n) * c.K];
+                int64_t lim = c.mode == 3 ? (int64_t)c.S2 - c.S1 + i : c.S2 - 1;
+                for (int e = 0; e < c.K; e++) {
+                    if (row[e] < 0) continue;
+                    for (int o2 = 0; o2 < c.sbs; o2++) {
+                        int64_t key = (int64_t)row[e] * c.sbs + o2;
+                        if (key < c.S2 && key <= lim) pairs += c.N1 / c.N2;
+                    }
+                }
+            }
+    return pairs;
+}
+
+template <typename F>
+static double time_median(F fn, int reps, void *flush, size_t flush_bytes) {
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    std::vector<float> ts;
+    for (int r = 0; r < reps; r++) {
+        CK(cudaMemsetAsync(flush, r & 0xff, flush_bytes, 0));
+        CK(cudaEventRecord(a, 0));
+        fn();
+        CK(cudaEventRecord(b, 0));
+        CK(cudaEventSynchronize(b));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        ts.push_back(ms);
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    std::sort(ts.begin(), ts.end());
+    return ts[ts.size() / 2];
+}
+
+static int bench(const char *cases_file, const char *json_out, int repeats, bool verify) {
+    FILE *f = fopen(cases_file, "r");
+    if (!f) {
+        printf("cannot open %s\n", cases_file);
+        return 2;
+    }
+    std::vector<Cfg> cs;
+    char line[1024];
+    while (fgets(line, sizeof line, f)) {
+        Cfg c;
+        if (parse_case(line, c)) cs.push_back(c);
+    }
+    fclose(f);
+    void *flush;
+    const size_t flush_bytes = 256u << 20;
+    CK(cudaMalloc(&flush, flush_bytes));
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    FILE *js = json_out ? fopen(json_out, "w") : nullptr;
+    if (js) fprintf(js, "{\"name\": \"spattn\", \"backend\": \"cuda\", \"device\": \"%s\", \"results\": [\n", prop.name);
+    struct Row {
+        std::string name;
+        double fwd_ms, bwd_ms, fwd_tf, bwd_tf, bwd_atomic_ms;
+        bool ok;
+    };
+    std::vector<Row> rows;
+    int nfail = 0;
+    for (size_t ci = 0; ci < cs.size(); ci++) {
+        const Cfg &c = cs[ci];
+        Prob P;
+        setup(P, c, 0);
+        const double pairs = pairs_of(P);
+        bool ok = true;
+        // correctness vs the CUDA reference kernels (eco criterion)
+        poison(P.o);
+        poison(P.lse);
+        spattn_status st = run_fwd(P);
+        if (st != SPATTN_STATUS_SUCCESS) {
+            printf("%s: fwd failed: %s\n", c.name.c_str(), spattn_last_error());
+            ok = false;
+        }
+        poison(P.dq);
+        poison(P.dqr);
+        poison(P.dk);
+        poison(P.dkr);
+        st = run_bwd(P, 1);
+        if (st != SPATTN_STATUS_SUCCESS) {
+            printf("%s: bwd failed: %s\n", c.name.c_str(), spattn_last_error());
+            ok = false;
+        }
+        CK(cudaDeviceSynchronize());
+        std::string vr = "not verified";
+        if (verify && ok) {
+            spattn_exec ex;
+            memset(&ex, 0, sizeof ex);
+            ex.deterministic = 1;
+            spattn_sfa_problem p = problem_of(P, 0);
+            float *g[6];
+            size_t gn[6] = {(size_t)P.nq * c.D, (size_t)P.nq, (size_t)P.nq * c.D, (size_t)P.nq * c.Dr,
+                            (size_t)P.nk * c.D, (size_t)P.nk * c.Dr};
+            for (int i = 0; i < 6; i++) CK(cudaMalloc(&g[i], gn[i] * 4 + 16));
+            spattn_cuda_ref_sfa_fwd(&p, &ex, g[0], g[1]);
+            p = problem_of(P, 1);
+            spattn_cuda_ref_sfa_bwd(&p, &ex, g[2], g[3], g[4], g[5], nullptr);
+            std::vector<float> gold;
+            const char *names[6] = {"O", "LSE", "dQ", "dQ_rope", "dK", "dK_rope"};
+            std::vector<float> act[6] = {fetch(P.o, P.nq, c.D, P.ors, c.dt), fetch_f32((float *)P.lse.p, P.nq),
+                                         fetch(P.dq, P.nq, c.D, P.ors, c.dt), fetch(P.dqr, P.nq, c.Dr, c.Dr, c.dt),
+                                         fetch(P.dk, P.nk, c.D, c.D, c.dt), fetch(P.dkr, P.nk, c.Dr, c.Dr, c.dt)};
+            vr = "";
+            for (int i = 0; i < 6; i++) {
+                std::vector<float> gf = fetch_f32(g[i], gn[i]);
+                std::vector<double> gd(gf.begin(), gf.end());
+                EcoRes e = eco(act[i], gd, c.dt, i == 1);
+                char buf[160];
+                snprintf(buf, sizeof buf, "%s %s %.4f/%.2g/%.2g; ", names[i], e.pass ? "ok" : "FAIL", e.ratio, e.maxe, e.rel);
+                vr += buf;
+                ok &= e.pass;
+                cudaFree(g[i]);
+            }
+        }
+        if (!ok) nfail++;
+        const int reps_big = pairs > 2e9 ? std::max(5, repeats / 2) : repeats;
+        double tf = time_median([&] { run_fwd(P); }, reps_big, flush, flush_bytes);
+        double tb = time_median([&] { run_bwd(P, 1); }, reps_big, flush, flush_bytes);
+        double ta = time_median([&] { run_bwd(P, 0); }, std::max(3, reps_big / 2), flush, flush_bytes);
+        const double ff = 2.0 * (c.D + c.Dr + c.D) * pairs, fb = 2.0 * (3.0 * (c.D + c.Dr) + 2.0 * c.D) * pairs;
+        Row r{c.name, tf, tb, ff / tf * 1e-9, fb / tb * 1e-9, ta, ok};
+        rows.push_back(r);
+        printf("%-26s pairs %.3g  fwd %8.3f ms %6.1f TF/s  bwd %8.3f ms %6.1f TF/s (atomic %8.3f ms %6.1f)  %s | %s\n",
+               c.name.c_str(), pairs, tf, r.fwd_tf, tb, r.bwd_tf, ta, fb / ta * 1e-9, ok ? "PASS" : "FAIL", vr.c_str());
+        fflush(stdout);
+        if (js) {
+            fprintf(js, "%s  {\"case\": \"%s\", \"pass\": \"fwd\", \"median_ms\": %.5f, \"tflops\": %.3f, \"ok\": %s},\n",
+                    ci ? "" : "", c.name.c_str(), tf, r.fwd_tf, ok ? "true" : "false");
+            fprintf(js, "  {\"case\": \"%s\", \"pass\": \"bwd\", \"median_ms\": %.5f, \"tflops\": %.3f, \"ok\": %s, \"atomic_median_ms\": %.5f}%s\n",
+                    c.name.c_str(), tb, r.bwd_tf, ok ? "true" : "false", ta, ci + 1 < cs.size() ? "," : "");
+        }
+    }
+    if (js) {
+        fprintf(js, "]}\n");
+        fclose(js);
+    }
+    cudaFree(flush);
+    printf("\n%-26s %9s %7s %9s %7s %9s %5s\n", "case", "fwd_ms", "fwdTF", "bwd_ms", "bwdTF", "atom_ms", "ok");
+    for (auto &r : rows)
+        printf("%-26s %9.3f %7.1f %9.3f %7.1f %9.3f %5s\n", r.name.c_str(), r.fwd_ms, r.fwd_tf, r.bwd_ms, r.bwd_tf,
+               r.bwd_atomic_ms, r.ok ? "PASS" : "FAIL");
+    printf("%d of %zu cases failed verification\n", nfail, cs.size());
+    return nfail ? 1 : 0;
+}
+
+int main(int argc, char **argv) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0 || !spattn_cuda_available()) {
+        printf("sfa_cuda_check: no CUDA device, skipped\n");
+        return 0;
+    }
+    if (argc > 1 && !strcmp(argv[1], "bench")) {
+        if (argc < 3) {
+            printf("usage: sfa_cuda_check bench CASES_FILE [JSON_OUT] [repeats] [noverify]\n");
+            return 2;
+        }
+        return bench(argv[2], argc > 3 ? argv[3] : nullptr, argc > 4 ? atoi(argv[4]) : 10,
+                     !(argc > 5 && !strcmp(argv[5], "noverify")));
+    }
+    return small_tests(argc > 1 && !strcmp(argv[1], "quick"));
+}
