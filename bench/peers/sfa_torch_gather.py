@@ -194,11 +194,11 @@ def main():
         for x in r:
             print(f"{x['case']:26s} {x['pass']} {x['median_ms']} ms {x['tflops']} TFLOP/s", flush=True)
         res.extend(r)
-    doc = {"name": "torch_gather", "backend": "cuda", "device": torch.cuda.get_device_name(0),
-           "torch": torch.__version__, "results": res}
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(doc, f, indent=1)
+        doc = {"name": "torch_gather", "backend": "cuda", "device": torch.cuda.get_device_name(0),
+               "torch": torch.__version__, "results": res}
+        if a.json:  # rewritten after every case, so a time limit keeps what was measured
+            with open(a.json, "w") as f:
+                json.dump(doc, f, indent=1)
 
 
 if __name__ == "__main__":
