@@ -1,0 +1,45 @@
+"""Runs the Python tests (unittest) and prints a summary with skip reasons and recorded errors.
+
+Usage: python tests/run.py [test_module ...]   (default: every test_*.py here)
+Exit status 0 iff nothing failed.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import metrics  # noqa: E402
+
+
+def main(argv) -> int:
+    loader = unittest.TestLoader()
+    names = argv[1:] or sorted(f[:-3] for f in os.listdir(HERE) if f.startswith("test_") and f.endswith(".py"))
+    suite = unittest.TestSuite(loader.loadTestsFromName(n) for n in names)
+    t0 = time.time()
+    result = unittest.TextTestRunner(verbosity=2, stream=sys.stdout).run(suite)
+    dt = time.time() - t0
+    n_fail = len(result.failures) + len(result.errors)
+    n_skip = len(result.skipped)
+    print("\n== python test summary ==")
+    if result.skipped:
+        reasons = {}
+        for test, why in result.skipped:
+            reasons.setdefault(why, []).append(test.id().split(".")[-1])
+        for why, tests in reasons.items():
+            print(f"SKIPPED {len(tests)}: {why}")
+    if metrics.RECORDED:
+        print("max errors (|actual - golden|):")
+        for key in sorted(metrics.RECORDED):
+            print(f"  {key}: {metrics.RECORDED[key]:.3g}")
+    print(f"{result.testsRun - n_fail - n_skip} passed, {n_fail} failed, {n_skip} skipped "
+          f"({result.testsRun} run, {dt:.1f} s)")
+    return 0 if result.wasSuccessful() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
