@@ -14,7 +14,7 @@ enum { SP_EXIT_OK = 0, SP_EXIT_FAIL = 1, SP_EXIT_USAGE = 2 };
 
 /* Default --scale of the cpu backend: sized so that `spattn verify` (both public suites,
  * fp64 golden included) finishes well inside 5 minutes on 2 cores.  See README.md. */
-#define SP_CPU_DEFAULT_SCALE 0.125
+#define SP_CPU_DEFAULT_SCALE 0.0625
 
 typedef struct sp_opts {
     const char *cases_dir;

@@ -113,11 +113,17 @@ int main(int argc, char **argv) {
         } else {
             snprintf(name, sizeof name, "%s", a);
         }
-        int flag = !strcmp(name, "--quiet") || !strcmp(name, "-q");
-        if (flag) {
+        if (!strcmp(name, "--quiet") || !strcmp(name, "-q")) {
             o.quiet = 1;
             continue;
         }
+        static const char *const kWithValue[] = {
+            "--suite", "--cases-dir", "--case", "--op", "--pass", "--dtype", "--backend", "--scale",
+            "--threads", "--repeats", "--warmup", "--json", "--compare", "--svg", "--load"};
+        int known = 0;
+        for (size_t k = 0; k < sizeof kWithValue / sizeof kWithValue[0]; k++)
+            known |= !strcmp(name, kWithValue[k]);
+        if (!known) return bad("unknown option '%s'%s", name, "");
         if (!val) {
             if (i + 1 >= argc) return bad("%s: missing value%s", name, "");
             val = argv[++i];
@@ -177,8 +183,6 @@ int main(int argc, char **argv) {
             o.svg_path = val;
         } else if (!strcmp(name, "--load")) {
             o.load_path = val;
-        } else {
-            return bad("unknown option '%s'%s", name, "");
         }
     }
     if (strcmp(cmd, "bench") && (o.n_compare || o.svg_path || o.load_path))

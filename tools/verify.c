@@ -25,13 +25,13 @@ static void print_header(const sp_opts *o, int ncases) {
     printf("\n");
     double f = sp_effective_scale(o);
     if (f < 1.0)
-        printf("SCALED RUN: sequence lengths x%g%s (see docs/cli.md \"Scaling\"); --scale 1 runs "
-               "the cases at full size\n", f,
-               o->scale > 0.0 ? "" : " (the cpu backend's default, so the suites finish in minutes)");
+        printf("SCALED RUN: sequence lengths x%g%s; --scale 1 runs the cases at full size "
+               "(docs/cli.md, \"Scaling\")\n", f,
+               o->scale > 0.0 ? "" : " (default of the cpu backend: the suites finish in minutes)");
     printf("golden: %s\n", o->backend == SPATTN_BACKEND_CUDA
                                ? "CUDA reference kernels (fp32 accumulation)"
                                : "fp64 reference (src/ref)");
-    printf("%-26s %-6s %-8s %9s %10s %10s %9s %9s %9s\n", "case", "result", "tensor", "matched",
+    printf("%-26s %-6s %-11s %9s %10s %10s %9s %9s %9s\n", "case", "result", "tensor", "matched",
            "max_abs", "rel_l2", "fwd_ms", "bwd_ms", "gold_ms");
 }
 
@@ -45,7 +45,7 @@ static void print_case(const sp_case_res *r) {
         const sp_tensor_res *t = &r->t[i];
         char tname[24];
         snprintf(tname, sizeof tname, "%s.%s", pass_str(t->pass), t->name);
-        printf("%-26s %-6s %-8s %9.6f %10.3e %10.3e", i == 0 ? c->name : "",
+        printf("%-26s %-6s %-11s %9.6f %10.3e %10.3e", i == 0 ? c->name : "",
                i == 0 ? (r->pass ? "pass" : "FAIL") : (t->eco.pass ? "" : "FAIL"), tname,
                t->eco.matched_ratio, t->eco.max_abs, t->eco.rel_l2);
         if (i == 0) printf(" %9.2f %9.2f %9.1f", r->fwd_ms, r->bwd_ms, r->ref_ms);

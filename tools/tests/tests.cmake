@@ -1,1 +1,74 @@
-# CLI tests (filled below)
+# Tests of the command line (included from tools/CMakeLists.txt).  Unit tests link the tools
+# library; the end-to-end tests run the spattn executable through run_cli.cmake, which checks
+# exit codes and output.
+enable_testing()
+set(cli_tests ${CMAKE_CURRENT_SOURCE_DIR}/tests)
+foreach(t test_cli_eco test_cli_cases test_cli_gen test_cli_json)
+  add_executable(${t} ${cli_tests}/${t}.c)
+  target_include_directories(${t} PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
+  target_compile_definitions(${t} PRIVATE SPATTN_TEST_CASES_DIR="${PROJECT_SOURCE_DIR}/cases")
+  target_link_libraries(${t} PRIVATE spattn_cli)
+  if(SPATTN_HAVE_CUDA)
+    set_target_properties(${t} PROPERTIES LINKER_LANGUAGE CUDA)
+  endif()
+  add_test(NAME ${t} COMMAND ${t})
+  set_tests_properties(${t} PROPERTIES TIMEOUT 300)
+endforeach()
+
+set(out ${CMAKE_CURRENT_BINARY_DIR})
+function(cli_test name rc args)
+  cmake_parse_arguments(T "" "MATCH;NOMATCH;CHECK_KIND;CHECK_FILE;EXISTS_FILE" "" ${ARGN})
+  set(extra)
+  if(T_CHECK_KIND)
+    list(APPEND extra -DCHECKER=$<TARGET_FILE:test_cli_json> -DCHECK_KIND=${T_CHECK_KIND}
+         -DCHECK_FILE=${T_CHECK_FILE})
+  endif()
+  if(T_EXISTS_FILE)
+    list(APPEND extra -DEXISTS_FILE=${T_EXISTS_FILE})
+  endif()
+  add_test(NAME ${name} COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:spattn_cli_main>
+           "-DARGS=${args}" -DRC=${rc} "-DMATCH=${T_MATCH}" "-DNOMATCH=${T_NOMATCH}" ${extra}
+           -P ${cli_tests}/run_cli.cmake)
+  set_tests_properties(${name} PROPERTIES TIMEOUT 600 ENVIRONMENT "OMP_NUM_THREADS=2")
+endfunction()
+
+# Arguments and MATCH regexes are separated by '@' (regexes use '|').
+# verify: the tiny suite passes on the CPU, scaled, with a JSON report.
+cli_test(cli_verify_tiny 0
+  "verify@--backend@cpu@--suite@${cli_tests}/tiny.cases@--scale@0.75@--json@${out}/verify_tiny.json"
+  MATCH "bsa 5/5 passed@sfa 4/4 passed@SCALED RUN: sequence lengths x0.75@scaled run"
+  CHECK_KIND verify CHECK_FILE ${out}/verify_tiny.json)
+# Filters: one pass, one dtype, a regex; unscaled output must not claim scaling.
+cli_test(cli_verify_filters 0
+  "verify@--backend@cpu@--suite@${cli_tests}/tiny.cases@--scale@1@--pass@fwd@--dtype@fp16@--case@causal$"
+  MATCH "bsa 1/1 passed@fwd.lse" NOMATCH "SCALED|bwd.dq")
+# The public suites' smallest cases at a small scale (quick smoke test of the real files).
+cli_test(cli_verify_public_smoke 0
+  "verify@--backend@cpu@--scale@0.03125@--case@^(bsa01|bsa12|sfa01)_"
+  MATCH "bsa 2/2 passed@sfa 1/1 passed@x0.03125")
+# A case the backend rejects is a failed case: exit 1, message with file:line.
+cli_test(cli_verify_unsupported 1
+  "verify@--backend@cpu@--suite@${cli_tests}/unsupported.cases"
+  MATCH "unsupported.cases:4: case odd_head_dim@NOT_SUPPORTED@bsa 1/2 passed")
+# Input errors: exit 2 with file:line.
+cli_test(cli_bad_line 2 "verify@--suite@${cli_tests}/bad.cases"
+  MATCH "bad.cases:3: case bad_case: unknown key 'colour'")
+cli_test(cli_missing_file 2 "verify@--suite@${out}/no_such_suite.cases"
+  MATCH "no_such_suite.cases:0: cannot open case file")
+cli_test(cli_missing_suite_name 2 "verify@--cases-dir@${cli_tests}@--suite@nosuch"
+  MATCH "nosuch.cases:0: cannot open")
+cli_test(cli_bad_option 2 "verify@--frobnicate" MATCH "unknown option '--frobnicate'")
+cli_test(cli_bad_scale 2 "verify@--scale@2" MATCH "--scale: expected a number in")
+cli_test(cli_bad_regex 2 "verify@--case@(" MATCH "bad regular expression")
+cli_test(cli_no_match 2 "verify@--suite@${cli_tests}/tiny.cases@--case@^zzz" MATCH "no case matches")
+cli_test(cli_unknown_command 2 "frob" MATCH "unknown command")
+# bench: JSON, compare against itself (ratio 1), SVG.
+cli_test(cli_bench_tiny 0
+  "bench@--backend@cpu@--suite@${cli_tests}/tiny.cases@--case@tiny_(bsa|sfa)_causal@--repeats@3@--warmup@1@--json@${out}/bench_tiny.json"
+  MATCH "median_ms@tiny_bsa_causal +fwd@tiny_sfa_causal +bwd"
+  CHECK_KIND bench CHECK_FILE ${out}/bench_tiny.json)
+cli_test(cli_bench_compare 0
+  "bench@--load@${out}/bench_tiny.json@--compare@${out}/bench_tiny.json@--svg@${out}/bench_tiny.svg"
+  MATCH "geometric mean vs spattn cpu: 1.000x over 4" EXISTS_FILE ${out}/bench_tiny.svg)
+set_tests_properties(cli_bench_compare PROPERTIES DEPENDS cli_bench_tiny)
+cli_test(cli_bench_bad_peer 2 "bench@--load@${cli_tests}/bad.cases" MATCH "bad.cases: line 1")
