@@ -11,7 +11,9 @@ import importlib.util
 
 from ._lib import (SpattnError, SpattnNotSupportedError, cpu_isa, cuda_available, library_path,  # noqa: F401
                    version)
-from .numpy_api import bsa_backward, bsa_forward, sfa_backward, sfa_forward  # noqa: F401
+
+if importlib.util.find_spec("numpy") is not None:
+    from .numpy_api import bsa_backward, bsa_forward, sfa_backward, sfa_forward  # noqa: F401
 
 __version__ = "0.1.0"
 
@@ -37,6 +39,8 @@ else:
 
 
 def __getattr__(name: str):
+    if name in ("bsa_forward", "bsa_backward", "sfa_forward", "sfa_backward"):
+        raise ImportError(f"spattn.{name} needs NumPy (pip install numpy)")
     if name in _TORCH_NAMES:
         raise ImportError(f"spattn.{name} needs PyTorch >= 2.4 ({_torch_error})")
     raise AttributeError(f"module 'spattn' has no attribute {name!r}")

@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import unittest
 
-import numpy as np
-
-from reference import random_block_mask, random_indices
+from gen import block_mask, topk_indices
 
 try:
     import torch
@@ -34,8 +32,7 @@ class TestNpuBlockSparse(unittest.TestCase):
         self.k = torch.randn(self.B, self.NKV, self.S, self.D, generator=g)
         self.v = torch.randn(self.B, self.NKV, self.S, self.D, generator=g)
         self.do = torch.randn(self.B, self.N, self.S, self.D, generator=g)
-        m = random_block_mask(np.random.default_rng(0), self.B, self.N, self.S, self.S, 8, 6, 0.6)
-        self.m = torch.from_numpy(m).to(torch.int8)
+        self.m = torch.tensor(block_mask(0, self.B, self.N, self.S, self.S, 8, 6, 0.6), dtype=torch.int8)
 
     def fwd(self, **kw):
         args = dict(q_input_layout="BNSD", kv_input_layout="BNSD", num_key_value_heads=self.NKV)
@@ -148,7 +145,7 @@ class TestNpuSparseFlash(unittest.TestCase):
         self.k = torch.randn(self.B, self.S2, self.N2, self.D, generator=g)
         self.kr = torch.randn(self.B, self.S2, self.N2, self.DR, generator=g)
         self.do = torch.randn(self.B, self.S1, self.N1, self.D, generator=g)
-        self.idx = torch.from_numpy(random_indices(np.random.default_rng(2), self.B, self.S1, self.S2, self.N2, self.K))
+        self.idx = torch.tensor(topk_indices(2, self.B, self.S1, self.S2, self.N2, self.K), dtype=torch.int32)
         self.scale = (self.D + self.DR) ** -0.5
 
     def fwd(self, **kw):
@@ -208,11 +205,11 @@ class TestNpuSparseFlash(unittest.TestCase):
         q = torch.randn(T1, self.N1, self.D, generator=g, requires_grad=True)
         k = torch.randn(T2, self.N2, self.D, generator=g, requires_grad=True)
         do = torch.randn(T1, self.N1, self.D, generator=g)
-        rng = np.random.default_rng(4)
-        parts = [torch.from_numpy(random_indices(rng, 1, a, b, self.N2, self.K))[0] for a, b in zip(lq, lk)]
+        parts = [torch.tensor(topk_indices(4 + i, 1, a, b, self.N2, self.K), dtype=torch.int32)[0]
+                 for i, (a, b) in enumerate(zip(lq, lk))]
         idx = torch.cat(parts, 0)
-        cq = torch.tensor(np.cumsum(lq), dtype=torch.int32)
-        ck = torch.tensor(np.cumsum(lk), dtype=torch.int32)
+        cq = torch.tensor(lq, dtype=torch.int32).cumsum(0).to(torch.int32)
+        ck = torch.tensor(lk, dtype=torch.int32).cumsum(0).to(torch.int32)
         o, smax, ssum = spattn.npu_sparse_flash_attention(q, k, k, idx, 0.3, actual_seq_lengths_query=cq,
                                                           actual_seq_lengths_kv=ck, layout_query="TND",
                                                           layout_kv="TND", return_softmax_lse=True)
