@@ -28,8 +28,13 @@ def main(argv) -> int:
     t0 = time.time()
     result = unittest.TextTestRunner(verbosity=2, stream=sys.stdout).run(suite)
     dt = time.time() - t0
-    n_fail = len(result.failures) + len(result.errors)
-    n_skip = len(result.skipped)
+
+    def base(t):  # the test a subtest belongs to
+        return getattr(t, "test_case", t).id()
+
+    failed = {base(t) for t, _ in result.failures + result.errors}
+    skipped = {t.id() for t, _ in result.skipped if not hasattr(t, "test_case")}
+    sub_skips = sum(1 for t, _ in result.skipped if hasattr(t, "test_case"))
     print("\n== python test summary ==")
     for note in notes:
         print(note)
@@ -43,8 +48,10 @@ def main(argv) -> int:
         print("max errors (|actual - golden|):")
         for key in sorted(metrics.RECORDED):
             print(f"  {key}: {metrics.RECORDED[key]:.3g}")
-    print(f"{result.testsRun - n_fail - n_skip} passed, {n_fail} failed, {n_skip} skipped "
-          f"({result.testsRun} run, {dt:.1f} s)")
+    n_pass = result.testsRun - len(failed) - len(skipped - failed)
+    extra = f", {sub_skips} subtests skipped" if sub_skips else ""
+    print(f"{n_pass} passed, {len(failed)} failed, {len(skipped - failed)} skipped{extra} "
+          f"({result.testsRun} tests, {dt:.1f} s)")
     return 0 if result.wasSuccessful() else 1
 
 

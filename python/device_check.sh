@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Python package on the GPU machine (no network there; torch with CUDA preinstalled):
+#   1. pip install --no-build-isolation --no-deps with SPATTN_CUDA=ON into python/build/device-site
+#      (falls back to a plain CMake build + SPATTN_LIBRARY when pip cannot build);
+#      SPATTN_LIBRARY=/path/libspattn.so reuses an already built CUDA library instead;
+#   2. the PyTorch tests (CPU + CUDA tensors: autograd vs dense fp64, CUDA streams, torch.compile,
+#      suite-sized shapes in bf16/fp16) and the torch_npu wrapper tests, then the NumPy tests;
+#   3. a short summary: tests passed/failed/skipped and max errors per tensor.
+# Usage (repo root): bash python/device_check.sh      Log: ${OUT:-/tmp}/python_device_check.log
+set -uo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3}
+LOG=${OUT:-/tmp}/python_device_check.log
+SITE=$PWD/build/device-site
+t0=$(date +%s)
+exec > >(tee "$LOG") 2>&1
+
+echo "== environment =="
+"$PY" - <<'PYEOF'
+import importlib.util, torch
+print("torch", torch.__version__, "| cuda", torch.version.cuda, "| available", torch.cuda.is_available(),
+      "|", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")
+print("numpy", "present" if importlib.util.find_spec("numpy") else "ABSENT (NumPy tests skipped)")
+PYEOF
+command -v nvcc >/dev/null && nvcc --version | tail -1
+
+export SPATTN_CUDA=${SPATTN_CUDA:-ON}
+echo "== install (SPATTN_CUDA=$SPATTN_CUDA) =="
+export SPATTN_BUILD_JOBS=${SPATTN_BUILD_JOBS:-$(nproc)}
+rm -rf "$SITE"
+if "$PY" -m pip install --no-build-isolation --no-deps --no-input --disable-pip-version-check -q \
+     --target "$SITE" . ; then
+  export PYTHONPATH=$SITE
+  unset SPATTN_LIBRARY
+else
+  echo "pip install failed; falling back to a CMake build + SPATTN_LIBRARY"
+  cmake -S .. -B build/device-cmake -DCMAKE_BUILD_TYPE=Release -DSPATTN_TESTS=OFF -DSPATTN_CUDA=ON >/dev/null &&
+    cmake --build build/device-cmake --target spattn -j "$SPATTN_BUILD_JOBS" || { echo "BUILD FAILED"; exit 1; }
+  export SPATTN_LIBRARY=$(ls "$PWD"/build/device-cmake/libspattn.so | head -1)
+  export PYTHONPATH=$PWD
+fi
+echo "install: $(( $(date +%s) - t0 )) s"
+(cd tests && "$PY" -c "import spattn; print('spattn', spattn.version(), '| lib', spattn.library_path(), '| cuda_available', spattn.cuda_available(), '| cpu', spattn.cpu_isa())")
+
+echo "== tests =="
+cd tests
+"$PY" run.py test_torch test_npu test_numpy > ../build/device_run.log 2>&1
+rc=$?
+grep -E "^(FAIL|ERROR):|Error:|error:" ../build/device_run.log | head -40
+sed -n '/== python test summary ==/,$p' ../build/device_run.log
+cp ../build/device_run.log "${LOG%.log}_full.log" 2>/dev/null || true
+echo "total: $(( $(date +%s) - t0 )) s, exit $rc"
+exit $rc
