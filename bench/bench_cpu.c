@@ -68,7 +68,7 @@ void bench_row_min(const bench_env *env, const char *name, const char *pass, dou
     printf("%-40s %-4s %10.2f ms %9.1f GFLOP/s %6.1f %%", name, pass, sec * 1e3, g,
            100.0 * g / env->peak_gflops);
     if (tmin > 0)
-        printf("   best %5.1f %%  cpu %5.1f %%", 100.0 * flops / tmin * 1e-9 / env->peak_gflops,
+        printf("   best %5.1f %%  cpu %5.1f %%", 100.0 * flops / tmin * 1e-9 / env->peak_cpu_gflops,
                100.0 * flops / bench_last_cpu_min * 1e-9 / env->peak_cpu_gflops);
     printf("\n");
     fflush(stdout);
@@ -239,8 +239,8 @@ int main(int argc, char **argv) {
            "median of %d runs\n",
            spattn_version(NULL, NULL, NULL), isa, env.threads, env.peak_gflops,
            env.peak_cpu_gflops, env.reps);
-    printf("(%% = median rate / wall peak; best = fastest run; cpu = rate over process CPU time "
-           "/ CPU-time peak, insensitive to other load on the machine)\n");
+    printf("(%% = median rate / wall peak; best = fastest run / CPU-time peak; cpu = rate over "
+           "process CPU time / CPU-time peak: both less sensitive to other load on the machine)\n");
     printf("%-40s %-4s %13s %17s %8s\n", "case", "pass", "time", "rate", "of peak");
     bench_bsa(&env);
     if (bench_cpu_sfa) bench_cpu_sfa(&env);
