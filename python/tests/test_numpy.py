@@ -225,6 +225,31 @@ class TestErrors(unittest.TestCase):
         self.expect(200, lambda: spattn.bsa_forward(q, q, q, self.m, 8), "q")
 
 
+class TestPackage(unittest.TestCase):
+    def test_torch_names_without_torch(self):
+        import importlib.util
+        if importlib.util.find_spec("torch") is None:
+            with self.assertRaisesRegex(ImportError, "needs PyTorch"):
+                spattn.block_sparse_attention
+        else:
+            self.assertTrue(callable(spattn.npu_sparse_flash_attention))
+
+    @unittest.skipUnless(__import__("importlib").util.find_spec("ml_dtypes"), "ml_dtypes not installed: "
+                         "NumPy bfloat16 test skipped")
+    def test_bfloat16_via_ml_dtypes(self):
+        import ml_dtypes
+        rng = np.random.default_rng(9)
+        bf = ml_dtypes.bfloat16
+        q, k, v = (rnd(rng, (1, 2, 24, 16)).astype(bf) for _ in range(3))
+        m = random_block_mask(rng, 1, 2, 24, 24, 8, 8, 0.7)
+        o, lse = spattn.bsa_forward(q, k, v, m, 8)
+        self.assertEqual(o.dtype, bf)
+        go, glse = bsa_ref(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), m, 8, 8)
+        err = np.abs(o.astype(np.float64) - go)
+        self.assertLessEqual(float(err.max()), 1.0)
+        self.assertGreaterEqual(float((err <= 2 ** -6 * (1 + np.abs(go))).mean()), 0.99)
+
+
 class TestLibraryInfo(unittest.TestCase):
     def test_version_and_queries(self):
         self.assertEqual(spattn.version(), spattn.__version__)
