@@ -28,6 +28,14 @@ export SPATTN_CUDA=${SPATTN_CUDA:-ON}
 echo "== install (SPATTN_CUDA=$SPATTN_CUDA) =="
 export SPATTN_BUILD_JOBS=${SPATTN_BUILD_JOBS:-$(nproc)}
 rm -rf "$SITE"
+# Reuse ../build/libspattn.so when it has the CUDA backend and no C source is newer than it.
+built=$(ls ../build/libspattn.so.*.*.* 2>/dev/null | head -1)
+if [ -z "${SPATTN_LIBRARY:-}" ] && [ -n "$built" ] && [ "$SPATTN_CUDA" = ON ] &&
+   [ -z "$(find ../src ../include ../CMakeLists.txt -newer "$built" -type f 2>/dev/null | head -1)" ] &&
+   "$PY" -c "import ctypes,sys; sys.exit(0 if ctypes.CDLL('$built').spattn_cuda_available() else 1)" 2>/dev/null; then
+  export SPATTN_LIBRARY=$(cd "$(dirname "$built")" && pwd)/$(basename "$built")
+  echo "reusing $SPATTN_LIBRARY (CUDA backend, newer than every C source)"
+fi
 if "$PY" -m pip install --no-build-isolation --no-deps --no-input --disable-pip-version-check -q \
      --target "$SITE" . ; then
   export PYTHONPATH=$SITE
