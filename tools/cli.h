@@ -36,7 +36,7 @@ typedef struct sp_opts {
     const char *svg_path;
     const char *load_path; /* bench: our results from a JSON file instead of running */
     int quiet;
-    int list_only;
+    double perturb; /* verify self-test: added to our outputs before the comparison */
 } sp_opts;
 
 /* Loads the selected suites and applies filters and scaling.  Returns 0, or -1 with the

@@ -1,5 +1,6 @@
 /* `spattn`: command-line entry point, argument parsing and dispatch to the subcommands. */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +41,7 @@ static void usage(FILE *f) {
 "output:\n"
 "  --json FILE         write the results as JSON (schema: docs/cli.md)\n"
 "  --quiet             no progress on stderr\n"
+"  --perturb X         verify self-test: add X to our outputs before comparing (must fail)\n"
 "bench only:\n"
 "  --repeats N         timed repeats (default 10)\n"
 "  --warmup N          untimed calls first (default 2)\n"
@@ -119,7 +121,8 @@ int main(int argc, char **argv) {
         }
         static const char *const kWithValue[] = {
             "--suite", "--cases-dir", "--case", "--op", "--pass", "--dtype", "--backend", "--scale",
-            "--threads", "--repeats", "--warmup", "--json", "--compare", "--svg", "--load"};
+            "--threads", "--repeats", "--warmup", "--json", "--compare", "--svg", "--load",
+            "--perturb"};
         int known = 0;
         for (size_t k = 0; k < sizeof kWithValue / sizeof kWithValue[0]; k++)
             known |= !strcmp(name, kWithValue[k]);
@@ -168,6 +171,12 @@ int main(int argc, char **argv) {
             if (errno || *end || !*val || !(f > 0.0 && f <= 1.0))
                 return bad("--scale: expected a number in (0, 1], got '%s'%s", val, "");
             o.scale = f;
+        } else if (!strcmp(name, "--perturb")) {
+            char *end;
+            errno = 0;
+            o.perturb = strtod(val, &end);
+            if (errno || *end || !*val || !isfinite(o.perturb))
+                return bad("--perturb: expected a finite number, got '%s'%s", val, "");
         } else if (!strcmp(name, "--threads")) {
             if (parse_int_arg(name, val, 0, 4096, &o.threads)) return SP_EXIT_USAGE;
         } else if (!strcmp(name, "--repeats")) {
@@ -185,6 +194,8 @@ int main(int argc, char **argv) {
             o.load_path = val;
         }
     }
+    if (strcmp(cmd, "verify") && o.perturb != 0.0)
+        return bad("--perturb belongs to 'spattn verify'%s%s", "", "");
     if (strcmp(cmd, "bench") && (o.n_compare || o.svg_path || o.load_path))
         return bad("--compare, --svg and --load belong to 'spattn bench'%s%s", "", "");
 #ifdef _OPENMP

@@ -28,6 +28,9 @@ static void print_header(const sp_opts *o, int ncases) {
         printf("SCALED RUN: sequence lengths x%g%s; --scale 1 runs the cases at full size "
                "(docs/cli.md, \"Scaling\")\n", f,
                o->scale > 0.0 ? "" : " (default of the cpu backend: the suites finish in minutes)");
+    if (o->perturb != 0.0)
+        printf("SELF-TEST: %g is added to every output before the comparison (--perturb)\n",
+               o->perturb);
     printf("golden: %s\n", o->backend == SPATTN_BACKEND_CUDA
                                ? "CUDA reference kernels (fp32 accumulation)"
                                : "fp64 reference (src/ref)");
@@ -78,6 +81,14 @@ static void run_one(const sp_opts *o, const sp_case *c, sp_case_res *r) {
         r->status = out.status ? out.status : SPATTN_STATUS_INTERNAL;
         snprintf(r->msg, sizeof r->msg, "%s", out.msg);
     } else {
+        if (o->perturb != 0.0) {
+            /* Self-test of the check: shift our outputs and judge them again (must fail). */
+            for (int i = 0; i < out.nt; i++) {
+                sp_named *n = &out.t[i];
+                for (int64_t e = 0; e < n->n; e++) n->actual[e] += (float)o->perturb;
+            }
+            sp_verify_compare(&out);
+        }
         r->pass = 1;
         r->nt = out.nt;
         for (int i = 0; i < out.nt; i++) {
@@ -112,6 +123,7 @@ static int write_json(const sp_opts *o, const sp_case_res *res, int n, const int
     sp_jw_obj(&w, NULL);
     sp_json_header(&w, o, "verify");
     sp_jw_str(&w, "golden", o->backend == SPATTN_BACKEND_CUDA ? "cuda_reference" : "fp64_reference");
+    sp_jw_num(&w, "perturb", o->perturb);
     int all = 1;
     sp_jw_obj(&w, "summary");
     for (int op = 0; op < SP_OP_COUNT; op++) {

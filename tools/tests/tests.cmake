@@ -47,6 +47,10 @@ cli_test(cli_verify_public_smoke 0
 cli_test(cli_verify_unsupported 1
   "verify@--backend@cpu@--suite@${cli_tests}/unsupported.cases"
   MATCH "unsupported.cases:4: case odd_head_dim@NOT_SUPPORTED@bsa 1/2 passed")
+# A tensor outside the criterion is a failed case: --perturb shifts our outputs (exit 1).
+cli_test(cli_verify_perturb 1
+  "verify@--backend@cpu@--suite@${cli_tests}/tiny.cases@--case@^tiny_(bsa|sfa)_causal$@--perturb@0.05"
+  MATCH "bsa 0/1 passed@sfa 0/1 passed@FAIL +fwd.o@worst.*got.*want@FAILED: tiny_bsa_causal")
 # Input errors: exit 2 with file:line.
 cli_test(cli_bad_line 2 "verify@--suite@${cli_tests}/bad.cases"
   MATCH "bad.cases:3: case bad_case: unknown key 'colour'")
