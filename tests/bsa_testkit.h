@@ -49,8 +49,9 @@ static inline void bk_make_mask(tu_rng *r, int pat, int64_t B, int64_t N, int64_
 }
 
 /* Memory layouts of a 4-d [A0, A1, A2, A3] view (3-d tensors use the first three dims' rule). */
-enum { LAY_CONTIG, LAY_PERMUTED, LAY_PADDED, LAY_INNER2, LAY_COUNT };
-static const char *const lay_name[LAY_COUNT] = {"contig", "permuted", "padded", "inner-stride2"};
+enum { LAY_CONTIG, LAY_PERMUTED, LAY_PADDED, LAY_INNER2, LAY_REVERSED, LAY_COUNT };
+static const char *const lay_name[LAY_COUNT] = {"contig", "permuted", "padded", "inner-stride2",
+                                                "reversed-seq"};
 
 /* Strides for `shape` under `lay`; returns the number of elements the buffer needs. */
 static inline int64_t bk_strides(int ndim, const int64_t *shape, int lay, int64_t *st) {
@@ -74,6 +75,7 @@ typedef struct bk_tensor {
     spattn_tensor t;
     void *buf;
     int64_t nbuf; /* elements in buf */
+    int64_t base; /* element offset of t.data in buf (nonzero with negative strides) */
 } bk_tensor;
 
 static inline void bk_poison(bk_tensor *x) {
@@ -89,9 +91,14 @@ static inline bk_tensor bk_alloc(int32_t dtype, int ndim, const int64_t *shape, 
     bk_tensor x;
     int64_t st[4];
     x.nbuf = bk_strides(ndim, shape, lay, st);
+    x.base = 0;
+    if (lay == LAY_REVERSED) { /* dimension 2 (the sequence) runs backwards in memory */
+        x.base = (shape[2] - 1) * st[2];
+        st[2] = -st[2];
+    }
     size_t es = spattn_dtype_size((spattn_dtype)dtype);
     x.buf = malloc((size_t)x.nbuf * es + 64);
-    x.t = spattn_tensor_make(x.buf, (spattn_dtype)dtype, ndim, shape, st);
+    x.t = spattn_tensor_make((char *)x.buf + x.base * (int64_t)es, (spattn_dtype)dtype, ndim, shape, st);
     bk_poison(&x);
     return x;
 }
@@ -121,19 +128,19 @@ static inline void bk_next(const spattn_tensor *t, int64_t *idx) {
 
 /* Logical row-major doubles <-> the view. */
 static inline void bk_store(bk_tensor *x, const double *v) {
-    BK_FOREACH(&x->t, lin, off) spattn_store_f32(x->buf, x->t.dtype, off, (float)v[lin]);
+    BK_FOREACH(&x->t, lin, off) spattn_store_f32(x->t.data, x->t.dtype, off, (float)v[lin]);
 }
 static inline void bk_store_u8(bk_tensor *x, const uint8_t *v) {
-    BK_FOREACH(&x->t, lin, off)((uint8_t *)x->buf)[off] = v[lin];
+    BK_FOREACH(&x->t, lin, off)((uint8_t *)x->t.data)[off] = v[lin];
 }
 static inline void bk_load(const bk_tensor *x, double *v) {
-    BK_FOREACH(&x->t, lin, off) v[lin] = spattn_load_f32(x->buf, x->t.dtype, off);
+    BK_FOREACH(&x->t, lin, off) v[lin] = spattn_load_f32(x->t.data, x->t.dtype, off);
 }
 /* 1 when every buffer element outside the view still holds the poison pattern. */
 static inline int bk_gaps_untouched(const bk_tensor *x) {
     size_t es = spattn_dtype_size((spattn_dtype)x->t.dtype);
     uint8_t *inview = calloc((size_t)x->nbuf, 1);
-    BK_FOREACH(&x->t, lin, off) inview[off] = 1;
+    BK_FOREACH(&x->t, lin, off) inview[x->base + off] = 1;
     bk_tensor ref = *x;
     ref.buf = malloc((size_t)x->nbuf * es);
     bk_poison(&ref);
