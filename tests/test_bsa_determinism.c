@@ -1,6 +1,6 @@
 /*
  * Determinism of the CPU bsa kernels: outputs are bitwise identical for num_threads 1, 2, 3
- * and 7 (forward and backward), and every ISA variant this binary can run (selected with
+ * and 7 (forward and backward) and with a caller-provided workspace, and every ISA variant this binary can run (selected with
  * SPATTN_CPU_ISA) matches the fp64 reference (variants are not bitwise equal to each other).
  */
 #include "bsa_testkit.h"
@@ -47,6 +47,55 @@ static void check_threads(const bk_case *base, tu_rng *r) {
     bk_teardown(&d);
 }
 
+/* A caller workspace of exactly the queried size at an odd address gives the same bits as the
+ * library's own allocation (under ASan this also proves the size covers every access). */
+static void check_workspace(const bk_case *base, tu_rng *r) {
+    bk_case c = *base;
+    char desc[256];
+    bk_describe(&c, desc, sizeof desc);
+    bk_data d;
+    bk_setup(&d, &c, r, 0);
+    bk_out ref, out;
+    memset(&ref, 0, sizeof ref);
+    memset(&out, 0, sizeof out);
+    spattn_status st = bk_run_fwd(&d, &ref, c.lay_out);
+    if (!st) st = bk_run_bwd(&d, &ref, c.lay_out);
+    TU_CHECK(st == 0, "%s: %s", desc, spattn_last_error());
+    for (int backward = 0; backward < 2 && !st; backward++) {
+        spattn_options opt;
+        spattn_options_init(&opt);
+        opt.num_threads = c.threads;
+        size_t need = 0;
+        st = spattn_bsa_workspace_size(&d.tq.t, &d.tk.t, &d.tv.t, &d.tm.t, c.bx, c.by, backward, &opt, &need);
+        TU_CHECK(st == 0 && need > 0, "%s: workspace query %s", desc, spattn_last_error());
+        char *mem = malloc(need + 1);
+        opt.workspace = mem + 1;
+        opt.workspace_size = need;
+        int64_t sq[4] = {c.B, c.N, c.Sq, c.D}, skv[4] = {c.B, c.Nkv, c.Skv, c.D}, sl[3] = {c.B, c.N, c.Sq};
+        if (!backward) {
+            out.o = bk_alloc(c.dtype, 4, sq, c.lay_out);
+            out.lse = bk_alloc(SPATTN_DTYPE_F32, 3, sl, (c.lay_out + 1) % LAY_COUNT);
+            st = spattn_bsa_fwd_ex(&d.tq.t, &d.tk.t, &d.tv.t, &d.tm.t, c.bx, c.by, c.scale, &out.o.t,
+                                   &out.lse.t, &opt);
+            TU_CHECK(st == 0 && bk_same_bits(&out.o, &ref.o) && bk_same_bits(&out.lse, &ref.lse),
+                     "%s: fwd with caller workspace differs (%d)", desc, st);
+        } else {
+            out.dq = bk_alloc(c.dtype, 4, sq, c.lay_out);
+            out.dk = bk_alloc(c.dtype, 4, skv, (c.lay_out + 1) % LAY_COUNT);
+            out.dv = bk_alloc(c.dtype, 4, skv, (c.lay_out + 2) % LAY_COUNT);
+            st = spattn_bsa_bwd_ex(&d.tq.t, &d.tk.t, &d.tv.t, &ref.o.t, &d.tdo.t, &ref.lse.t, &d.tm.t,
+                                   c.bx, c.by, c.scale, &out.dq.t, &out.dk.t, &out.dv.t, &opt);
+            TU_CHECK(st == 0 && bk_same_bits(&out.dq, &ref.dq) && bk_same_bits(&out.dk, &ref.dk) &&
+                         bk_same_bits(&out.dv, &ref.dv),
+                     "%s: bwd with caller workspace differs (%d)", desc, st);
+        }
+        free(mem);
+    }
+    bk_out_free(&out);
+    bk_out_free(&ref);
+    bk_teardown(&d);
+}
+
 static void check_isa(const char *isa, const bk_case *c, tu_rng *r) {
     char desc[300], base[256];
     bk_describe(c, base, sizeof base);
@@ -90,6 +139,11 @@ int main(void) {
     };
     int ncases = (int)(sizeof cases / sizeof cases[0]);
     for (int i = 0; i < ncases; i++) check_threads(&cases[i], &r);
+    for (int i = 0; i < ncases; i++) {
+        bk_case c = cases[i];
+        c.threads = i == 0 ? 0 : 3; /* 0: OpenMP's default thread count */
+        check_workspace(&c, &r);
+    }
 
     /* Every ISA variant the CPU supports (the override only lowers the choice). */
     set_isa(NULL);
