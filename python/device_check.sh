@@ -13,7 +13,8 @@ PY=${PYTHON:-python3}
 LOG=${OUT:-/tmp}/python_device_check.log
 SITE=$PWD/build/device-site
 t0=$(date +%s)
-exec > >(tee "$LOG") 2>&1
+
+main() {
 
 echo "== environment =="
 "$PY" - <<'PYEOF'
@@ -41,10 +42,13 @@ if "$PY" -m pip install --no-build-isolation --no-deps --no-input --disable-pip-
   export PYTHONPATH=$SITE
   unset SPATTN_LIBRARY
 else
-  echo "pip install failed; falling back to a CMake build + SPATTN_LIBRARY"
-  cmake -S .. -B build/device-cmake -DCMAKE_BUILD_TYPE=Release -DSPATTN_TESTS=OFF -DSPATTN_CUDA=ON >/dev/null &&
-    cmake --build build/device-cmake --target spattn -j "$SPATTN_BUILD_JOBS" || { echo "BUILD FAILED"; exit 1; }
-  export SPATTN_LIBRARY=$(ls "$PWD"/build/device-cmake/libspattn.so | head -1)
+  echo "pip install failed; using the package from source + SPATTN_LIBRARY"
+  if [ -z "${SPATTN_LIBRARY:-}" ]; then
+    cmake -S .. -B build/device-cmake -DCMAKE_BUILD_TYPE=Release -DSPATTN_TESTS=OFF -DSPATTN_CUDA="$SPATTN_CUDA" \
+      >/dev/null && cmake --build build/device-cmake --target spattn -j "$SPATTN_BUILD_JOBS" ||
+      { echo "BUILD FAILED"; return 1; }
+    export SPATTN_LIBRARY=$PWD/build/device-cmake/libspattn.so
+  fi
   export PYTHONPATH=$PWD
 fi
 echo "install: $(( $(date +%s) - t0 )) s"
@@ -58,4 +62,8 @@ grep -E "^(FAIL|ERROR):|Error:|error:" ../build/device_run.log | head -40
 sed -n '/== python test summary ==/,$p' ../build/device_run.log
 cp ../build/device_run.log "${LOG%.log}_full.log" 2>/dev/null || true
 echo "total: $(( $(date +%s) - t0 )) s, exit $rc"
-exit $rc
+return $rc
+}
+
+main 2>&1 | tee "$LOG"
+exit "${PIPESTATUS[0]}"
