@@ -195,11 +195,16 @@ static void print_compare(const bset *ours, const bset *peers, int np) {
     int cnt[SP_MAX_LIST] = {0};
     for (int i = 0; i < ours->n; i++) {
         const bres *r = &ours->v[i];
-        printf("%-26s %-4s %10.3f", r->name, pass_str(r->pass), r->ok ? r->median_ms : NAN);
+        if (r->ok && isfinite(r->median_ms)) printf("%-26s %-4s %10.3f", r->name, pass_str(r->pass), r->median_ms);
+        else printf("%-26s %-4s %10s", r->name, pass_str(r->pass), "-");
         for (int p = 0; p < np; p++) {
             const bres *q = find(&peers[p], r->name, r->pass);
             double x = ratio(r, q);
-            printf("  %22.3f %6.2fx", q && q->ok ? q->median_ms : NAN, x);
+            double pm = q && q->ok ? q->median_ms : NAN;
+            if (isfinite(pm)) printf("  %22.3f", pm);
+            else printf("  %22s", "-");
+            if (isfinite(x)) printf(" %6.2fx", x);
+            else printf(" %7s", "-");
             if (isfinite(x) && x > 0) {
                 logsum[p] += log(x);
                 cnt[p]++;

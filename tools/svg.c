@@ -32,6 +32,7 @@ int sp_svg_bars(const char *path, const char *title, const char *ylabel,
     const double group_w = bar * nseries + gap;
     double plot_w = group_w * (ngroups > 0 ? ngroups : 1);
     if (plot_w < 300.0) plot_w = 300.0;
+    if (plot_w < 150.0 * nseries) plot_w = 150.0 * nseries; /* room for the legend */
     const double width = left + plot_w + 30.0, height = top + plot_h + bottom;
     double vmax = 0.0;
     for (int i = 0; i < ngroups * nseries; i++)
