@@ -21,7 +21,8 @@ static void print_header(const sp_opts *o, int ncases) {
     sp_device_name(o, dev, sizeof dev);
     printf("spattn %s verify: %d case%s, backend %s, %s", spattn_version(NULL, NULL, NULL), ncases,
            ncases == 1 ? "" : "s", sp_backend_str(o->backend), dev);
-    if (o->backend == SPATTN_BACKEND_CPU && o->threads) printf(", %d threads", o->threads);
+    if (o->backend == SPATTN_BACKEND_CPU && o->threads)
+        printf(", %d thread%s", o->threads, o->threads == 1 ? "" : "s");
     printf("\n");
     double f = sp_effective_scale(o);
     if (f < 1.0)
