@@ -24,11 +24,11 @@ __device__ __forceinline__ void red_add_v2(float *addr, float a, float b) {
     asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory");
 }
 
-template <typename T, int R>
-__global__ void __launch_bounds__(128 * R, 1) bwd_kernel(const Params p) {
+template <typename T, int R, int MR>
+__global__ void __launch_bounds__(128 * R / MR, 1) bwd_kernel(const Params p) {
     constexpr int HT = 16 * R;
-    constexpr int NT = 128 * R;
-    constexpr int NW = 4 * R;
+    constexpr int NW = 4 * R / MR;  // warp (r, c): rows r*16*MR.. (MR m-tiles), column group c
+    constexpr int NT = 32 * NW;
     constexpr int LDP = NK + PAD;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T *sQ = reinterpret_cast<T *>(smem_raw);   // [HT][LDQK]
@@ -125,10 +125,12 @@ __global__ void __launch_bounds__(128 * R, 1) bwd_kernel(const Params p) {
     const bool det = p.acc_i64 != nullptr;
     const float fs = det ? *p.fix_scale : 1.f;
     const int gq = lane >> 2, tq = lane & 3;
-    const int rowA = r * 16 + gq;
-    float dq[18][4];
+    const int row0 = r * 16 * MR;  // first row of this warp
+    float dq[MR][18][4];
 #pragma unroll
-    for (int i = 0; i < 18; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
+    for (int mi = 0; mi < MR; ++mi)
+#pragma unroll
+        for (int i = 0; i < 18; ++i) dq[mi][i][0] = dq[mi][i][1] = dq[mi][i][2] = dq[mi][i][3] = 0.f;
     int buf = 0;
 
     while (t < ntiles) {
@@ -139,58 +141,81 @@ __global__ void __launch_bounds__(128 * R, 1) bwd_kernel(const Params p) {
         const T *Kt = sK + buf * NK * LDQK;
 
         // ---- 1. S and dP for rows r*16.., keys c*8.. ----
-        float s[4] = {0.f, 0.f, 0.f, 0.f}, dp[4] = {0.f, 0.f, 0.f, 0.f};
+        // S and dP for MR m-tiles sharing each B fragment; two accumulators per k-step parity
+        float s[MR][4], s2[MR][4], dp[MR][4], dp2[MR][4];
+#pragma unroll
+        for (int mi = 0; mi < MR; ++mi)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) s[mi][i] = s2[mi][i] = dp[mi][i] = dp2[mi][i] = 0.f;
         {
-            const uint32_t aQ = smem_u32(sQ + (r * 16 + (lane & 15)) * LDQK + (lane >> 4) * 8);
-            const uint32_t aO = smem_u32(sdO + (r * 16 + (lane & 15)) * LDO + (lane >> 4) * 8);
+            const uint32_t aQ = smem_u32(sQ + (row0 + (lane & 15)) * LDQK + (lane >> 4) * 8);
+            const uint32_t aO = smem_u32(sdO + (row0 + (lane & 15)) * LDO + (lane >> 4) * 8);
             const uint32_t bK = smem_u32(Kt + (c * 8 + (lane & 7)) * LDQK + (lane >> 3) * 8);
-#pragma unroll 4
+#pragma unroll(MR == 1 ? 4 : 2)
             for (int ks = 0; ks < D / 16; ks += 2) {
-                uint32_t a0[4], a1[4], d0[4], d1[4], bb[4];
+                uint32_t bb[4];
                 ldsm_x4(bb, bK + ks * 32);
-                ldsm_x4(a0, aQ + ks * 32);
-                ldsm_x4(a1, aQ + ks * 32 + 32);
-                ldsm_x4(d0, aO + ks * 32);
-                ldsm_x4(d1, aO + ks * 32 + 32);
-                mma16816<T>(s, a0, bb);
-                mma16816<T>(s, a1, bb + 2);
-                mma16816<T>(dp, d0, bb);
-                mma16816<T>(dp, d1, bb + 2);
+#pragma unroll
+                for (int mi = 0; mi < MR; ++mi) {
+                    uint32_t a0[4], a1[4], d0[4], d1[4];
+                    ldsm_x4(a0, aQ + mi * 16 * LDQK * 2 + ks * 32);
+                    ldsm_x4(a1, aQ + mi * 16 * LDQK * 2 + ks * 32 + 32);
+                    ldsm_x4(d0, aO + mi * 16 * LDO * 2 + ks * 32);
+                    ldsm_x4(d1, aO + mi * 16 * LDO * 2 + ks * 32 + 32);
+                    mma16816<T>(s[mi], a0, bb);
+                    mma16816<T>(s2[mi], a1, bb + 2);
+                    mma16816<T>(dp[mi], d0, bb);
+                    mma16816<T>(dp2[mi], d1, bb + 2);
+                }
             }
 #pragma unroll
             for (int ks = D / 16; ks < DQK / 16; ks += 2) {
-                uint32_t a0[4], a1[4], bb[4];
+                uint32_t bb[4];
                 ldsm_x4(bb, bK + ks * 32);
-                ldsm_x4(a0, aQ + ks * 32);
-                ldsm_x4(a1, aQ + ks * 32 + 32);
-                mma16816<T>(s, a0, bb);
-                mma16816<T>(s, a1, bb + 2);
+#pragma unroll
+                for (int mi = 0; mi < MR; ++mi) {
+                    uint32_t a0[4], a1[4];
+                    ldsm_x4(a0, aQ + mi * 16 * LDQK * 2 + ks * 32);
+                    ldsm_x4(a1, aQ + mi * 16 * LDQK * 2 + ks * 32 + 32);
+                    mma16816<T>(s[mi], a0, bb);
+                    mma16816<T>(s2[mi], a1, bb + 2);
+                }
             }
         }
         const int slot0 = c * 8 + tq * 2;
         const bool v0 = __shfl_sync(0xffffffffu, cur_key, slot0) >= 0;
         const bool v1 = __shfl_sync(0xffffffffu, cur_key, slot0 + 1) >= 0;
-        {
+#pragma unroll
+        for (int mi = 0; mi < MR; ++mi) {
+            const int rowA = row0 + mi * 16 + gq;
+            float sv[4], dv[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                sv[i] = s[mi][i] + s2[mi][i];
+                dv[i] = dp[mi][i] + dp2[mi][i];
+            }
             const float la = sLse[rowA], lb = sLse[rowA + 8];
             const float da = sDelta[rowA], db = sDelta[rowA + 8];
-            const float p0 = v0 ? exp2f(s[0] * p.scale_log2 - la) : 0.f;
-            const float p1 = v1 ? exp2f(s[1] * p.scale_log2 - la) : 0.f;
-            const float p2 = v0 ? exp2f(s[2] * p.scale_log2 - lb) : 0.f;
-            const float p3 = v1 ? exp2f(s[3] * p.scale_log2 - lb) : 0.f;
+            const float p0 = v0 ? exp2f(sv[0] * p.scale_log2 - la) : 0.f;
+            const float p1 = v1 ? exp2f(sv[1] * p.scale_log2 - la) : 0.f;
+            const float p2 = v0 ? exp2f(sv[2] * p.scale_log2 - lb) : 0.f;
+            const float p3 = v1 ? exp2f(sv[3] * p.scale_log2 - lb) : 0.f;
             *reinterpret_cast<uint32_t *>(sP + rowA * LDP + slot0) = Ty<T>::pack(p0, p1);
             *reinterpret_cast<uint32_t *>(sP + (rowA + 8) * LDP + slot0) = Ty<T>::pack(p2, p3);
             *reinterpret_cast<uint32_t *>(sdS + rowA * LDP + slot0) =
-                Ty<T>::pack(p.scale * p0 * (dp[0] - da), p.scale * p1 * (dp[1] - da));
+                Ty<T>::pack(p.scale * p0 * (dv[0] - da), p.scale * p1 * (dv[1] - da));
             *reinterpret_cast<uint32_t *>(sdS + (rowA + 8) * LDP + slot0) =
-                Ty<T>::pack(p.scale * p2 * (dp[2] - db), p.scale * p3 * (dp[3] - db));
+                Ty<T>::pack(p.scale * p2 * (dv[2] - db), p.scale * p3 * (dv[3] - db));
         }
         __syncthreads();  // (B) P, dS visible
 
-        // ---- 2. dQ[rows r, cols c*144..] += dS K ----
+        // ---- 2. dQ[rows of this warp, cols c*144..] += dS K ----
 #pragma unroll
         for (int ks = 0; ks < NK / 16; ++ks) {
-            uint32_t a[4];
-            ldsm_x4(a, smem_u32(sdS + (r * 16 + (lane & 15)) * LDP + ks * 16 + (lane >> 4) * 8));
+            uint32_t a[MR][4];
+#pragma unroll
+            for (int mi = 0; mi < MR; ++mi)
+                ldsm_x4(a[mi], smem_u32(sdS + (row0 + mi * 16 + (lane & 15)) * LDP + ks * 16 + (lane >> 4) * 8));
             const uint32_t kBase =
                 smem_u32(Kt + (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDQK + c * 144 +
                          (lane >> 4) * 8);
@@ -198,8 +223,11 @@ __global__ void __launch_bounds__(128 * R, 1) bwd_kernel(const Params p) {
             for (int nt = 0; nt < 18; nt += 2) {
                 uint32_t bb[4];
                 ldsm_x4_t(bb, kBase + nt * 16);
-                mma16816<T>(dq[nt], a, bb);
-                mma16816<T>(dq[nt + 1], a, bb + 2);
+#pragma unroll
+                for (int mi = 0; mi < MR; ++mi) {
+                    mma16816<T>(dq[mi][nt], a[mi], bb);
+                    mma16816<T>(dq[mi][nt + 1], a[mi], bb + 2);
+                }
             }
         }
 
@@ -284,30 +312,33 @@ __global__ void __launch_bounds__(128 * R, 1) bwd_kernel(const Params p) {
     T *dqb = static_cast<T *>(p.dq) + b * p.sdq[0] + (int64_t)s1 * p.sdq[1];
     T *dqrb = static_cast<T *>(p.dqr) + b * p.sdqr[0] + (int64_t)s1 * p.sdqr[1];
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int hr = rowA + half * 8;
-        if (hr >= nh) continue;
+    for (int mi = 0; mi < MR; ++mi)
 #pragma unroll
-        for (int nt = 0; nt < 18; ++nt) {
-            const int col = c * 144 + nt * 8 + tq * 2;
-            T *dst = col < D ? dqb + (head0 + hr) * p.sdq[2] + col
-                             : dqrb + (head0 + hr) * p.sdqr[2] + (col - D);
-            *reinterpret_cast<uint32_t *>(dst) = Ty<T>::pack(dq[nt][half * 2], dq[nt][half * 2 + 1]);
+        for (int half = 0; half < 2; ++half) {
+            const int hr = row0 + mi * 16 + gq + half * 8;
+            if (hr >= nh) continue;
+#pragma unroll
+            for (int nt = 0; nt < 18; ++nt) {
+                const int col = c * 144 + nt * 8 + tq * 2;
+                T *dst = col < D ? dqb + (head0 + hr) * p.sdq[2] + col
+                                 : dqrb + (head0 + hr) * p.sdqr[2] + (col - D);
+                *reinterpret_cast<uint32_t *>(dst) =
+                    Ty<T>::pack(dq[mi][nt][half * 2], dq[mi][nt][half * 2 + 1]);
+            }
         }
-    }
 }
 
-template <typename T, int R>
+template <typename T, int R, int MR>
 static cudaError_t launch_bwd(const Params &p, cudaStream_t st) {
     constexpr int HT = 16 * R;
     size_t smem = (size_t)(HT * LDQK + HT * LDO + 2 * NK * LDQK + 2 * HT * (NK + PAD)) * sizeof(T) +
                   2 * HT * sizeof(float);
-    cudaError_t e = cudaFuncSetAttribute(bwd_kernel<T, R>,
+    cudaError_t e = cudaFuncSetAttribute(bwd_kernel<T, R, MR>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     const int ngroups = (p.H + HT - 1) / HT;
     dim3 grid((unsigned)(p.S1 * ngroups), (unsigned)(p.B * p.N2));
-    bwd_kernel<T, R><<<grid, 128 * R, smem, st>>>(p);
+    bwd_kernel<T, R, MR><<<grid, 128 * R / MR, smem, st>>>(p);
     return cudaGetLastError();
 }
 
@@ -316,10 +347,13 @@ static cudaError_t launch_bwd(const Params &p, cudaStream_t st) {
 extern "C" cudaError_t spattn_sfa_fast_bwd_launch(const sfa::Params *p, int is_bf16,
                                                   cudaStream_t st) {
     const int H = p->H;
+    // 64 heads per CTA (8 warps of 32 rows) when H >= 64: half the dK atomics of 32-head CTAs
     if (is_bf16) {
-        if (H <= 16) return sfa::launch_bwd<__nv_bfloat16, 1>(*p, st);
-        return sfa::launch_bwd<__nv_bfloat16, 2>(*p, st);
+        if (H <= 16) return sfa::launch_bwd<__nv_bfloat16, 1, 1>(*p, st);
+        if (H <= 32) return sfa::launch_bwd<__nv_bfloat16, 2, 1>(*p, st);
+        return sfa::launch_bwd<__nv_bfloat16, 4, 2>(*p, st);
     }
-    if (H <= 16) return sfa::launch_bwd<__half, 1>(*p, st);
-    return sfa::launch_bwd<__half, 2>(*p, st);
+    if (H <= 16) return sfa::launch_bwd<__half, 1, 1>(*p, st);
+    if (H <= 32) return sfa::launch_bwd<__half, 2, 1>(*p, st);
+    return sfa::launch_bwd<__half, 4, 2>(*p, st);
 }

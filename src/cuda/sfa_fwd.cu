@@ -14,10 +14,11 @@
 
 namespace sfa {
 
-template <typename T, int R>
-__global__ void __launch_bounds__(128 * R, 1) fwd_kernel(const Params p) {
+template <typename T, int R, int MR>
+__global__ void __launch_bounds__(128 * R / MR, 1) fwd_kernel(const Params p) {
     constexpr int HT = 16 * R;
-    constexpr int NT = 128 * R;
+    constexpr int NW = 4 * R / MR;  // warp (r, c): rows r*16*MR.. (MR m-tiles), column group c
+    constexpr int NT = 32 * NW;
     constexpr int LDP = NK + PAD;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T *sQ = reinterpret_cast<T *>(smem_raw);            // [HT][LDQK]
@@ -77,12 +78,19 @@ __global__ void __launch_bounds__(128 * R, 1) fwd_kernel(const Params p) {
     int t = next_tile(p, row, p.sidx[3], 0, ntiles, lim, lane, cur_key);
     if (t < ntiles) load_tile(0, cur_key);
 
-    float acc[16][4];
+    float acc[MR][16][4];
 #pragma unroll
-    for (int i = 0; i < 16; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    for (int mi = 0; mi < MR; ++mi)
+#pragma unroll
+        for (int i = 0; i < 16; ++i) acc[mi][i][0] = acc[mi][i][1] = acc[mi][i][2] = acc[mi][i][3] = 0.f;
+    float m0[MR], m1[MR], l0[MR], l1[MR];
+#pragma unroll
+    for (int mi = 0; mi < MR; ++mi) {
+        m0[mi] = m1[mi] = -INFINITY;
+        l0[mi] = l1[mi] = 0.f;
+    }
     const int gq = lane >> 2, tq = lane & 3;
-    const int rowA = r * 16 + gq;  // rows of this thread's C fragment: rowA, rowA + 8
+    const int row0 = r * 16 * MR;  // rows of m-tile mi: row0 + mi*16 + gq and + 8
     int buf = 0;
 
     while (t < ntiles) {
@@ -92,68 +100,87 @@ __global__ void __launch_bounds__(128 * R, 1) fwd_kernel(const Params p) {
         if (tn < ntiles) load_tile(buf ^ 1, next_key);
 
         const T *Kt = sK + buf * NK * LDQK;
-        // ---- S = Q K^T for rows r*16.., keys c*8..c*8+7 ----
-        float s[4] = {0.f, 0.f, 0.f, 0.f};
+        // ---- S = Q K^T for this warp's rows, keys c*8..c*8+7; independent accumulators per
+        // k-step parity (short MMA dependency chains), one B fragment shared by the MR m-tiles
+        float s[MR][4], s2[MR][4];
+#pragma unroll
+        for (int mi = 0; mi < MR; ++mi)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) s[mi][i] = s2[mi][i] = 0.f;
         {
-            const uint32_t aBase = smem_u32(sQ + (r * 16 + (lane & 15)) * LDQK + (lane >> 4) * 8);
+            const uint32_t aBase = smem_u32(sQ + (row0 + (lane & 15)) * LDQK + (lane >> 4) * 8);
             const uint32_t bBase = smem_u32(Kt + (c * 8 + (lane & 7)) * LDQK + (lane >> 3) * 8);
-#pragma unroll(R == 4 ? 2 : 6)
+#pragma unroll(MR == 1 ? 6 : 3)
             for (int ks = 0; ks < DQK / 16; ks += 2) {
-                uint32_t a0[4], a1[4], bb[4];
-                ldsm_x4(a0, aBase + ks * 32);
-                ldsm_x4(a1, aBase + ks * 32 + 32);
+                uint32_t bb[4];
                 ldsm_x4(bb, bBase + ks * 32);
-                mma16816<T>(s, a0, bb);
-                mma16816<T>(s, a1, bb + 2);
+#pragma unroll
+                for (int mi = 0; mi < MR; ++mi) {
+                    uint32_t a0[4], a1[4];
+                    ldsm_x4(a0, aBase + mi * 16 * LDQK * 2 + ks * 32);
+                    ldsm_x4(a1, aBase + mi * 16 * LDQK * 2 + ks * 32 + 32);
+                    mma16816<T>(s[mi], a0, bb);
+                    mma16816<T>(s2[mi], a1, bb + 2);
+                }
             }
         }
         // ---- masking and row maxima ----
         const int slot0 = c * 8 + tq * 2;
         const bool v0 = __shfl_sync(0xffffffffu, cur_key, slot0) >= 0;
         const bool v1 = __shfl_sync(0xffffffffu, cur_key, slot0 + 1) >= 0;
-        s[0] = v0 ? s[0] * p.scale_log2 : -INFINITY;
-        s[1] = v1 ? s[1] * p.scale_log2 : -INFINITY;
-        s[2] = v0 ? s[2] * p.scale_log2 : -INFINITY;
-        s[3] = v1 ? s[3] * p.scale_log2 : -INFINITY;
-        float mx0 = fmaxf(s[0], s[1]), mx1 = fmaxf(s[2], s[3]);
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        if (tq == 0) {
-            sMax[c * HT + rowA] = mx0;
-            sMax[c * HT + rowA + 8] = mx1;
+#pragma unroll
+        for (int mi = 0; mi < MR; ++mi) {
+            const int rowA = row0 + mi * 16 + gq;
+            s[mi][0] = v0 ? (s[mi][0] + s2[mi][0]) * p.scale_log2 : -INFINITY;
+            s[mi][1] = v1 ? (s[mi][1] + s2[mi][1]) * p.scale_log2 : -INFINITY;
+            s[mi][2] = v0 ? (s[mi][2] + s2[mi][2]) * p.scale_log2 : -INFINITY;
+            s[mi][3] = v1 ? (s[mi][3] + s2[mi][3]) * p.scale_log2 : -INFINITY;
+            float mx0 = fmaxf(s[mi][0], s[mi][1]), mx1 = fmaxf(s[mi][2], s[mi][3]);
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+            if (tq == 0) {
+                sMax[c * HT + rowA] = mx0;
+                sMax[c * HT + rowA + 8] = mx1;
+            }
         }
         __syncthreads();  // (B)
-        float n0 = m0, n1 = m1;
 #pragma unroll
-        for (int cc = 0; cc < 4; ++cc) {
-            n0 = fmaxf(n0, sMax[cc * HT + rowA]);
-            n1 = fmaxf(n1, sMax[cc * HT + rowA + 8]);
-        }
-        // Every processed tile has a valid key for every row, so n0/n1 are finite here.
-        const float al0 = exp2f(m0 - n0), al1 = exp2f(m1 - n1);
-        m0 = n0;
-        m1 = n1;
-        const float p0 = exp2f(s[0] - n0), p1 = exp2f(s[1] - n0);
-        const float p2 = exp2f(s[2] - n1), p3 = exp2f(s[3] - n1);
-        l0 = l0 * al0 + p0 + p1;
-        l1 = l1 * al1 + p2 + p3;
-        *reinterpret_cast<uint32_t *>(sP + rowA * LDP + slot0) = Ty<T>::pack(p0, p1);
-        *reinterpret_cast<uint32_t *>(sP + (rowA + 8) * LDP + slot0) = Ty<T>::pack(p2, p3);
+        for (int mi = 0; mi < MR; ++mi) {
+            const int rowA = row0 + mi * 16 + gq;
+            float n0 = m0[mi], n1 = m1[mi];
 #pragma unroll
-        for (int i = 0; i < 16; ++i) {
-            acc[i][0] *= al0;
-            acc[i][1] *= al0;
-            acc[i][2] *= al1;
-            acc[i][3] *= al1;
+            for (int cc = 0; cc < 4; ++cc) {
+                n0 = fmaxf(n0, sMax[cc * HT + rowA]);
+                n1 = fmaxf(n1, sMax[cc * HT + rowA + 8]);
+            }
+            // Every processed tile has a valid key for every row, so n0/n1 are finite here.
+            const float al0 = exp2f(m0[mi] - n0), al1 = exp2f(m1[mi] - n1);
+            m0[mi] = n0;
+            m1[mi] = n1;
+            const float p0 = exp2f(s[mi][0] - n0), p1 = exp2f(s[mi][1] - n0);
+            const float p2 = exp2f(s[mi][2] - n1), p3 = exp2f(s[mi][3] - n1);
+            l0[mi] = l0[mi] * al0 + p0 + p1;
+            l1[mi] = l1[mi] * al1 + p2 + p3;
+            *reinterpret_cast<uint32_t *>(sP + rowA * LDP + slot0) = Ty<T>::pack(p0, p1);
+            *reinterpret_cast<uint32_t *>(sP + (rowA + 8) * LDP + slot0) = Ty<T>::pack(p2, p3);
+#pragma unroll
+            for (int i = 0; i < 16; ++i) {
+                acc[mi][i][0] *= al0;
+                acc[mi][i][1] *= al0;
+                acc[mi][i][2] *= al1;
+                acc[mi][i][3] *= al1;
+            }
         }
         __syncthreads();  // (C) P visible
-        // ---- O[rows r, cols c*128..] += P V ----
+        // ---- O[rows, cols c*128..] += P V (one V fragment shared by the MR m-tiles) ----
 #pragma unroll
         for (int ks = 0; ks < NK / 16; ++ks) {
-            uint32_t a[4];
-            ldsm_x4(a, smem_u32(sP + (r * 16 + (lane & 15)) * LDP + ks * 16 + (lane >> 4) * 8));
+            uint32_t a[MR][4];
+#pragma unroll
+            for (int mi = 0; mi < MR; ++mi)
+                ldsm_x4(a[mi], smem_u32(sP + (row0 + mi * 16 + (lane & 15)) * LDP + ks * 16 + (lane >> 4) * 8));
             const uint32_t vBase =
                 smem_u32(Kt + (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDQK + c * 128 +
                          (lane >> 4) * 8);
@@ -161,8 +188,11 @@ __global__ void __launch_bounds__(128 * R, 1) fwd_kernel(const Params p) {
             for (int nt = 0; nt < 16; nt += 2) {
                 uint32_t bb[4];
                 ldsm_x4_t(bb, vBase + nt * 16);
-                mma16816<T>(acc[nt], a, bb);
-                mma16816<T>(acc[nt + 1], a, bb + 2);
+#pragma unroll
+                for (int mi = 0; mi < MR; ++mi) {
+                    mma16816<T>(acc[mi][nt], a[mi], bb);
+                    mma16816<T>(acc[mi][nt + 1], a[mi], bb + 2);
+                }
             }
         }
         t = tn;
@@ -171,52 +201,61 @@ __global__ void __launch_bounds__(128 * R, 1) fwd_kernel(const Params p) {
     }
 
     // ---- epilogue: row sums across the 4 warps of the row group ----
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    if (tq == 0) {
-        sL[c * HT + rowA] = l0;
-        sL[c * HT + rowA + 8] = l1;
+#pragma unroll
+    for (int mi = 0; mi < MR; ++mi) {
+        const int rowA = row0 + mi * 16 + gq;
+        float a0 = l0[mi], a1 = l1[mi];
+        a0 += __shfl_xor_sync(0xffffffffu, a0, 1);
+        a0 += __shfl_xor_sync(0xffffffffu, a0, 2);
+        a1 += __shfl_xor_sync(0xffffffffu, a1, 1);
+        a1 += __shfl_xor_sync(0xffffffffu, a1, 2);
+        if (tq == 0) {
+            sL[c * HT + rowA] = a0;
+            sL[c * HT + rowA + 8] = a1;
+        }
     }
     __syncthreads();
-    float L0 = 0.f, L1 = 0.f;
-#pragma unroll
-    for (int cc = 0; cc < 4; ++cc) {
-        L0 += sL[cc * HT + rowA];
-        L1 += sL[cc * HT + rowA + 8];
-    }
-    const float inv0 = L0 > 0.f ? 1.f / L0 : 0.f, inv1 = L1 > 0.f ? 1.f / L1 : 0.f;
     T *ob = static_cast<T *>(p.out_o) + b * p.so[0] + (int64_t)s1 * p.so[1];
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int hr = rowA + half * 8;
-        if (hr >= nh) continue;
-        const float inv = half ? inv1 : inv0;
-        T *orow = ob + (head0 + hr) * p.so[2] + c * 128 + tq * 2;
+    for (int mi = 0; mi < MR; ++mi) {
+        const int rowA = row0 + mi * 16 + gq;
+        float L0 = 0.f, L1 = 0.f;
 #pragma unroll
-        for (int nt = 0; nt < 16; ++nt)
-            *reinterpret_cast<uint32_t *>(orow + nt * 8) =
-                Ty<T>::pack(acc[nt][half * 2] * inv, acc[nt][half * 2 + 1] * inv);
-        if (c == 0 && tq == 0 && p.out_lse) {
-            const float L = half ? L1 : L0, m = half ? m1 : m0;
-            p.out_lse[b * p.slse[0] + (int64_t)s1 * p.slse[1] + (head0 + hr) * p.slse[2]] =
-                L > 0.f ? (m + log2f(L)) * 0.69314718055994531f : -INFINITY;
+        for (int cc = 0; cc < 4; ++cc) {
+            L0 += sL[cc * HT + rowA];
+            L1 += sL[cc * HT + rowA + 8];
+        }
+        const float inv0 = L0 > 0.f ? 1.f / L0 : 0.f, inv1 = L1 > 0.f ? 1.f / L1 : 0.f;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int hr = rowA + half * 8;
+            if (hr >= nh) continue;
+            const float inv = half ? inv1 : inv0;
+            T *orow = ob + (head0 + hr) * p.so[2] + c * 128 + tq * 2;
+#pragma unroll
+            for (int nt = 0; nt < 16; ++nt)
+                *reinterpret_cast<uint32_t *>(orow + nt * 8) =
+                    Ty<T>::pack(acc[mi][nt][half * 2] * inv, acc[mi][nt][half * 2 + 1] * inv);
+            if (c == 0 && tq == 0 && p.out_lse) {
+                const float L = half ? L1 : L0, m = half ? m1[mi] : m0[mi];
+                p.out_lse[b * p.slse[0] + (int64_t)s1 * p.slse[1] + (head0 + hr) * p.slse[2]] =
+                    L > 0.f ? (m + log2f(L)) * 0.69314718055994531f : -INFINITY;
+            }
         }
     }
 }
 
-template <typename T, int R>
+template <typename T, int R, int MR>
 static cudaError_t launch_fwd(const Params &p, cudaStream_t st) {
     constexpr int HT = 16 * R;
     size_t smem = (size_t)(HT * LDQK + 2 * NK * LDQK + HT * (NK + PAD)) * sizeof(T) +
                   8 * HT * sizeof(float);
-    cudaError_t e = cudaFuncSetAttribute(fwd_kernel<T, R>,
+    cudaError_t e = cudaFuncSetAttribute(fwd_kernel<T, R, MR>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     const int ngroups = (p.H + HT - 1) / HT;
     dim3 grid((unsigned)(p.S1 * ngroups), (unsigned)(p.B * p.N2));
-    fwd_kernel<T, R><<<grid, 128 * R, smem, st>>>(p);
+    fwd_kernel<T, R, MR><<<grid, 128 * R / MR, smem, st>>>(p);
     return cudaGetLastError();
 }
 
@@ -227,11 +266,11 @@ extern "C" cudaError_t spattn_sfa_fast_fwd_launch(const sfa::Params *p, int is_b
                                                   cudaStream_t st) {
     const int H = p->H;
     if (is_bf16) {
-        if (H <= 16) return sfa::launch_fwd<__nv_bfloat16, 1>(*p, st);
-        if (H <= 32) return sfa::launch_fwd<__nv_bfloat16, 2>(*p, st);
-        return sfa::launch_fwd<__nv_bfloat16, 4>(*p, st);
+        if (H <= 16) return sfa::launch_fwd<__nv_bfloat16, 1, 1>(*p, st);
+        if (H <= 32) return sfa::launch_fwd<__nv_bfloat16, 2, 1>(*p, st);
+        return sfa::launch_fwd<__nv_bfloat16, 4, 2>(*p, st);
     }
-    if (H <= 16) return sfa::launch_fwd<__half, 1>(*p, st);
-    if (H <= 32) return sfa::launch_fwd<__half, 2>(*p, st);
-    return sfa::launch_fwd<__half, 4>(*p, st);
+    if (H <= 16) return sfa::launch_fwd<__half, 1, 1>(*p, st);
+    if (H <= 32) return sfa::launch_fwd<__half, 2, 1>(*p, st);
+    return sfa::launch_fwd<__half, 4, 2>(*p, st);
 }
