@@ -1,5 +1,9 @@
 #include "report.h"
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "spattn.h"
 
 const char *sp_dtype_str(int32_t dtype) { return spattn_dtype_name((spattn_dtype)dtype); }
@@ -18,7 +22,12 @@ void sp_json_header(sp_jw *w, const sp_opts *o, const char *command) {
     sp_jw_str(w, "name", "spattn");
     sp_jw_str(w, "backend", sp_backend_str(o->backend));
     sp_jw_str(w, "device", dev);
-    sp_jw_int(w, "threads", o->threads);
+    int threads = o->threads;
+#ifdef _OPENMP
+    /* The count OpenMP resolves "default" to, so results say what actually ran. */
+    if (threads == 0 && o->backend == SPATTN_BACKEND_CPU) threads = omp_get_max_threads();
+#endif
+    sp_jw_int(w, "threads", threads);
     sp_jw_num(w, "scale", f);
     sp_jw_bool(w, "scaled", f < 1.0);
 }
