@@ -5,6 +5,7 @@
 # under $OUT; a short table last.
 #   usage (on the device machine, repo root): bash bench/gpu/sfa_device.sh [steps]
 #   steps: any of check,sanitize,bench,peer,cli (default: check,sanitize,bench,peer)
+#   env: SFA_BIN (carried binary), CASES_FILE (suite subset), REPEATS, NOVERIFY=1, *_TIMEOUT
 set -uo pipefail
 OUT=${OUT:-/tmp/sfa_out}
 mkdir -p "$OUT"
@@ -12,7 +13,7 @@ STEPS=${1:-check,sanitize,bench,peer}
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv | tee "$OUT/gpu.txt"
 git log -1 --format='commit %H %s' 2>/dev/null | tee -a "$OUT/gpu.txt"
-BIN=build-sfa/sfa_cuda_check
+BIN=${SFA_BIN:-build-sfa/sfa_cuda_check}   # a build carried from the dev machine, if any
 if ! [ -x "$BIN" ] || ! "$BIN" quick >/dev/null 2>&1; then
   echo "== building on the device =="
   t0=$(date +%s)
@@ -33,7 +34,7 @@ if has sanitize; then
 fi
 if has bench; then
   echo "== suite: verify + time =="
-  timeout ${BENCH_TIMEOUT:-200} "$BIN" bench cases/sfa.cases "$OUT/sfa_cuda.json" ${REPEATS:-10} 2>&1 | tee "$OUT/bench.log" | grep -v "^sfa" | tail -25
+  timeout ${BENCH_TIMEOUT:-200} "$BIN" bench ${CASES_FILE:-cases/sfa.cases} "$OUT/sfa_cuda.json" ${REPEATS:-10} ${NOVERIFY:+noverify} 2>&1 | tee "$OUT/bench.log" | grep -v "^sfa" | tail -25
 fi
 if has peer; then
   echo "== peer: PyTorch gather =="

@@ -279,24 +279,31 @@ __global__ void __launch_bounds__(128 * R / MR, 1) bwd_kernel(const Params p) {
                     mma16816<T>(acc[0], a, bb);
                 }
             }
-            // scatter-add into the per-key accumulator
+            // scatter-add into the per-key accumulator (`det` is uniform: no divergence)
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
                 const int slot = mt * 16 + gq + half * 8;
                 const int key = __shfl_sync(0xffffffffu, cur_key, slot);
-                if (key < 0) continue;
-                const int64_t base = (((int64_t)b * p.S2 + key) * p.N2 + n2) * DQK + col0 + tq * 2;
+                const int64_t rowbase = (((int64_t)b * p.S2 + max(key, 0)) * p.N2 + n2) * DQK + col0;
                 if (det) {
-                    unsigned long long *dst = p.acc_i64 + base;
+                    // One 32-byte sector per quad and instruction: thread tq adds columns tq and
+                    // tq + 4 of each 8-column n-tile (values regrouped by quad shuffles).
+                    unsigned long long *dst = p.acc_i64 + rowbase + tq;
+                    const int src1 = (lane & ~3) | (tq >> 1), src2 = src1 + 2;
 #pragma unroll
                     for (int nt = 0; nt < 9; ++nt) {
-                        long long x0 = __float2ll_rn(acc[nt][half * 2] * fs);
-                        long long x1 = __float2ll_rn(acc[nt][half * 2 + 1] * fs);
-                        atomicAdd(dst + nt * 8, (unsigned long long)x0);
-                        atomicAdd(dst + nt * 8 + 1, (unsigned long long)x1);
+                        const float x0 = acc[nt][half * 2], x1 = acc[nt][half * 2 + 1];
+                        const float a0 = __shfl_sync(0xffffffffu, x0, src1);
+                        const float a1 = __shfl_sync(0xffffffffu, x1, src1);
+                        const float c0 = __shfl_sync(0xffffffffu, x0, src2);
+                        const float c1 = __shfl_sync(0xffffffffu, x1, src2);
+                        if (key >= 0) {
+                            atomicAdd(dst + nt * 8, (unsigned long long)__float2ll_rn((tq & 1 ? a1 : a0) * fs));
+                            atomicAdd(dst + nt * 8 + 4, (unsigned long long)__float2ll_rn((tq & 1 ? c1 : c0) * fs));
+                        }
                     }
-                } else {
-                    float *dst = p.acc_f32 + base;
+                } else if (key >= 0) {
+                    float *dst = p.acc_f32 + rowbase + tq * 2;
 #pragma unroll
                     for (int nt = 0; nt < 9; ++nt)
                         red_add_v2(dst + nt * 8, acc[nt][half * 2], acc[nt][half * 2 + 1]);
