@@ -42,7 +42,7 @@ typedef struct sfa_plan {
 
 /* Per-thread buffers (floats unless noted), offsets in bytes from the thread's base. */
 typedef struct sfa_thread_layout {
-    size_t qt, dot, kc, vc, st, dpt, acc, ml, keys, mark, total;
+    size_t qt, dot, kc, vc, st, dpt, acc, row, ml, keys, mark, total;
 } sfa_thread_layout;
 
 /* Tile buffers of the backward, per (token-in-tile, group) slot. */

@@ -53,6 +53,7 @@ sfa_thread_layout sfa_thread_layout_of(const sfa_plan *pl, int backward) {
     TAKE(st, (size_t)(SFA_NC * pl->Gp) * f);
     if (backward) TAKE(dpt, (size_t)(SFA_NC * pl->Gp) * f);
     TAKE(acc, (size_t)(pl->G * (backward ? pl->Dqp : pl->Dp)) * f);
+    if (!backward) TAKE(row, (size_t)pl->Dqp * f); /* one q row before it is transposed */
     TAKE(ml, (size_t)(4 * pl->Gp) * f);
     if (!backward) TAKE(keys, (size_t)pl->kmax * sizeof(int32_t));
     if (backward) TAKE(mark, (size_t)p->S2);
