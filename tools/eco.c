@@ -1,6 +1,7 @@
 #include "eco.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 #include "spattn.h"
 
@@ -21,34 +22,72 @@ int sp_eco_element_ok(double a, double g, sp_tol tol) {
     return fabs(a - g) <= tol.atol + tol.rtol * fabs(g);
 }
 
-void sp_eco_compare(const float *actual, const double *golden, int64_t n, sp_tol tol, sp_eco *r) {
-    int64_t matched = 0, bad_nf = 0, worst = -1;
-    double max_abs = 0.0, num = 0.0, den = 0.0;
-    for (int64_t i = 0; i < n; i++) {
+/* Figures of one chunk of elements. */
+typedef struct part {
+    int64_t matched, bad_nf, worst;
+    double max_abs, num, den;
+} part;
+
+static void scan(const float *actual, const double *golden, int64_t lo, int64_t hi, sp_tol tol,
+                 part *p) {
+    p->matched = p->bad_nf = 0;
+    p->worst = -1;
+    p->max_abs = p->num = p->den = 0.0;
+    for (int64_t i = lo; i < hi; i++) {
         double a = (double)actual[i], g = golden[i];
         int ok = sp_eco_element_ok(a, g, tol);
-        matched += ok;
+        p->matched += ok;
         double e;
         if (isfinite(a) && isfinite(g)) {
             e = fabs(a - g);
-            num += e * e;
-            den += g * g;
+            p->num += e * e;
+            p->den += g * g;
         } else {
             e = ok ? 0.0 : INFINITY; /* a matching NaN / Inf pair has no error */
-            bad_nf += !ok;
+            p->bad_nf += !ok;
         }
-        if (e > max_abs || (worst < 0 && !ok)) {
-            max_abs = e > max_abs ? e : max_abs;
-            worst = i;
+        if (e > p->max_abs) { /* first element of the largest error */
+            p->max_abs = e;
+            p->worst = i;
         }
     }
+}
+
+/* Fixed chunks combined in order: the figures do not depend on the thread count. */
+#define ECO_CHUNK ((int64_t)1 << 16)
+
+void sp_eco_compare(const float *actual, const double *golden, int64_t n, sp_tol tol, sp_eco *r) {
+    const int64_t nchunk = (n + ECO_CHUNK - 1) / ECO_CHUNK;
+    part one, *parts = nchunk > 1 ? malloc((size_t)nchunk * sizeof *parts) : NULL;
+    if (!parts) { /* one chunk, or no memory for the partials: a single sequential scan */
+        scan(actual, golden, 0, n, tol, &one);
+        parts = &one;
+    } else {
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int64_t c = 0; c < nchunk; c++)
+            scan(actual, golden, c * ECO_CHUNK, c + 1 < nchunk ? (c + 1) * ECO_CHUNK : n, tol,
+                 &parts[c]);
+    }
+    const int64_t np = parts == &one ? 1 : nchunk;
+    part t = parts[0];
+    for (int64_t c = 1; c < np; c++) {
+        t.matched += parts[c].matched;
+        t.bad_nf += parts[c].bad_nf;
+        t.num += parts[c].num;
+        t.den += parts[c].den;
+        if (parts[c].max_abs > t.max_abs) {
+            t.max_abs = parts[c].max_abs;
+            t.worst = parts[c].worst;
+        }
+    }
+    if (parts != &one) free(parts);
     r->total = n;
-    r->matched = matched;
-    r->matched_ratio = n ? (double)matched / (double)n : 1.0;
-    r->max_abs = max_abs;
-    r->rel_l2 = den > 0.0 ? sqrt(num / den) : (num > 0.0 ? INFINITY : 0.0);
-    r->nonfinite_mismatch = bad_nf;
-    r->worst = worst;
+    r->matched = t.matched;
+    r->matched_ratio = n ? (double)t.matched / (double)n : 1.0;
+    r->max_abs = t.max_abs;
+    r->rel_l2 = t.den > 0.0 ? sqrt(t.num / t.den) : (t.num > 0.0 ? INFINITY : 0.0);
+    r->nonfinite_mismatch = t.bad_nf;
+    r->worst = t.worst;
     /* matched / total >= 0.99 in integers: exact at the boundary for any total. */
-    r->pass = matched * 100 >= n * 99 && max_abs <= tol.limit;
+    r->pass = t.matched * 100 >= n * 99 && t.max_abs <= tol.limit;
 }

@@ -14,11 +14,21 @@
 
 float sp_load(const void *buf, int32_t dtype, int64_t i) { return spattn_load_f32(buf, dtype, i); }
 
+/* Values come in chunks of 2^16 with a generator each (docs/cli.md), so that large tensors
+ * are filled in parallel and still identically for any thread count. */
+#define GEN_CHUNK ((int64_t)1 << 16)
+
 void sp_gen_normal(uint64_t seed, int stream, int32_t dtype, void *dst, int64_t n) {
-    sp_rng r;
-    sp_rng_init(&r, seed, (uint64_t)stream);
-    /* double -> fp32 -> dtype, round to nearest even at each step. */
-    for (int64_t i = 0; i < n; i++) spattn_store_f32(dst, dtype, i, (float)sp_rng_normal(&r));
+    const int64_t nchunk = (n + GEN_CHUNK - 1) / GEN_CHUNK;
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < nchunk; c++) {
+        sp_rng r;
+        sp_rng_init_chunk(&r, seed, (uint64_t)stream, (uint64_t)c);
+        const int64_t end = c + 1 < nchunk ? (c + 1) * GEN_CHUNK : n;
+        /* double -> fp32 -> dtype, round to nearest even at each step. */
+        for (int64_t i = c * GEN_CHUNK; i < end; i++)
+            spattn_store_f32(dst, dtype, i, (float)sp_rng_normal(&r));
+    }
 }
 
 /* Picks m distinct values of [0, n) (Floyd's algorithm: O(m) draws, uniform subsets) into

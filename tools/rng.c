@@ -9,13 +9,16 @@ static uint64_t splitmix64(uint64_t *x) {
     return z ^ (z >> 31);
 }
 
-void sp_rng_init(sp_rng *r, uint64_t seed, uint64_t stream) {
-    /* Streams differ in the splitmix start; splitmix's mixing makes them independent. */
-    uint64_t x = seed ^ (stream * 0xd1b54a32d192ed03ull);
+void sp_rng_init_chunk(sp_rng *r, uint64_t seed, uint64_t stream, uint64_t chunk) {
+    /* Streams and chunks differ in the splitmix start; splitmix's mixing makes them
+     * independent. */
+    uint64_t x = seed ^ (stream * 0xd1b54a32d192ed03ull) ^ (chunk * 0x9e6c63d0676a9a99ull);
     for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&x);
     r->has_spare = 0;
     r->spare = 0.0;
 }
+
+void sp_rng_init(sp_rng *r, uint64_t seed, uint64_t stream) { sp_rng_init_chunk(r, seed, stream, 0); }
 
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 

@@ -19,6 +19,8 @@ typedef struct sp_rng {
 } sp_rng;
 
 void sp_rng_init(sp_rng *r, uint64_t seed, uint64_t stream);
+/* Generator of chunk `chunk` of a normal-valued tensor (chunk 0 equals sp_rng_init). */
+void sp_rng_init_chunk(sp_rng *r, uint64_t seed, uint64_t stream, uint64_t chunk);
 uint64_t sp_rng_next(sp_rng *r);
 /* (x >> 11) * 2^-53: uniform in [0, 1). */
 double sp_rng_uniform(sp_rng *r);

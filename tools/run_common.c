@@ -26,6 +26,7 @@ sp_named *sp_named_add(sp_verify_out *out, const char *name, int pass, int32_t d
     t->n = rows * cols;
     t->actual = malloc((size_t)(t->n ? t->n : 1) * sizeof(float));
     if (!t->actual) return NULL;
+#pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; r++)
         for (int64_t j = 0; j < cols; j++)
             t->actual[r * cols + j] = sp_load(buf, dtype, r * width + col0 + j);
@@ -36,6 +37,7 @@ sp_named *sp_named_add(sp_verify_out *out, const char *name, int pass, int32_t d
 int sp_named_golden_d(sp_named *t, const double *src, int64_t width, int64_t col0) {
     t->golden = malloc((size_t)(t->n ? t->n : 1) * sizeof(double));
     if (!t->golden) return -1;
+#pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < t->rows; r++)
         for (int64_t j = 0; j < t->cols; j++) t->golden[r * t->cols + j] = src[r * width + col0 + j];
     return 0;
@@ -44,6 +46,7 @@ int sp_named_golden_d(sp_named *t, const double *src, int64_t width, int64_t col
 int sp_named_golden_f(sp_named *t, const float *src, int64_t width, int64_t col0) {
     t->golden = malloc((size_t)(t->n ? t->n : 1) * sizeof(double));
     if (!t->golden) return -1;
+#pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < t->rows; r++)
         for (int64_t j = 0; j < t->cols; j++)
             t->golden[r * t->cols + j] = (double)src[r * width + col0 + j];

@@ -14,8 +14,10 @@
 static double *to_f64(const void *buf, int32_t dtype, int64_t n) {
     if (!buf || n == 0) return NULL;
     double *d = malloc((size_t)n * sizeof *d);
-    if (d)
+    if (d) {
+#pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < n; i++) d[i] = (double)sp_load(buf, dtype, i);
+    }
     return d;
 }
 

@@ -1,5 +1,8 @@
 /* The eco criterion at its exact boundaries (cases/README.md, "Verifying a case"). */
 #include <math.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "eco.h"
 #include "testutil.h"
@@ -136,6 +139,33 @@ int main(void) {
         float az[2] = {0.0f, 0.0f};
         r = run(az, z, 2, SPATTN_DTYPE_F16);
         TU_CHECK(r.pass && r.rel_l2 == 0.0, "all-zero golden, exact: rel_l2 0");
+    }
+    /* Many chunks: the figures do not depend on the thread count, and the worst element is
+     * the first one with the largest error. */
+    {
+        int64_t n = 300000;
+        float *a = malloc((size_t)n * sizeof *a);
+        double *g = malloc((size_t)n * sizeof *g);
+        for (int64_t i = 0; i < n; i++) {
+            g[i] = sin((double)i);
+            a[i] = (float)(g[i] + 1e-3 * cos(3.0 * (double)i));
+        }
+        a[200001] = (float)(g[200001] + 0.07);
+        a[250000] = (float)(g[250000] + 0.07); /* same error (within fp32 rounding) later */
+        sp_eco r1, r2;
+#ifdef _OPENMP
+        omp_set_num_threads(1);
+#endif
+        sp_eco_compare(a, g, n, sp_tol_for(SPATTN_DTYPE_F16), &r1);
+#ifdef _OPENMP
+        omp_set_num_threads(4);
+#endif
+        sp_eco_compare(a, g, n, sp_tol_for(SPATTN_DTYPE_F16), &r2);
+        TU_CHECK(!memcmp(&r1, &r2, sizeof r1), "eco figures independent of the thread count");
+        TU_CHECK(r1.worst == 200001 || r1.worst == 250000, "worst element found (%lld)", (long long)r1.worst);
+        TU_CHECK(r1.pass && r1.matched < n, "a few mismatches, still passing");
+        free(a);
+        free(g);
     }
     return tu_summary("test_cli_eco");
 }

@@ -1,6 +1,9 @@
 /* Input generation against the token-level definitions of cases/README.md, and the work
  * count. */
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "core/dtype.h"
 #include "gen.h"
@@ -226,6 +229,14 @@ int main(void) {
         int same = 1;
         for (int64_t i = 0; i < n; i++) same &= spattn_f32_to_bf16(f[i]) == h[i];
         TU_CHECK(same, "bf16 values are the fp32 values rounded");
+#ifdef _OPENMP
+        /* Chunked generation: identical values for any thread count. */
+        omp_set_num_threads(1);
+        sp_gen_normal(5, 3, SPATTN_DTYPE_F16, h, n);
+        omp_set_num_threads(3);
+        sp_gen_normal(5, 3, SPATTN_DTYPE_F16, h2, n);
+        TU_CHECK(!memcmp(h, h2, (size_t)n * 2), "normal values independent of the thread count");
+#endif
         free(h);
         free(h2);
         free(f);
