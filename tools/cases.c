@@ -342,6 +342,13 @@ static int parse_line(const char *file, int line, char *text, sp_case *c, char *
             return -1;
         }
         if (!has(&r, "kv")) c->shared_kv = 1;
+        /* Keeps every element count (times D + Dr <= 8192) far inside int64. */
+        const int64_t big = (int64_t)1 << 40;
+        if (c->B * c->S1 > big / c->N1 || c->B * c->S2 > big / c->N2 ||
+            c->B * c->S1 > big / (c->N2 * c->K)) {
+            fail(err, errlen, file, line, "case %s: too large", c->name);
+            return -1;
+        }
     }
     return 0;
 }

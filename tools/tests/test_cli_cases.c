@@ -93,6 +93,8 @@ int main(void) {
                  "x B=1 N=1 Sq=8 Skv=8 D=8 bx=1 by=1 pattern=dense dtype=fp16\n", 2, "already used on line 1");
     expect_error("x B=1 N=1 Sq=99999999999999999999 Skv=8 D=8 bx=1 by=1 pattern=dense dtype=fp16\n", 1,
                  "bad value");
+    expect_error("x B=16777216 S1=16777216 S2=8 N1=16777216 N2=1 D=16 Dr=0 K=4 mode=0 dtype=fp16\n", 1,
+                 "too large");
     expect_error("x B=1 N=1 Sq=8 Skv=8 D=8 bx=1 by=1 pattern=random density=nan dtype=fp16\n", 1,
                  "bad value 'nan'");
 
