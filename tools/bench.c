@@ -181,7 +181,7 @@ static void print_results(const bset *ours) {
             printf("%-26s %-4s ERROR %s\n", r->name, pass_str(r->pass), r->msg);
             continue;
         }
-        printf("%-26s %-4s %10.3f %10.3f %10.3f %9.3f %10.2f\n", r->name, pass_str(r->pass),
+        printf("%-26s %-4s %10.3f %10.3f %10.3f %9.4g %10.4g\n", r->name, pass_str(r->pass),
                r->median_ms, r->min_ms, r->max_ms, r->tflops, r->flops / 1e9);
     }
 }

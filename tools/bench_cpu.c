@@ -28,7 +28,11 @@ int sp_bench_cpu(const sp_case *c, const sp_inputs *in, int pass, int warmup, in
     opt.backend = SPATTN_BACKEND_CPU;
     opt.num_threads = threads;
     spattn_status st = SPATTN_STATUS_SUCCESS;
-    if (pass == SP_PASS_BWD) st = sp_call_fwd(c, &t, &opt); /* O and LSE for the backward */
+    const char *what = pass == SP_PASS_FWD ? "forward" : "backward";
+    if (pass == SP_PASS_BWD) {
+        st = sp_call_fwd(c, &t, &opt); /* O and LSE for the backward */
+        if (st != SPATTN_STATUS_SUCCESS) what = "forward (before the backward)";
+    }
     for (int i = 0; i < warmup + repeats && st == SPATTN_STATUS_SUCCESS; i++) {
         double t0 = sp_now_ms();
         st = pass == SP_PASS_FWD ? sp_call_fwd(c, &t, &opt) : sp_call_bwd(c, &t, &opt);
@@ -36,8 +40,7 @@ int sp_bench_cpu(const sp_case *c, const sp_inputs *in, int pass, int warmup, in
     }
     if (st != SPATTN_STATUS_SUCCESS) {
         *status = st;
-        snprintf(msg, msglen, "%s: %s: %s", pass == SP_PASS_FWD ? "forward" : "backward",
-                 spattn_status_str(st), spattn_last_error());
+        snprintf(msg, msglen, "%s: %s: %s", what, spattn_status_str(st), spattn_last_error());
         goto done;
     }
     rc = 0;
