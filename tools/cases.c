@@ -457,10 +457,11 @@ void sp_case_scale(const sp_case *in, double f, sp_case *out) {
     if (!(f > 0.0) || f >= 1.0) return;
     out->scaled_by = f;
     if (in->op == SP_OP_BSA) {
-        /* Keep at least two block rows / columns (when the case had them) so that partial
-         * blocks, causal edges and windows still occur; keep Sq == Skv when it was. */
-        int64_t minq = 2 * in->bx < in->Sq ? 2 * in->bx : in->Sq;
-        int64_t mink = 2 * in->by < in->Skv ? 2 * in->by : in->Skv;
+        /* Keep at least four block rows / columns (when the case had them) so that a window
+         * still differs from causal and partial blocks, diagonals and random patterns still
+         * occur; keep Sq == Skv when it was. */
+        int64_t minq = 4 * in->bx < in->Sq ? 4 * in->bx : in->Sq;
+        int64_t mink = 4 * in->by < in->Skv ? 4 * in->by : in->Skv;
         out->Sq = scale_len(in->Sq, f);
         out->Skv = scale_len(in->Skv, f);
         if (out->Sq < minq) out->Sq = minq;

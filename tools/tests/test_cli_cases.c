@@ -131,7 +131,7 @@ int main(void) {
     for (int i = 0; i < l.n; i++) {
         sp_case s;
         sp_case_scale(&l.v[i], 1.0 / 64, &s);
-        TU_CHECK(s.Sq == s.Skv && s.Sq >= 2 * s.bx && s.Skv >= 2 * s.by, "scaled bsa %s keeps 2 blocks", s.name);
+        TU_CHECK(s.Sq == s.Skv && s.Sq >= 4 * s.bx && s.Skv >= 4 * s.by, "scaled bsa %s keeps 4 blocks", s.name);
         sp_case u;
         sp_case_scale(&l.v[i], 1.0, &u);
         TU_CHECK(u.Sq == l.v[i].Sq && u.scaled_by == 1.0, "scale 1 leaves the case alone");
@@ -139,6 +139,8 @@ int main(void) {
     sp_case w;
     sp_case_scale(&l.v[2], 0.125, &w); /* bsa03 window=256 */
     TU_CHECK(w.window == 32 && w.Sq == 256, "window scales with the sequence (%lld)", (long long)w.window);
+    sp_case_scale(&l.v[0], 1.0 / 16, &w); /* bsa01: 1024 / 16 = 64 < 4 blocks of 64 */
+    TU_CHECK(w.Sq == 256 && w.Skv == 256, "at least four blocks (%lld)", (long long)w.Sq);
     sp_case_list_free(&l);
     return tu_summary("test_cli_cases");
 }
