@@ -183,13 +183,17 @@ static spattn_tensor dt4(void *p, int dt, int64_t a, int64_t b, int64_t c, int64
 
 int main(int argc, char **argv) {
     const char *path = "cases/bsa.cases", *json = NULL, *maskdir = NULL, *only = NULL;
-    int reps = 15, verify = 1;
+    int reps = 15, verify = 1, passes = 3;  // bit 0: forward, bit 1: backward
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
         else if (!strcmp(argv[i], "--masks") && i + 1 < argc) maskdir = argv[++i];
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--case") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "--no-verify")) verify = 0;
+        else if (!strcmp(argv[i], "--pass") && i + 1 < argc) {
+            i++;
+            passes = !strcmp(argv[i], "fwd") ? 1 : !strcmp(argv[i], "bwd") ? 2 : 3;
+        }
         else path = argv[i];
     }
     if (!spattn_cuda_available()) { printf("bsa_bench: no CUDA device: skipped\n"); return 0; }
@@ -290,8 +294,9 @@ int main(int argc, char **argv) {
             }
             cudaFree(go); cudaFree(gl); cudaFree(gq); cudaFree(gk); cudaFree(gv);
         }
-        double med[2];
+        double med[2] = {NAN, NAN};
         for (int pass = 0; pass < 2; pass++) {
+            if (!(passes >> pass & 1)) continue;
             std::vector<float> ts;
             for (int r = 0; r < reps + 2; r++) {
                 CK(cudaMemsetAsync(flush, r & 0xff, flush_bytes, st));
@@ -313,11 +318,13 @@ int main(int argc, char **argv) {
         printf("%-28s %6.3f %9.4f %9.1f %9.4f %9.1f  %s\n", c.name.c_str(), dens, med[0], tf, med[1], tb, vres.c_str());
         fflush(stdout);
         for (int pass = 0; pass < 2; pass++) {
+            if (!(passes >> pass & 1)) continue;
             char t[400];
             snprintf(t, sizeof t,
                      "  {\"case\": \"%s\", \"pass\": \"%s\", \"median_ms\": %.6f, \"tflops\": %.3f, "
-                     "\"pairs\": %.0f, \"verify\": \"%s\"}",
-                     c.name.c_str(), pass ? "bwd" : "fwd", med[pass], pass ? tb : tf, pairs, vres.substr(0, 4).c_str());
+                     "\"flops\": %.6g, \"pairs\": %.0f, \"verify\": \"%s\"}",
+                     c.name.c_str(), pass ? "bwd" : "fwd", med[pass], pass ? tb : tf, pass ? fb : ff, pairs,
+                     vres.substr(0, 4).c_str());
             entries.push_back(t);
         }
         cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(dO); cudaFree(o); cudaFree(dq); cudaFree(dk); cudaFree(dv);

@@ -29,24 +29,24 @@ template <typename T> __global__ void bsa_delta_kernel(const bsa_params p, float
 }
 
 // ---- dQ ------------------------------------------------------------------------------------
-template <int DP, typename T>
-__global__ void __launch_bounds__(bsa_dq_tile(DP).warps * 32, 2) bsa_dq_kernel(const bsa_params p) {
-    constexpr bsa_tile TL = bsa_dq_tile(DP);
-    constexpr int BM = TL.bm, BN = TL.bn, NT = TL.warps * 32;
-    static_assert(BM == TL.warps * 16, "16 query rows per warp");
+template <int DP, typename T, int CFG>
+__global__ void __launch_bounds__(bsa_dq_tile(DP, CFG).warps * 32, 2) bsa_dq_kernel(const bsa_params p) {
+    constexpr bsa_tile TL = bsa_dq_tile(DP, CFG);
+    constexpr int BM = TL.bm, BN = TL.bn, NT = TL.warps * 32, MT = TL.mt;
+    static_assert(BM == TL.warps * 16 * MT, "16 * mt query rows per warp");
     extern __shared__ __align__(128) unsigned char smem_raw[];
     __half *sQ = reinterpret_cast<__half *>(smem_raw);
     __half *sO = sQ + BM * DP;  // dO
     __half *sK = sO + BM * DP;
     __half *sV = sK + 2 * BN * DP;
 
-    const int m = blockIdx.x, n = blockIdx.y, b = blockIdx.z;
+    const int m = gridDim.x - 1 - blockIdx.x, n = blockIdx.y, b = blockIdx.z;  // heavy (causal) tiles first
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int hk = n / p.G;
     const long long row_id = ((long long)b * p.N + n) * gridDim.x + m;
     const int cnt = p.sq.cnt[row_id];
     const int *lst = p.sq.list + row_id * p.sq.stride;
-    const int r0 = m * BM;
+    const int r0 = m * BM, wr = warp * 16 * MT;
     const float sl2 = p.scale_log2;
 
     bsa_load_tile<BM, DP, NT, T>(sQ, p.q, b, n, r0, p.Sq, p.D, tid);
@@ -58,19 +58,22 @@ __global__ void __launch_bounds__(bsa_dq_tile(DP).warps * 32, 2) bsa_dq_kernel(c
     }
     cp_async_commit();
 
-    const int i0 = r0 + warp * 16 + g;
     const long long rbase = ((long long)b * p.N + n) * p.Sq;
-    const float L0 = i0 < p.Sq ? p.lse2[rbase + i0] : INFINITY;
-    const float L1 = i0 + 8 < p.Sq ? p.lse2[rbase + i0 + 8] : INFINITY;
-    const float D0 = i0 < p.Sq ? p.delta[rbase + i0] : 0.f;
-    const float D1 = i0 + 8 < p.Sq ? p.delta[rbase + i0 + 8] : 0.f;
-    const int rb0 = min(i0 / p.bx, p.nbx - 1), rb1 = min((i0 + 8) / p.bx, p.nbx - 1);
-    const uint8_t *mr0 = p.mask.p + (long long)b * p.mask.s0 + (long long)n * p.mask.s1 + (long long)rb0 * p.mask.s2;
-    const uint8_t *mr1 = p.mask.p + (long long)b * p.mask.s0 + (long long)n * p.mask.s1 + (long long)rb1 * p.mask.s2;
-
-    float acc[DP / 8][4];
+    float Lr[MT][2], Dr[MT][2];
 #pragma unroll
-    for (int i = 0; i < DP / 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int i = r0 + wr + mi * 16 + g + 8 * h;
+            Lr[mi][h] = i < p.Sq ? p.lse2[rbase + i] : INFINITY;
+            Dr[mi][h] = i < p.Sq ? p.delta[rbase + i] : 0.f;
+        }
+
+    float acc[MT][DP / 8][4];
+#pragma unroll
+    for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+        for (int i = 0; i < DP / 8; i++) acc[mi][i][0] = acc[mi][i][1] = acc[mi][i][2] = acc[mi][i][3] = 0.f;
 
     for (int it = 0; it < cnt; it++) {
         const int e = lst[it], t = e >> 1, buf = it & 1;
@@ -85,67 +88,98 @@ __global__ void __launch_bounds__(bsa_dq_tile(DP).warps * 32, 2) bsa_dq_kernel(c
         }
         __syncthreads();
         const __half *ks = sK + buf * BN * DP, *vs = sV + buf * BN * DP;
-        float s[BN / 8][4], dp[BN / 8][4];
+        float s[MT][BN / 8][4], dp[MT][BN / 8][4];
 #pragma unroll
-        for (int i = 0; i < BN / 8; i++)
-            s[i][0] = s[i][1] = s[i][2] = s[i][3] = dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.f;
+        for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+            for (int i = 0; i < BN / 8; i++)
+                s[mi][i][0] = s[mi][i][1] = s[mi][i][2] = s[mi][i][3] = dp[mi][i][0] = dp[mi][i][1] = dp[mi][i][2] =
+                    dp[mi][i][3] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < DP / 16; kk++) {
-            uint32_t qa[4], oa[4];
-            bsa_lda<DP>(sQ, warp * 16, kk * 16, lane, qa);
-            bsa_lda<DP>(sO, warp * 16, kk * 16, lane, oa);
+            uint32_t qa[MT][4], oa[MT][4];
+#pragma unroll
+            for (int mi = 0; mi < MT; mi++) {
+                bsa_lda<DP>(sQ, wr + mi * 16, kk * 16, lane, qa[mi]);
+                bsa_lda<DP>(sO, wr + mi * 16, kk * 16, lane, oa[mi]);
+            }
 #pragma unroll
             for (int nn = 0; nn < BN / 16; nn++) {
                 uint32_t bb[4], vb[4];
                 bsa_ldb_nk<DP>(ks, nn * 16, kk * 16, lane, bb);
-                bsa_t<T>::mma(s[2 * nn], qa, bb[0], bb[1]);
-                bsa_t<T>::mma(s[2 * nn + 1], qa, bb[2], bb[3]);
                 bsa_ldb_nk<DP>(vs, nn * 16, kk * 16, lane, vb);
-                bsa_t<T>::mma(dp[2 * nn], oa, vb[0], vb[1]);
-                bsa_t<T>::mma(dp[2 * nn + 1], oa, vb[2], vb[3]);
-            }
-        }
 #pragma unroll
-        for (int nt = 0; nt < BN / 8; nt++) {
-            s[nt][0] = exp2f(s[nt][0] * sl2 - L0); s[nt][1] = exp2f(s[nt][1] * sl2 - L0);
-            s[nt][2] = exp2f(s[nt][2] * sl2 - L1); s[nt][3] = exp2f(s[nt][3] * sl2 - L1);
-        }
-        if (e & 1) {
-#pragma unroll
-            for (int nt = 0; nt < BN / 8; nt++) {
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    int j = t * BN + nt * 8 + 2 * c + h;
-                    bool okc = j < p.Skv;
-                    long long cb = (long long)min(j / p.by, p.nby - 1) * p.mask.s3;
-                    if (!(okc && __ldg(mr0 + cb))) s[nt][h] = 0.f;
-                    if (!(okc && __ldg(mr1 + cb))) s[nt][2 + h] = 0.f;
+                for (int mi = 0; mi < MT; mi++) {
+                    bsa_t<T>::mma(s[mi][2 * nn], qa[mi], bb[0], bb[1]);
+                    bsa_t<T>::mma(s[mi][2 * nn + 1], qa[mi], bb[2], bb[3]);
+                    bsa_t<T>::mma(dp[mi][2 * nn], oa[mi], vb[0], vb[1]);
+                    bsa_t<T>::mma(dp[mi][2 * nn + 1], oa[mi], vb[2], vb[3]);
                 }
             }
         }
 #pragma unroll
-        for (int nt = 0; nt < BN / 8; nt++) {
-            s[nt][0] *= dp[nt][0] - D0; s[nt][1] *= dp[nt][1] - D0;
-            s[nt][2] *= dp[nt][2] - D1; s[nt][3] *= dp[nt][3] - D1;
+        for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; nt++) {
+                s[mi][nt][0] = bsa_exp2(s[mi][nt][0] * sl2 - Lr[mi][0]);
+                s[mi][nt][1] = bsa_exp2(s[mi][nt][1] * sl2 - Lr[mi][0]);
+                s[mi][nt][2] = bsa_exp2(s[mi][nt][2] * sl2 - Lr[mi][1]);
+                s[mi][nt][3] = bsa_exp2(s[mi][nt][3] * sl2 - Lr[mi][1]);
+            }
+        if (e & 1) {
+            const uint8_t *mb = p.mask.p + (long long)b * p.mask.s0 + (long long)n * p.mask.s1;
+#pragma unroll
+            for (int mi = 0; mi < MT; mi++) {
+                const int i0 = r0 + wr + mi * 16 + g;
+                const uint8_t *mr0 = mb + (long long)min(bsa_div(i0, p.bx, p.inv_bx), p.nbx - 1) * p.mask.s2;
+                const uint8_t *mr1 = mb + (long long)min(bsa_div(i0 + 8, p.bx, p.inv_bx), p.nbx - 1) * p.mask.s2;
+#pragma unroll
+                for (int nt = 0; nt < BN / 8; nt++) {
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int j = t * BN + nt * 8 + 2 * c + h;
+                        const bool okc = j < p.Skv;
+                        const long long cb = (long long)min(bsa_div(j, p.by, p.inv_by), p.nby - 1) * p.mask.s3;
+                        if (!(okc && __ldg(mr0 + cb))) s[mi][nt][h] = 0.f;
+                        if (!(okc && __ldg(mr1 + cb))) s[mi][nt][2 + h] = 0.f;
+                    }
+                }
+            }
         }
 #pragma unroll
+        for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; nt++) {
+                s[mi][nt][0] *= dp[mi][nt][0] - Dr[mi][0]; s[mi][nt][1] *= dp[mi][nt][1] - Dr[mi][0];
+                s[mi][nt][2] *= dp[mi][nt][2] - Dr[mi][1]; s[mi][nt][3] *= dp[mi][nt][3] - Dr[mi][1];
+            }
+#pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) {
-            uint32_t a[4] = {bsa_t<T>::pack(s[2 * kk][0], s[2 * kk][1]), bsa_t<T>::pack(s[2 * kk][2], s[2 * kk][3]),
-                             bsa_t<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             bsa_t<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int mi = 0; mi < MT; mi++) {
+                a[mi][0] = bsa_t<T>::pack(s[mi][2 * kk][0], s[mi][2 * kk][1]);
+                a[mi][1] = bsa_t<T>::pack(s[mi][2 * kk][2], s[mi][2 * kk][3]);
+                a[mi][2] = bsa_t<T>::pack(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
+                a[mi][3] = bsa_t<T>::pack(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
+            }
 #pragma unroll
             for (int dd = 0; dd < DP / 16; dd++) {
                 uint32_t bb[4];
                 bsa_ldb_kn<DP>(ks, kk * 16, dd * 16, lane, bb);
-                bsa_t<T>::mma(acc[2 * dd], a, bb[0], bb[1]);
-                bsa_t<T>::mma(acc[2 * dd + 1], a, bb[2], bb[3]);
+#pragma unroll
+                for (int mi = 0; mi < MT; mi++) {
+                    bsa_t<T>::mma(acc[mi][2 * dd], a[mi], bb[0], bb[1]);
+                    bsa_t<T>::mma(acc[mi][2 * dd + 1], a[mi], bb[2], bb[3]);
+                }
             }
         }
         __syncthreads();
     }
     cp_async_wait<0>();
     __syncthreads();
-    bsa_acc_to_smem<DP, T>(sQ, acc, warp * 16, lane, p.scale, p.scale);
+#pragma unroll
+    for (int mi = 0; mi < MT; mi++) bsa_acc_to_smem<DP, T>(sQ, acc[mi], wr + mi * 16, lane, p.scale, p.scale);
     __syncthreads();
     bsa_store_tile<BM, DP, NT, T>(sQ, p.dq, b, n, r0, p.Sq, p.D, tid);
 }
@@ -193,8 +227,7 @@ __global__ void __launch_bounds__(bsa_dkdv_tile(DP).warps * 32, 2) bsa_dkdv_kern
     cp_async_commit();
 
     const int j0 = c0 + warp * 16 + g;
-    const long long cb0 = (long long)min(j0 / p.by, p.nby - 1) * p.mask.s3;
-    const long long cb1 = (long long)min((j0 + 8) / p.by, p.nby - 1) * p.mask.s3;
+    const int cb0 = min(j0 / p.by, p.nby - 1), cb1 = min((j0 + 8) / p.by, p.nby - 1);
 
     float dk[DP / 8][4], dv[DP / 8][4];
 #pragma unroll
@@ -240,8 +273,8 @@ __global__ void __launch_bounds__(bsa_dkdv_tile(DP).warps * 32, 2) bsa_dkdv_kern
 #pragma unroll
         for (int nt = 0; nt < BM / 8; nt++) {
             const float2 L = *reinterpret_cast<const float2 *>(ls + nt * 8 + 2 * c);
-            s[nt][0] = exp2f(s[nt][0] * sl2 - L.x); s[nt][1] = exp2f(s[nt][1] * sl2 - L.y);
-            s[nt][2] = exp2f(s[nt][2] * sl2 - L.x); s[nt][3] = exp2f(s[nt][3] * sl2 - L.y);
+            s[nt][0] = bsa_exp2(s[nt][0] * sl2 - L.x); s[nt][1] = bsa_exp2(s[nt][1] * sl2 - L.y);
+            s[nt][2] = bsa_exp2(s[nt][2] * sl2 - L.x); s[nt][3] = bsa_exp2(s[nt][3] * sl2 - L.y);
         }
         if (e & 1) {
             const int gm = e >> 1, h = hk * p.G + gm / p.nqt, m = gm % p.nqt;
@@ -251,9 +284,9 @@ __global__ void __launch_bounds__(bsa_dkdv_tile(DP).warps * 32, 2) bsa_dkdv_kern
 #pragma unroll
                 for (int x = 0; x < 2; x++) {
                     const int i = m * BM + nt * 8 + 2 * c + x;
-                    const uint8_t *mrow = mb + (long long)min(i / p.bx, p.nbx - 1) * p.mask.s2;
-                    if (!__ldg(mrow + cb0)) s[nt][x] = 0.f;
-                    if (!__ldg(mrow + cb1)) s[nt][2 + x] = 0.f;
+                    const uint8_t *mrow = mb + (long long)min(bsa_div(i, p.bx, p.inv_bx), p.nbx - 1) * p.mask.s2;
+                    if (!__ldg(mrow + cb0 * p.mask.s3)) s[nt][x] = 0.f;
+                    if (!__ldg(mrow + cb1 * p.mask.s3)) s[nt][2 + x] = 0.f;
                 }
             }
         }
@@ -311,14 +344,14 @@ template <typename K> static cudaError_t set_smem(K kern, size_t smem, bool &don
     return e;
 }
 
-template <int DP, typename T> static cudaError_t launch_dq(const bsa_params &p, cudaStream_t st) {
-    constexpr bsa_tile TL = bsa_dq_tile(DP);
+template <int DP, typename T, int CFG> static cudaError_t launch_dq(const bsa_params &p, cudaStream_t st) {
+    constexpr bsa_tile TL = bsa_dq_tile(DP, CFG);
     const size_t smem = (size_t)(2 * TL.bm + 4 * TL.bn) * DP * 2;
     static bool done = false;
-    cudaError_t e = set_smem(bsa_dq_kernel<DP, T>, smem, done);
+    cudaError_t e = set_smem(bsa_dq_kernel<DP, T, CFG>, smem, done);
     if (e != cudaSuccess) return e;
     dim3 grid((p.Sq + TL.bm - 1) / TL.bm, p.N, p.B);
-    bsa_dq_kernel<DP, T><<<grid, TL.warps * 32, smem, st>>>(p);
+    bsa_dq_kernel<DP, T, CFG><<<grid, TL.warps * 32, smem, st>>>(p);
     return cudaGetLastError();
 }
 
@@ -344,9 +377,13 @@ extern "C" cudaError_t spattn_bsa_launch_delta(const bsa_params *p, int bf16, fl
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t spattn_bsa_launch_dq(const bsa_params *p, int dp, int bf16, cudaStream_t st) {
-    if (dp == 64) return bf16 ? launch_dq<64, __nv_bfloat16>(*p, st) : launch_dq<64, __half>(*p, st);
-    return bf16 ? launch_dq<128, __nv_bfloat16>(*p, st) : launch_dq<128, __half>(*p, st);
+template <int DP, typename T> static cudaError_t launch_dq_dp(const bsa_params &p, int cfg, cudaStream_t st) {
+    return cfg == 1 ? launch_dq<DP, T, 1>(p, st) : launch_dq<DP, T, 0>(p, st);
+}
+
+extern "C" cudaError_t spattn_bsa_launch_dq(const bsa_params *p, int dp, int bf16, int cfg, cudaStream_t st) {
+    if (dp == 64) return bf16 ? launch_dq_dp<64, __nv_bfloat16>(*p, cfg, st) : launch_dq_dp<64, __half>(*p, cfg, st);
+    return bf16 ? launch_dq_dp<128, __nv_bfloat16>(*p, cfg, st) : launch_dq_dp<128, __half>(*p, cfg, st);
 }
 
 extern "C" cudaError_t spattn_bsa_launch_dkdv(const bsa_params *p, int dp, int bf16, cudaStream_t st) {

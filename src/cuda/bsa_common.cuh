@@ -43,6 +43,7 @@ struct bsa_params {
     const float *delta;  // backward: rowsum(dO * O), [B*N*Sq]
     int B, N, Nkv, G, Sq, Skv, D, bx, by, nbx, nby;
     float scale, scale_log2;
+    float inv_bx, inv_by;  // 1/bx, 1/by (bsa_div)
     bsa_sched sq;  // query-major (forward or dQ)
     bsa_sched sk;  // key-major (dK/dV): entry = (g * nqt + m) * 2 + partial
     int nqt;       // query tiles of the key-major list
@@ -80,6 +81,23 @@ template <> struct bsa_t<__nv_bfloat16> {
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
     }
 };
+
+// 2^x with the SFU (ex2.approx; 2^-inf = 0).
+__device__ __forceinline__ float bsa_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// j / d for 0 <= j, 1 <= d: float reciprocal, then one correction step (exact for j < 2^24;
+// integer division beyond).
+__device__ __forceinline__ int bsa_div(int j, int d, float inv) {
+    if (j >= (1 << 24)) return j / d;
+    int q = __float2int_rz((float)j * inv);
+    q += (q + 1) * d <= j;
+    q -= q * d > j;
+    return q;
+}
 
 // ---- shared memory: tiles [rows][DP] of 2-byte elements, 16-byte chunks XOR-swizzled by row ----
 template <int DP> __device__ __forceinline__ int bsa_swz(int row, int col) {

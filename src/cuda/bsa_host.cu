@@ -5,6 +5,7 @@
 // scratch and convert: correct, not fast.
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "../core/internal.h"
 #include "bsa_launch.h"
@@ -16,6 +17,25 @@ size_t up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 bool fast_path(const spattn_bsa_problem *p) {
     return (p->dtype == SPATTN_DTYPE_F16 || p->dtype == SPATTN_DTYPE_BF16) && bsa_dpad(p->D) != 0;
+}
+
+// Tile configurations (bsa_tiles.h) for this problem.  SPATTN_BSA_FWD_CFG / SPATTN_BSA_DQ_CFG
+// override the choice (benchmarking knob; the workspace size follows it).
+int env_cfg(const char *name, int max) {
+    const char *e = getenv(name);
+    if (!e || !*e) return -1;
+    int v = atoi(e);
+    return v >= 0 && v <= max ? v : -1;
+}
+int fwd_cfg(const spattn_bsa_problem *p) {
+    const int o = env_cfg("SPATTN_BSA_FWD_CFG", 2);
+    if (o >= 0) return o;
+    return bsa_fwd_choose(bsa_dpad(p->D), p->bx, p->by);
+}
+int dq_cfg(const spattn_bsa_problem *p) {
+    const int o = env_cfg("SPATTN_BSA_DQ_CFG", 1);
+    if (o >= 0) return o;
+    return bsa_dq_choose(bsa_dpad(p->D), p->bx, p->by);
 }
 
 // Workspace layout: offsets of each piece and the total (exact bytes).
@@ -41,13 +61,13 @@ Layout layout(const spattn_bsa_problem *p, int backward) {
     } else {
         const int dp = bsa_dpad(p->D);
         if (!backward) {
-            const bsa_tile t = bsa_fwd_tile(dp);
+            const bsa_tile t = bsa_fwd_tile(dp, fwd_cfg(p));
             const size_t nq = (size_t)p->B * p->N * ((p->Sq + t.bm - 1) / t.bm);
             const size_t nk = (size_t)((p->Skv + t.bn - 1) / t.bn);
             sz[0] = nq * 4;
             sz[1] = nq * nk * 4;
         } else {
-            const bsa_tile tq = bsa_dq_tile(dp), tk = bsa_dkdv_tile(dp);
+            const bsa_tile tq = bsa_dq_tile(dp, dq_cfg(p)), tk = bsa_dkdv_tile(dp);
             const size_t nq = (size_t)p->B * p->N * ((p->Sq + tq.bm - 1) / tq.bm);
             const size_t nk = (size_t)((p->Skv + tq.bn - 1) / tq.bn);
             const size_t kr = (size_t)p->B * p->Nkv * ((p->Skv + tk.bn - 1) / tk.bn);
@@ -114,6 +134,8 @@ bsa_params params(const spattn_bsa_problem *pb) {
     p.nby = (int)pb->nby;
     p.scale = pb->scale;
     p.scale_log2 = pb->scale * 1.4426950408889634f;
+    p.inv_bx = 1.0f / (float)p.bx;
+    p.inv_by = 1.0f / (float)p.by;
     return p;
 }
 
@@ -208,13 +230,14 @@ extern "C" spattn_status spattn_cuda_bsa_fwd(const spattn_bsa_problem *pb, const
     }
     const int dp = bsa_dpad(pb->D), bf16 = pb->dtype == SPATTN_DTYPE_BF16;
     bsa_params p = params(pb);
-    const bsa_tile t = bsa_fwd_tile(dp);
+    const int cfg = fwd_cfg(pb);
+    const bsa_tile t = bsa_fwd_tile(dp, cfg);
     int *cnt = reinterpret_cast<int *>(ws.base + L.off[0]), *list = reinterpret_cast<int *>(ws.base + L.off[1]);
     if ((e = spattn_bsa_launch_sched_q(&p, t.bm, t.bn, cnt, list, st)) != cudaSuccess) return fail(e, "schedule");
     p.sq.cnt = cnt;
     p.sq.list = list;
     p.sq.stride = (p.Skv + t.bn - 1) / t.bn;
-    if ((e = spattn_bsa_launch_fwd(&p, dp, bf16, st)) != cudaSuccess) return fail(e, "forward kernel");
+    if ((e = spattn_bsa_launch_fwd(&p, dp, bf16, cfg, st)) != cudaSuccess) return fail(e, "forward kernel");
     return SPATTN_STATUS_SUCCESS;
 }
 
@@ -240,7 +263,8 @@ extern "C" spattn_status spattn_cuda_bsa_bwd(const spattn_bsa_problem *pb, const
     float *delta = reinterpret_cast<float *>(ws.base + L.off[0]), *lse2 = reinterpret_cast<float *>(ws.base + L.off[1]);
     int *qcnt = reinterpret_cast<int *>(ws.base + L.off[2]), *qlist = reinterpret_cast<int *>(ws.base + L.off[3]);
     int *kcnt = reinterpret_cast<int *>(ws.base + L.off[4]), *klist = reinterpret_cast<int *>(ws.base + L.off[5]);
-    const bsa_tile tq = bsa_dq_tile(dp), tk = bsa_dkdv_tile(dp);
+    const int qcfg = dq_cfg(pb);
+    const bsa_tile tq = bsa_dq_tile(dp, qcfg), tk = bsa_dkdv_tile(dp);
     if ((e = spattn_bsa_launch_delta(&p, bf16, delta, lse2, st)) != cudaSuccess) return fail(e, "delta kernel");
     if ((e = spattn_bsa_launch_sched_q(&p, tq.bm, tq.bn, qcnt, qlist, st)) != cudaSuccess) return fail(e, "schedule");
     if ((e = spattn_bsa_launch_sched_k(&p, tk.bm, tk.bn, kcnt, klist, st)) != cudaSuccess) return fail(e, "schedule");
@@ -254,6 +278,6 @@ extern "C" spattn_status spattn_cuda_bsa_bwd(const spattn_bsa_problem *pb, const
     p.sk.list = klist;
     p.sk.stride = p.G * p.nqt;
     if ((e = spattn_bsa_launch_dkdv(&p, dp, bf16, st)) != cudaSuccess) return fail(e, "dK/dV kernel");
-    if ((e = spattn_bsa_launch_dq(&p, dp, bf16, st)) != cudaSuccess) return fail(e, "dQ kernel");
+    if ((e = spattn_bsa_launch_dq(&p, dp, bf16, qcfg, st)) != cudaSuccess) return fail(e, "dQ kernel");
     return SPATTN_STATUS_SUCCESS;
 }

@@ -14,10 +14,12 @@ cudaError_t spattn_bsa_launch_sched_q(const bsa_params *p, int bm, int bn, int *
 // Key-major schedule (for dK/dV): per (b, kv head, key tile of bn) the (group head, query tile
 // of bm) pairs that hit it: cnt [B*Nkv*nkt], list [B*Nkv*nkt][G*nqt].
 cudaError_t spattn_bsa_launch_sched_k(const bsa_params *p, int bm, int bn, int *cnt, int *list, cudaStream_t st);
-cudaError_t spattn_bsa_launch_fwd(const bsa_params *p, int dp, int bf16, cudaStream_t st);
+// cfg: bsa_fwd_tile(dp, cfg).
+cudaError_t spattn_bsa_launch_fwd(const bsa_params *p, int dp, int bf16, int cfg, cudaStream_t st);
 // Delta = rowsum(dO * O) and lse2 = lse * log2(e) (+inf on empty rows), both [B*N*Sq].
 cudaError_t spattn_bsa_launch_delta(const bsa_params *p, int bf16, float *delta, float *lse2, cudaStream_t st);
-cudaError_t spattn_bsa_launch_dq(const bsa_params *p, int dp, int bf16, cudaStream_t st);
+// cfg: bsa_dq_tile(dp, cfg).
+cudaError_t spattn_bsa_launch_dq(const bsa_params *p, int dp, int bf16, int cfg, cudaStream_t st);
 cudaError_t spattn_bsa_launch_dkdv(const bsa_params *p, int dp, int bf16, cudaStream_t st);
 }
 

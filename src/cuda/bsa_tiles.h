@@ -2,14 +2,15 @@
 // functions (usable on the host and as compile-time constants in the kernels).
 //
 //   dpad(D)        head dim padded to the kernel's width (64 or 128; 0 = no fast kernel)
-//   fwd tile       bm query rows (16 per warp) x bn keys per step
-//   dq tile        bm query rows (16 per warp) x bn keys per step
+//   fwd tile       bm query rows (16 * mt per warp) x bn keys per step
+//   dq tile        bm query rows (16 * mt per warp) x bn keys per step
 //   dkdv tile      bn keys (16 per warp) x bm query rows per step
+//   *_choose       the configuration for a problem (by its block sizes)
 //
-// On-chip capacity (fp16/bf16, dp = 128): fwd  Q 32 KB + K,V 2 stages 64 KB = 96 KB;
-// dq  Q, dO 32 KB + K,V 2 stages 64 KB = 96 KB; dkdv K, V 32 KB + Q, dO 2 stages 64 KB = 97 KB:
-// two CTAs per SM (228 KB).  Registers per thread stay under 255 (O / dQ / dK+dV accumulators
-// 64..128 fp32, one 16 x bn score tile and one 16 x bn dP tile).
+// On-chip capacity (fp16/bf16, dp = 128): fwd  Q 32 KB + K,V 2 stages 32-64 KB; dq  Q, dO
+// 32-64 KB + K,V 2 stages 32-64 KB; dkdv K, V 32 KB + Q, dO 2 stages 64 KB: two CTAs per SM
+// (228 KB).  Registers per thread stay under 255 (mma.sync keeps the O / dQ / dK+dV
+// accumulators in registers: 64 fp32 per 16 x 128 tile per warp).
 #ifndef SPATTN_BSA_TILES_H
 #define SPATTN_BSA_TILES_H
 
@@ -23,18 +24,49 @@ typedef struct bsa_tile {
     int bm;     // query rows per tile
     int bn;     // keys per tile
     int warps;  // warps per CTA
+    int mt;     // 16-row mma tiles per warp (forward: each K/V fragment feeds mt mmas)
 } bsa_tile;
 
 // Padded head dim of the fast kernels; 0 when D needs the simple path.
 BSA_HD int bsa_dpad(long long D) { return D <= 64 ? 64 : (D <= 128 ? 128 : 0); }
 
-// Forward: 8 warps x 16 query rows share each K/V tile (halves K/V traffic per query vs 64-row
-// tiles); 64 keys per step keeps the score tile at 32 registers.
-BSA_HD bsa_tile bsa_fwd_tile(int dp) { return bsa_tile{128, 64, 8}; (void)dp; }
-// dQ: 4 warps x 16 query rows, 64 keys per step (Q and dO stay in shared memory).
-BSA_HD bsa_tile bsa_dq_tile(int dp) { return bsa_tile{64, 64, 4}; (void)dp; }
+// Forward configurations (index `cfg`):
+//   0  4 warps x 32 rows (2 mma row tiles per warp: every K/V fragment read from shared memory
+//      feeds 2 mmas), 128 x 32 tiles at dp = 128 (O 2 x 64 + S 2 x 16 registers; 128 x 64
+//      spilled at the 255-register cap), 128 x 64 at dp = 64
+//   1  8 warps x 16 rows, 128 x 64, one CTA of 256 threads per SM
+//   2  4 warps x 16 rows, 64 x 64, two CTAs per SM
+// Measured on the H200 (runbook, sweep of 2026-11-30): 2 is best or near best on 14 of the 17
+// public cases (finer row tiles follow 64-row blocks: bigbird 3.4x, random 2.1x over 0);
+// 0 wins only with tall, narrow blocks (bx >= 128, by < 64: 1.5x over 2).
+BSA_HD bsa_tile bsa_fwd_tile(int dp, int cfg) {
+    return cfg == 0 ? (dp == 128 ? bsa_tile{128, 32, 4, 2} : bsa_tile{128, 64, 4, 2})
+         : cfg == 1 ? bsa_tile{128, 64, 8, 1}
+                    : bsa_tile{64, 64, 4, 1};
+}
+// CTAs per SM a forward configuration is built for (launch bounds).
+BSA_HD int bsa_fwd_ctas(int cfg) { return cfg == 1 ? 1 : 2; }
+// Forward configuration for a problem with block sizes bx x by.
+BSA_HD int bsa_fwd_choose(int dp, long long bx, long long by) {
+    (void)dp;
+    return bx >= 128 && by < 64 ? 0 : 2;
+}
+
+// dQ configurations: 0  4 warps x 16 rows, 64 x 64 (Q and dO stay in shared memory);
+//                    1  4 warps x 32 rows (2 row tiles per warp), 128 x 32.
+// Measured: 1 is faster with bx >= 128 (dense 2048: 1.17x, 128x16 random: 1.23x), 0 with
+// smaller blocks (bigbird 64x64: 1.7x, random 64x64: 1.2x).
+BSA_HD bsa_tile bsa_dq_tile(int dp, int cfg) {
+    (void)dp;
+    return cfg == 0 ? bsa_tile{64, 64, 4, 1} : bsa_tile{128, 32, 4, 2};
+}
+BSA_HD int bsa_dq_choose(int dp, long long bx, long long by) {
+    (void)dp; (void)by;
+    return bx >= 128 ? 1 : 0;
+}
 // dK/dV: 4 warps x 16 keys (dK + dV accumulators 2 x 64 registers at dp = 128), 64 query rows
 // per step.
-BSA_HD bsa_tile bsa_dkdv_tile(int dp) { return bsa_tile{64, 64, 4}; (void)dp; }
+BSA_HD bsa_tile bsa_dkdv_tile(int dp) { return bsa_tile{64, 64, 4, 1}; (void)dp; }
+
 
 #endif

@@ -348,6 +348,7 @@ static void run_shape(const Shape &s, bool check_ref_kernels) {
 }
 
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--probe")) return spattn_cuda_available() ? 0 : 1;
     if (!spattn_cuda_available()) {
         printf("bsa_cuda_check: no CUDA device visible: skipped\n");
         return 0;
