@@ -337,18 +337,11 @@ __global__ void __launch_bounds__(bsa_dkdv_tile(DP).warps * 32, 2) bsa_dkdv_kern
 }
 
 // ---- launchers -------------------------------------------------------------------------------
-template <typename K> static cudaError_t set_smem(K kern, size_t smem, bool &done) {
-    if (done) return cudaSuccess;
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e == cudaSuccess) done = true;
-    return e;
-}
-
 template <int DP, typename T, int CFG> static cudaError_t launch_dq(const bsa_params &p, cudaStream_t st) {
     constexpr bsa_tile TL = bsa_dq_tile(DP, CFG);
     const size_t smem = (size_t)(2 * TL.bm + 4 * TL.bn) * DP * 2;
-    static bool done = false;
-    cudaError_t e = set_smem(bsa_dq_kernel<DP, T, CFG>, smem, done);
+    static unsigned long long done = 0;
+    cudaError_t e = bsa_set_smem(bsa_dq_kernel<DP, T, CFG>, smem, &done);
     if (e != cudaSuccess) return e;
     dim3 grid((p.Sq + TL.bm - 1) / TL.bm, p.N, p.B);
     bsa_dq_kernel<DP, T, CFG><<<grid, TL.warps * 32, smem, st>>>(p);
@@ -358,8 +351,8 @@ template <int DP, typename T, int CFG> static cudaError_t launch_dq(const bsa_pa
 template <int DP, typename T> static cudaError_t launch_dkdv(const bsa_params &p, cudaStream_t st) {
     constexpr bsa_tile TL = bsa_dkdv_tile(DP);
     const size_t smem = (size_t)(2 * TL.bn + 4 * TL.bm) * DP * 2 + 4 * TL.bm * sizeof(float);
-    static bool done = false;
-    cudaError_t e = set_smem(bsa_dkdv_kernel<DP, T>, smem, done);
+    static unsigned long long done = 0;
+    cudaError_t e = bsa_set_smem(bsa_dkdv_kernel<DP, T>, smem, &done);
     if (e != cudaSuccess) return e;
     dim3 grid((p.Skv + TL.bn - 1) / TL.bn, p.Nkv, p.B);
     bsa_dkdv_kernel<DP, T><<<grid, TL.warps * 32, smem, st>>>(p);

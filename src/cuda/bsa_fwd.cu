@@ -190,13 +190,9 @@ __global__ void __launch_bounds__(bsa_fwd_tile(DP, CFG).warps * 32, bsa_fwd_ctas
 template <int DP, typename T, int CFG> static cudaError_t launch_fwd(const bsa_params &p, cudaStream_t st) {
     constexpr bsa_tile TL = bsa_fwd_tile(DP, CFG);
     const size_t smem = (size_t)(TL.bm + 4 * TL.bn) * DP * 2;
-    static bool attr = false;
-    if (!attr) {
-        cudaError_t e = cudaFuncSetAttribute(bsa_fwd_kernel<DP, T, CFG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)smem);
-        if (e != cudaSuccess) return e;
-        attr = true;
-    }
+    static unsigned long long done = 0;
+    cudaError_t e = bsa_set_smem(bsa_fwd_kernel<DP, T, CFG>, smem, &done);
+    if (e != cudaSuccess) return e;
     dim3 grid((p.Sq + TL.bm - 1) / TL.bm, p.N, p.B);
     bsa_fwd_kernel<DP, T, CFG><<<grid, TL.warps * 32, smem, st>>>(p);
     return cudaGetLastError();
