@@ -23,7 +23,8 @@ static const sfa_case kCases[] = {
     {"sfa_s1k_n32_k1k", 1024, 1024, 32, 1024},
     {"sfa_s1k_n64_k1k", 1024, 1024, 64, 1024},
     {"sfa_s1k_n128_k512", 1024, 1024, 128, 512},
-    {"sfa_s1k_n4_k1k", 1024, 1024, 4, 1024}, /* below the N1 >= 16 bar: for reference */
+    {"sfa_s1k_n8_k1k", 1024, 1024, 8, 1024}, /* below the N1 >= 16 bar: for reference */
+    {"sfa_s1k_n4_k1k", 1024, 1024, 4, 1024},
 };
 
 static uint64_t rng_next(uint64_t *s) {
