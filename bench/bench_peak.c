@@ -36,12 +36,17 @@ __attribute__((target("avx2,fma"))) static float loop_avx2(int64_t iters, float 
 }
 #endif
 
+/* Generic: 32 scalar chains, which the compiler turns into 8 independent SSE vectors of
+ * multiply + add (no FMA in baseline x86-64), enough to cover their latency. */
+#define SCALAR_CHAINS 32
 static float loop_scalar(int64_t iters, float seed) {
-    float acc[8];
-    for (int c = 0; c < 8; c++) acc[c] = seed + (float)c;
+    float acc[SCALAR_CHAINS];
+    for (int c = 0; c < SCALAR_CHAINS; c++) acc[c] = seed + (float)c;
     for (int64_t i = 0; i < iters; i++)
-        for (int c = 0; c < 8; c++) acc[c] = acc[c] * 0.999999f + 1e-7f;
-    return acc[0] + acc[7];
+        for (int c = 0; c < SCALAR_CHAINS; c++) acc[c] = acc[c] * 0.999999f + 1e-7f;
+    float s = 0;
+    for (int c = 0; c < SCALAR_CHAINS; c++) s += acc[c];
+    return s;
 }
 
 static double cpu_now(void) {
@@ -51,7 +56,7 @@ static double cpu_now(void) {
 }
 
 double bench_fma_peak_gflops(const char *isa, int threads, double *cpu_gflops) {
-    int lanes = 8; /* generic: the compiler's SSE code, 4 lanes x 2 */
+    int lanes = SCALAR_CHAINS; /* generic */
     float (*fn)(int64_t, float) = loop_scalar;
 #if defined(__x86_64__)
     if (isa[0] == 'a' && isa[3] == '5') { fn = loop_avx512; lanes = 16 * CHAINS; }
