@@ -2,8 +2,9 @@
  * fp64 reference of top-k sparse flash attention (sfa), straight from cases/README.md.
  * Every entry of an index row is one softmax term (duplicates count twice); entry e selects
  * keys [e*sbs, min((e+1)*sbs, S2)); -1 is padding; mode 3 masks keys j > S2 - S1 + i.
- * Forward: OpenMP over query rows.  Backward: dq per row; dk/dv accumulate into per-thread
- * fp64 partials (rows split statically) that are summed in thread order afterwards.
+ * Forward: OpenMP over query rows; per (row, kv group) the index row is expanded once and each
+ * key row is read once for all heads of the group.  Backward: dq per row; dk/dv accumulate
+ * into per-thread fp64 partials (rows split statically) summed in thread order afterwards.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -15,9 +16,17 @@
 #include <omp.h>
 #endif
 
+/* The reference is the golden of `spattn verify` on full-size cases: its two inner loops get an
+ * AVX2 clone (picked at load time by the ifunc resolver) next to the portable baseline one. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define REF_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define REF_CLONES
+#endif
+
 /* Dot product with four partial sums: lets the compiler vectorize without reassociation
  * licence, and is still an fp64 sum (far more precise than anything under test). */
-static double dot(const double *a, const double *b, int64_t n) {
+REF_CLONES static double dot(const double *a, const double *b, int64_t n) {
     double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
     int64_t d = 0;
     for (; d + 4 <= n; d += 4) {
@@ -28,6 +37,11 @@ static double dot(const double *a, const double *b, int64_t n) {
     }
     for (; d < n; d++) s0 += a[d] * b[d];
     return (s0 + s1) + (s2 + s3);
+}
+
+/* y += a * x */
+REF_CLONES static void axpy(double *y, double a, const double *x, int64_t n) {
+    for (int64_t d = 0; d < n; d++) y[d] += a * x[d];
 }
 
 /* Expands one index row into the list of attended key positions (one per softmax term);
@@ -46,18 +60,19 @@ static int64_t expand_row(const spattn_ref_sfa_shape *s, const int32_t *row, int
     return n;
 }
 
-/* Pointers for row (b, i, h): query, its key/value head's k and v bases. */
-typedef struct row_ctx {
-    const double *q, *kb, *vb;  /* q row; k and v at [b, 0, n2, 0] */
+/* Pointers of group (b, i, n2): its first query head's row, k and v at [b, 0, n2, 0]. */
+typedef struct grp_ctx {
+    const double *q;            /* q[b, i, n2*G, :]; head g of the group at q + g * Dq */
+    const double *kb, *vb;
     int64_t kstride, vstride;   /* between consecutive keys */
     const int32_t *idx;         /* index row [b, i, n2, :] */
-} row_ctx;
+} grp_ctx;
 
-static row_ctx row_at(const spattn_ref_sfa_shape *s, const double *q, const double *k,
-                      const double *v, const int32_t *idx, int64_t b, int64_t i, int64_t h) {
-    int64_t Dq = s->D + s->Dr, n2 = h / (s->N1 / s->N2);
-    row_ctx r;
-    r.q = q + ((b * s->S1 + i) * s->N1 + h) * Dq;
+static grp_ctx grp_at(const spattn_ref_sfa_shape *s, const double *q, const double *k,
+                      const double *v, const int32_t *idx, int64_t b, int64_t i, int64_t n2) {
+    int64_t Dq = s->D + s->Dr, G = s->N1 / s->N2;
+    grp_ctx r;
+    r.q = q + ((b * s->S1 + i) * s->N1 + n2 * G) * Dq;
     r.kb = k + (b * s->S2 * s->N2 + n2) * Dq;
     r.kstride = s->N2 * Dq;
     if (s->shared_kv) {
@@ -71,56 +86,68 @@ static row_ctx row_at(const spattn_ref_sfa_shape *s, const double *q, const doub
     return r;
 }
 
-/* Scores of one row into sc[0..n); returns the LSE (-inf when n == 0). */
-static double row_scores(const spattn_ref_sfa_shape *s, const row_ctx *r, const int64_t *keys,
-                         int64_t n, double scale, double *sc) {
-    int64_t Dq = s->D + s->Dr;
-    double m = -INFINITY;
+/* Scores of the group's G heads over its n keys into sc[g * n + t] (key-outer loop: each key
+ * row is read once for all heads); lse[g] gets the LSE (-inf when n == 0). */
+static void grp_scores(const spattn_ref_sfa_shape *s, const grp_ctx *r, const int64_t *keys,
+                       int64_t n, double scale, double *sc, double *lse) {
+    int64_t Dq = s->D + s->Dr, G = s->N1 / s->N2;
     for (int64_t t = 0; t < n; t++) {
-        sc[t] = scale * dot(r->q, r->kb + keys[t] * r->kstride, Dq);
-        if (sc[t] > m) m = sc[t];
+        const double *kr = r->kb + keys[t] * r->kstride;
+        for (int64_t g = 0; g < G; g++) sc[g * n + t] = scale * dot(r->q + g * Dq, kr, Dq);
     }
-    if (n == 0) return -INFINITY;
-    double l = 0;
-    for (int64_t t = 0; t < n; t++) l += exp(sc[t] - m);
-    return m + log(l);
+    for (int64_t g = 0; g < G; g++) {
+        if (n == 0) {
+            lse[g] = -INFINITY;
+            continue;
+        }
+        double m = -INFINITY, l = 0;
+        for (int64_t t = 0; t < n; t++)
+            if (sc[g * n + t] > m) m = sc[g * n + t];
+        for (int64_t t = 0; t < n; t++) l += exp(sc[g * n + t] - m);
+        lse[g] = m + log(l);
+    }
 }
 
 void spattn_ref_sfa_fwd(const spattn_ref_sfa_shape *s, const double *q, const double *k,
                         const double *v, const int32_t *idx, double scale, double *o,
                         double *lse) {
-    int64_t rows = s->B * s->S1;
+    int64_t rows = s->B * s->S1, G = s->N1 / s->N2;
     int64_t kmax = s->K * s->sbs;
 #pragma omp parallel
     {
         int64_t *keys = malloc((size_t)kmax * sizeof(int64_t) + 1);
-        double *sc = malloc((size_t)kmax * sizeof(double) + 1);
+        double *sc = malloc((size_t)(kmax * G) * sizeof(double) + 1);
+        double *L = malloc((size_t)G * sizeof(double));
 #pragma omp for schedule(dynamic, 1)
         for (int64_t bi = 0; bi < rows; bi++) {
             int64_t b = bi / s->S1, i = bi % s->S1;
-            for (int64_t h = 0; h < s->N1; h++) {
-                row_ctx r = row_at(s, q, k, v, idx, b, i, h);
+            for (int64_t n2 = 0; n2 < s->N2; n2++) {
+                grp_ctx r = grp_at(s, q, k, v, idx, b, i, n2);
                 int64_t n = expand_row(s, r.idx, i, keys);
-                double L = row_scores(s, &r, keys, n, scale, sc);
-                double *orow = o + ((b * s->S1 + i) * s->N1 + h) * s->D;
-                memset(orow, 0, (size_t)s->D * sizeof(double));
+                grp_scores(s, &r, keys, n, scale, sc, L);
+                double *og = o + ((b * s->S1 + i) * s->N1 + n2 * G) * s->D;
+                memset(og, 0, (size_t)(G * s->D) * sizeof(double));
                 for (int64_t t = 0; t < n; t++) {
-                    double p = exp(sc[t] - L);
                     const double *vr = r.vb + keys[t] * r.vstride;
-                    for (int64_t d = 0; d < s->D; d++) orow[d] += p * vr[d];
+                    for (int64_t g = 0; g < G; g++) {
+                        double p = exp(sc[g * n + t] - L[g]);
+                        axpy(og + g * s->D, p, vr, s->D);
+                    }
                 }
-                if (lse) lse[(b * s->S1 + i) * s->N1 + h] = L;
+                if (lse)
+                    for (int64_t g = 0; g < G; g++) lse[(b * s->S1 + i) * s->N1 + n2 * G + g] = L[g];
             }
         }
         free(keys);
         free(sc);
+        free(L);
     }
 }
 
 void spattn_ref_sfa_bwd(const spattn_ref_sfa_shape *s, const double *q, const double *k,
                         const double *v, const int32_t *idx, double scale, const double *dout,
                         double *dq, double *dk, double *dv) {
-    int64_t Dq = s->D + s->Dr;
+    int64_t Dq = s->D + s->Dr, G = s->N1 / s->N2;
     int64_t rows = s->B * s->S1;
     int64_t kmax = s->K * s->sbs;
     size_t nk = (size_t)(s->B * s->S2 * s->N2 * Dq), nv = (size_t)(s->B * s->S2 * s->N2 * s->D);
@@ -139,43 +166,52 @@ void spattn_ref_sfa_bwd(const spattn_ref_sfa_shape *s, const double *q, const do
 #endif
         double *pk = part + (size_t)tid * (nk + nv), *pv = pk + nk;
         int64_t *keys = malloc((size_t)kmax * sizeof(int64_t) + 1);
-        double *sc = malloc((size_t)kmax * sizeof(double) + 1);
-        double *orow = malloc((size_t)s->D * sizeof(double));
+        double *sc = malloc((size_t)(kmax * G) * sizeof(double) + 1);
+        double *L = malloc((size_t)G * sizeof(double));
+        double *delta = malloc((size_t)G * sizeof(double));
+        double *og = malloc((size_t)(G * s->D) * sizeof(double));
 #pragma omp for schedule(static)
         for (int64_t bi = 0; bi < rows; bi++) {
             int64_t b = bi / s->S1, i = bi % s->S1;
-            for (int64_t h = 0; h < s->N1; h++) {
-                row_ctx r = row_at(s, q, k, v, idx, b, i, h);
+            for (int64_t n2 = 0; n2 < s->N2; n2++) {
+                grp_ctx r = grp_at(s, q, k, v, idx, b, i, n2);
                 int64_t n = expand_row(s, r.idx, i, keys);
                 if (n == 0) continue; /* no key: no gradient anywhere */
-                double L = row_scores(s, &r, keys, n, scale, sc);
-                const double *g = dout + ((b * s->S1 + i) * s->N1 + h) * s->D;
-                /* O recomputed in fp64 for Delta = dO . O */
-                memset(orow, 0, (size_t)s->D * sizeof(double));
+                grp_scores(s, &r, keys, n, scale, sc, L);
+                const double *gg = dout + ((b * s->S1 + i) * s->N1 + n2 * G) * s->D;
+                double *dqg = dq + ((b * s->S1 + i) * s->N1 + n2 * G) * Dq;
+                /* P, and O recomputed in fp64 for Delta = dO . O */
+                memset(og, 0, (size_t)(G * s->D) * sizeof(double));
                 for (int64_t t = 0; t < n; t++) {
-                    sc[t] = exp(sc[t] - L); /* now P */
                     const double *vr = r.vb + keys[t] * r.vstride;
-                    for (int64_t d = 0; d < s->D; d++) orow[d] += sc[t] * vr[d];
+                    for (int64_t g = 0; g < G; g++) {
+                        double p = exp(sc[g * n + t] - L[g]);
+                        sc[g * n + t] = p;
+                        axpy(og + g * s->D, p, vr, s->D);
+                    }
                 }
-                double delta = dot(g, orow, s->D);
-                double *dqr = dq + ((b * s->S1 + i) * s->N1 + h) * Dq;
-                int64_t n2 = h / (s->N1 / s->N2);
+                for (int64_t g = 0; g < G; g++) delta[g] = dot(gg + g * s->D, og + g * s->D, s->D);
                 for (int64_t t = 0; t < n; t++) {
-                    double p = sc[t];
                     const double *kr = r.kb + keys[t] * r.kstride;
                     const double *vr = r.vb + keys[t] * r.vstride;
-                    double ds = p * (dot(g, vr, s->D) - delta);
-                    for (int64_t d = 0; d < Dq; d++) dqr[d] += scale * ds * kr[d];
                     double *dkr = pk + ((b * s->S2 + keys[t]) * s->N2 + n2) * Dq;
-                    for (int64_t d = 0; d < Dq; d++) dkr[d] += scale * ds * r.q[d];
                     double *dvr = s->shared_kv ? dkr : pv + ((b * s->S2 + keys[t]) * s->N2 + n2) * s->D;
-                    for (int64_t d = 0; d < s->D; d++) dvr[d] += p * g[d];
+                    for (int64_t g = 0; g < G; g++) {
+                        const double *qr = r.q + g * Dq, *gr = gg + g * s->D;
+                        double p = sc[g * n + t];
+                        double ds = p * (dot(gr, vr, s->D) - delta[g]);
+                        axpy(dqg + g * Dq, scale * ds, kr, Dq);
+                        axpy(dkr, scale * ds, qr, Dq);
+                        axpy(dvr, p, gr, s->D);
+                    }
                 }
             }
         }
         free(keys);
         free(sc);
-        free(orow);
+        free(L);
+        free(delta);
+        free(og);
     }
     /* Fixed-order reduction of the partials (thread 0 first). */
 #pragma omp parallel for schedule(static)
