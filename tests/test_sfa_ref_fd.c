@@ -6,6 +6,10 @@
  */
 #include "sfa_testutil.h"
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 static double loss(const spattn_ref_sfa_shape *s, const double *q, const double *k,
                    const double *v, const int32_t *idx, double scale, const double *g, double *o) {
     spattn_ref_sfa_fwd(s, q, k, v, idx, scale, o, NULL);
@@ -93,6 +97,10 @@ static void run(const st_shape *sh, uint64_t seed) {
 
 int main(void) {
     uint64_t seed = tu_test_seed(7);
+#ifdef _OPENMP
+    /* thousands of tiny forward calls: threads would only add fork/join overhead */
+    omp_set_num_threads(1);
+#endif
     const int F = SPATTN_DTYPE_F32;
     /* B S1 S2 N1 N2 D Dr K sbs mode shared dtype concat layout dup pad empty */
     const st_shape cases[] = {
