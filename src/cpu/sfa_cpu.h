@@ -21,7 +21,7 @@
 #include "../core/internal.h"
 
 #define SFA_NC 64     /* keys per gathered chunk */
-#define SFA_CW 32     /* columns per scatter unit of the backward */
+#define SFA_CW 64     /* columns per scatter unit of the backward */
 #define SFA_VW 16     /* head lanes are padded to a multiple of this */
 #define SFA_ALIGN 64
 
