@@ -368,13 +368,16 @@ class TestSfaTorch(unittest.TestCase):
                                                   k_rope=kc[..., 16:])
                 return (o * o).sum()
 
-            qe, ke = leaf(qc), leaf(kc)
-            f(qe, ke).backward()
-            cf = torch.compile(f, fullgraph=True, backend=COMPILE_BACKEND)
-            qcc, kcc = leaf(qc), leaf(kc)
-            cf(qcc, kcc).backward()
-            torch.testing.assert_close(qcc.grad, qe.grad, rtol=1e-5, atol=1e-5)
-            torch.testing.assert_close(kcc.grad, ke.grad, rtol=1e-5, atol=1e-5)
+            with self.subTest(device=dev):
+                # The CUDA sfa kernels cover the suites' head dims (D=512, Dr=64) in fp16/bf16
+                # only: this fp32 D=16+8 graph is a skip there, not a failure.
+                qe, ke = leaf(qc), leaf(kc)
+                run_or_skip(self, lambda: f(qe, ke).backward())
+                cf = torch.compile(f, fullgraph=True, backend=COMPILE_BACKEND)
+                qcc, kcc = leaf(qc), leaf(kc)
+                cf(qcc, kcc).backward()
+                torch.testing.assert_close(qcc.grad, qe.grad, rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(kcc.grad, ke.grad, rtol=1e-5, atol=1e-5)
 
     def test_errors(self):
         q, k = torch.randn(1, 4, 2, 8), torch.randn(1, 6, 1, 8)
