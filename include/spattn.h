@@ -271,6 +271,15 @@ SPATTN_API spattn_status spattn_sfa_bwd_ex(const spattn_tensor *q, const spattn_
                                            const spattn_tensor *dk_rope, const spattn_tensor *dv,
                                            const spattn_options *opt);
 
+/* Bytes of workspace spattn_sfa_fwd (backward = 0) or spattn_sfa_bwd (backward = 1) needs on
+ * the chosen backend for these shapes.  Only shapes, dtypes and devices are read (index values
+ * are not scanned). */
+SPATTN_API spattn_status spattn_sfa_workspace_size(const spattn_tensor *q, const spattn_tensor *q_rope,
+                                                   const spattn_tensor *k, const spattn_tensor *k_rope,
+                                                   const spattn_tensor *v, const spattn_tensor *indices,
+                                                   int64_t sbs, int32_t mode, int32_t backward,
+                                                   const spattn_options *opt, size_t *bytes);
+
 /* ---------------------------------------------------------------------------------------- */
 /* Backend queries.                                                                          */
 /* ---------------------------------------------------------------------------------------- */

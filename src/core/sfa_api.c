@@ -275,3 +275,20 @@ spattn_status spattn_sfa_bwd(const spattn_tensor *q, const spattn_tensor *q_rope
     return spattn_sfa_bwd_ex(q, q_rope, k, k_rope, v, o, dout, lse, indices, sbs, mode, scale, dq,
                              dq_rope, dk, dk_rope, dv, NULL);
 }
+
+spattn_status spattn_sfa_workspace_size(const spattn_tensor *q, const spattn_tensor *q_rope,
+                                        const spattn_tensor *k, const spattn_tensor *k_rope,
+                                        const spattn_tensor *v, const spattn_tensor *indices,
+                                        int64_t sbs, int32_t mode, int32_t backward,
+                                        const spattn_options *opt, size_t *bytes) {
+    spattn_clear_error();
+    if (!bytes) return spattn_set_error(SPATTN_STATUS_NULL_POINTER, "bytes: out-pointer is NULL");
+    spattn_sfa_problem p = {0};
+    TRY(check_inputs(q, q_rope, k, k_rope, v, indices, sbs, mode, 0.0, &p));
+    spattn_exec ex;
+    int use_cuda;
+    TRY(spattn_resolve_exec(opt, q, &ex, &use_cuda));
+    *bytes = use_cuda ? spattn_cuda_sfa_workspace(&p, backward != 0)
+                      : spattn_cpu_sfa_workspace(&p, backward != 0, ex.num_threads);
+    return SPATTN_STATUS_SUCCESS;
+}
