@@ -6,12 +6,6 @@
 
 #include "check.h"
 
-#define TRY(expr)                                                                        \
-    do {                                                                                 \
-        spattn_status st_ = (expr);                                                      \
-        if (st_ != SPATTN_STATUS_SUCCESS) return st_;                                    \
-    } while (0)
-
 static const char *const kBNSD_q[] = {"B", "N", "Sq", "D"};
 static const char *const kBNSD_kv[] = {"B", "Nkv", "Skv", "D"};
 static const char *const kMask[] = {"B", "N", "ceil(Sq/bx)", "ceil(Skv/by)"};
@@ -131,14 +125,6 @@ static spattn_status check_lse(const spattn_tensor *t, const spattn_bsa_problem 
     return spattn_check_same_device("lse", t, "q", p->q);
 }
 
-static spattn_status check_workspace(const spattn_exec *ex, size_t need) {
-    if (ex->workspace && ex->workspace_size < need)
-        return spattn_set_error(SPATTN_STATUS_WORKSPACE_TOO_SMALL,
-                                "options.workspace_size: need %zu bytes, got %zu", need,
-                                ex->workspace_size);
-    return SPATTN_STATUS_SUCCESS;
-}
-
 spattn_status spattn_bsa_fwd_ex(const spattn_tensor *q, const spattn_tensor *k,
                                 const spattn_tensor *v, const spattn_tensor *block_mask,
                                 int64_t bx, int64_t by, double scale, const spattn_tensor *o,
@@ -159,10 +145,10 @@ spattn_status spattn_bsa_fwd_ex(const spattn_tensor *q, const spattn_tensor *k,
     int use_cuda;
     TRY(spattn_resolve_exec(opt, q, &ex, &use_cuda));
     if (use_cuda) {
-        TRY(check_workspace(&ex, spattn_cuda_bsa_workspace(&p, 0)));
+        TRY(spattn_check_workspace(&ex, spattn_cuda_bsa_workspace(&p, 0)));
         return spattn_cuda_bsa_fwd(&p, &ex);
     }
-    TRY(check_workspace(&ex, spattn_cpu_bsa_workspace(&p, 0, ex.num_threads)));
+    TRY(spattn_check_workspace(&ex, spattn_cpu_bsa_workspace(&p, 0, ex.num_threads)));
     return spattn_cpu_bsa_fwd(&p, &ex);
 }
 
@@ -203,10 +189,10 @@ spattn_status spattn_bsa_bwd_ex(const spattn_tensor *q, const spattn_tensor *k,
     int use_cuda;
     TRY(spattn_resolve_exec(opt, q, &ex, &use_cuda));
     if (use_cuda) {
-        TRY(check_workspace(&ex, spattn_cuda_bsa_workspace(&p, 1)));
+        TRY(spattn_check_workspace(&ex, spattn_cuda_bsa_workspace(&p, 1)));
         return spattn_cuda_bsa_bwd(&p, &ex);
     }
-    TRY(check_workspace(&ex, spattn_cpu_bsa_workspace(&p, 1, ex.num_threads)));
+    TRY(spattn_check_workspace(&ex, spattn_cpu_bsa_workspace(&p, 1, ex.num_threads)));
     return spattn_cpu_bsa_bwd(&p, &ex);
 }
 

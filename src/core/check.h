@@ -8,6 +8,13 @@
 
 #include "internal.h"
 
+/* Returns from the enclosing function when a check fails. */
+#define TRY(expr)                                                                        \
+    do {                                                                                 \
+        spattn_status st_ = (expr);                                                      \
+        if (st_ != SPATTN_STATUS_SUCCESS) return st_;                                    \
+    } while (0)
+
 /* Non-NULL descriptor and data pointer. */
 spattn_status spattn_check_present(const char *name, const spattn_tensor *t);
 /* ndim == expected; `layout` (e.g. "[B, N, Sq, D]") is quoted in the message. */
@@ -35,6 +42,9 @@ spattn_status spattn_check_aliasing(const char *const *out_names, const spattn_t
                                     const spattn_tensor *const *ins, int n_in);
 /* 1 when the memory of a and b may overlap (conservative), else 0. */
 int spattn_tensors_overlap(const spattn_tensor *a, const spattn_tensor *b);
+
+/* A caller-provided workspace (ex->workspace != NULL) holds at least `need` bytes. */
+spattn_status spattn_check_workspace(const spattn_exec *ex, size_t need);
 
 /* Resolves options (NULL = defaults) and the backend from the tensors' device.
  * On success *ex is filled and *use_cuda says which backend runs. */

@@ -6,12 +6,6 @@
 
 #include "check.h"
 
-#define TRY(expr)                                                                        \
-    do {                                                                                 \
-        spattn_status st_ = (expr);                                                      \
-        if (st_ != SPATTN_STATUS_SUCCESS) return st_;                                    \
-    } while (0)
-
 static const char *const kQ[] = {"B", "S1", "N1", "D"};
 static const char *const kQr[] = {"B", "S1", "N1", "Dr"};
 static const char *const kK[] = {"B", "S2", "N2", "D"};
@@ -159,14 +153,6 @@ static spattn_status check_index_values(const spattn_sfa_problem *p, const spatt
     return SPATTN_STATUS_SUCCESS;
 }
 
-static spattn_status check_workspace(const spattn_exec *ex, size_t need) {
-    if (ex->workspace && ex->workspace_size < need)
-        return spattn_set_error(SPATTN_STATUS_WORKSPACE_TOO_SMALL,
-                                "options.workspace_size: need %zu bytes, got %zu", need,
-                                ex->workspace_size);
-    return SPATTN_STATUS_SUCCESS;
-}
-
 spattn_status spattn_sfa_fwd_ex(const spattn_tensor *q, const spattn_tensor *q_rope,
                                 const spattn_tensor *k, const spattn_tensor *k_rope,
                                 const spattn_tensor *v, const spattn_tensor *indices, int64_t sbs,
@@ -189,7 +175,7 @@ spattn_status spattn_sfa_fwd_ex(const spattn_tensor *q, const spattn_tensor *q_r
     spattn_exec ex;
     int use_cuda;
     TRY(spattn_resolve_exec(opt, q, &ex, &use_cuda));
-    TRY(check_workspace(&ex, use_cuda ? spattn_cuda_sfa_workspace(&p, 0)
+    TRY(spattn_check_workspace(&ex, use_cuda ? spattn_cuda_sfa_workspace(&p, 0)
                                       : spattn_cpu_sfa_workspace(&p, 0, ex.num_threads)));
     TRY(check_index_values(&p, &ex, use_cuda));
     return use_cuda ? spattn_cuda_sfa_fwd(&p, &ex) : spattn_cpu_sfa_fwd(&p, &ex);
@@ -258,7 +244,7 @@ spattn_status spattn_sfa_bwd_ex(const spattn_tensor *q, const spattn_tensor *q_r
     spattn_exec ex;
     int use_cuda;
     TRY(spattn_resolve_exec(opt, q, &ex, &use_cuda));
-    TRY(check_workspace(&ex, use_cuda ? spattn_cuda_sfa_workspace(&p, 1)
+    TRY(spattn_check_workspace(&ex, use_cuda ? spattn_cuda_sfa_workspace(&p, 1)
                                       : spattn_cpu_sfa_workspace(&p, 1, ex.num_threads)));
     TRY(check_index_values(&p, &ex, use_cuda));
     return use_cuda ? spattn_cuda_sfa_bwd(&p, &ex) : spattn_cpu_sfa_bwd(&p, &ex);

@@ -242,6 +242,14 @@ spattn_status spattn_check_aliasing(const char *const *out_names, const spattn_t
     return SPATTN_STATUS_SUCCESS;
 }
 
+spattn_status spattn_check_workspace(const spattn_exec *ex, size_t need) {
+    if (ex->workspace && ex->workspace_size < need)
+        return spattn_set_error(SPATTN_STATUS_WORKSPACE_TOO_SMALL,
+                                "options.workspace_size: need %zu bytes, got %zu", need,
+                                ex->workspace_size);
+    return SPATTN_STATUS_SUCCESS;
+}
+
 spattn_status spattn_resolve_exec(const spattn_options *opt, const spattn_tensor *first,
                                   spattn_exec *ex, int *use_cuda) {
     spattn_options def;
