@@ -20,18 +20,68 @@
 static inline int64_t bsa_round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 static inline int64_t bsa_min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+/* How one sequence dimension (queries for the forward/dQ passes, keys for dK/dV) is cut into
+ * the tiles of work items: a tile never straddles a group of g whole mask blocks, and a group
+ * is split into nsub tiles of at most `rows` tokens.  With g = 1 every tile lies inside one
+ * mask block row (column), so every token of the other dimension that the tile visits is
+ * attended by all of its rows and needs no token mask at all. */
+typedef struct bsa_split {
+    int64_t g, nsub, rows;
+} bsa_split;
+
+/* Block size from which a tile holds one block row (column): below it, g = 64 / blk blocks
+ * are grouped into a 64-token tile (a tile of fewer than 16 rows wastes most of the vector). */
+#ifndef BSA_SOLO_MIN
+#define BSA_SOLO_MIN 16
+#endif
+#define BSA_MAX_ROWS 96 /* longest tile inside one block; longer blocks are split evenly */
+
+static inline bsa_split bsa_split_of(int64_t blk, int64_t S) {
+    bsa_split s;
+    if (blk < BSA_SOLO_MIN) {
+        s.g = 64 / blk;
+        s.nsub = 1;
+        s.rows = s.g * blk;
+    } else {
+        s.g = 1;
+        s.nsub = (blk + BSA_MAX_ROWS - 1) / BSA_MAX_ROWS;
+        s.rows = (blk + s.nsub - 1) / s.nsub;
+    }
+    if (s.rows > S) s.rows = S; /* a short sequence: one tile of S tokens */
+    return s;
+}
+static inline int64_t bsa_split_tiles(bsa_split s, int64_t blk, int64_t S) {
+    return (S + s.g * blk - 1) / (s.g * blk) * s.nsub;
+}
+/* Tokens [*t0, *t0 + *n) of tile `it`; returns 0 for an empty tile (the split of a last,
+ * partial group can leave sub-tiles past the end of the sequence). */
+static inline int bsa_split_range(bsa_split s, int64_t blk, int64_t S, int64_t it, int64_t *t0,
+                                  int64_t *n) {
+    int64_t grp = it / s.nsub, sub = it % s.nsub, base = grp * s.g * blk;
+    int64_t a = base + sub * s.rows, e = base + s.g * blk;
+    if (e > S) e = S;
+    if (e > a + s.rows) e = a + s.rows;
+    *t0 = a;
+    *n = e - a;
+    return e > a;
+}
+
 typedef struct bsa_tiles {
     int64_t dp;         /* D rounded up to 16 (zero padded in every packed tile) */
-    int64_t bq, bk;     /* query and key tile of this pass */
+    int64_t bq, bk;     /* buffer widths: query tile / key chunk (fwd, dQ), query chunk / key
+                           tile (dK/dV); the tile's width is a multiple of 16 */
+    bsa_split sp;       /* how the tiled dimension is cut (queries: fwd, dQ; keys: dK/dV) */
 } bsa_tiles;
 
-/* Forward: one work item = (b, n, query tile); each visited key tile costs a pack of K and V
- * (bk x D) reused by all bq queries, and the score tile is bk x bq floats kept in L1/L2.
- * bq = bk = 64 measured best on the reference machine (see the runbook). */
+/* Forward: one work item = (b, n, query tile); the keys the tile attends (the union of the
+ * active key blocks of its block rows) are gathered in chunks of at most bk = 64 tokens, each
+ * packed once (K and V, bk x D) and reused by all queries of the tile; the score tile is
+ * bk x bq floats kept in L1/L2.  64 x 64 measured best for 64-blocks (see the runbook). */
 static inline bsa_tiles bsa_tiles_fwd(const spattn_bsa_problem *p) {
     bsa_tiles t;
     t.dp = bsa_round_up(p->D, BSA_COL_ALIGN);
-    t.bq = bsa_min64(64, bsa_round_up(p->Sq, BSA_COL_ALIGN));
+    t.sp = bsa_split_of(p->bx, p->Sq);
+    t.bq = bsa_round_up(t.sp.rows, BSA_COL_ALIGN);
     t.bk = bsa_min64(64, bsa_round_up(p->Skv, BSA_COL_ALIGN));
     return t;
 }
@@ -43,12 +93,13 @@ static inline bsa_tiles bsa_tiles_bwd_dq(const spattn_bsa_problem *p) {
 }
 
 /* Backward dK/dV pass: one work item = (b, kv head, key tile); the key tile is the vectorized
- * column dimension of the score tile. */
+ * column dimension of the score tile, the attending queries are gathered in chunks of bq. */
 static inline bsa_tiles bsa_tiles_bwd_dkv(const spattn_bsa_problem *p) {
     bsa_tiles t;
     t.dp = bsa_round_up(p->D, BSA_COL_ALIGN);
+    t.sp = bsa_split_of(p->by, p->Skv);
+    t.bk = bsa_round_up(t.sp.rows, BSA_COL_ALIGN);
     t.bq = bsa_min64(64, bsa_round_up(p->Sq, BSA_COL_ALIGN));
-    t.bk = bsa_min64(64, bsa_round_up(p->Skv, BSA_COL_ALIGN));
     return t;
 }
 
