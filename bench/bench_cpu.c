@@ -96,6 +96,10 @@ static const bsa_bench kBsa[] = {
     {"bsa random0.3 S2048 D128 bf16 b64", 1, 4, 2048, 128, 64, 64, "random", 0.3, SPATTN_DTYPE_BF16},
     {"bsa window512 S2048 D128 bf16 b32", 1, 4, 2048, 128, 32, 32, "window", 512, SPATTN_DTYPE_BF16},
     {"bsa bigbird S2048 D128 bf16 b64", 1, 4, 2048, 128, 64, 64, "bigbird", 0, SPATTN_DTYPE_BF16},
+    /* fine-grained masks (the shapes of the public cases bsa12, bsa06, bsa15, fewer heads) */
+    {"bsa random0.2 S1024 D128 fp16 b16", 1, 4, 1024, 128, 16, 16, "random", 0.2, SPATTN_DTYPE_F16},
+    {"bsa random0.3 S2048 D128 fp16 b32", 1, 4, 2048, 128, 32, 32, "random", 0.3, SPATTN_DTYPE_F16},
+    {"bsa random0.25 S2048 D128 fp16 bx128 by16", 1, 4, 2048, 128, 128, 16, "random", 0.25, SPATTN_DTYPE_F16},
 };
 
 typedef struct bsa_run {
