@@ -96,6 +96,20 @@ int main(void) {
     TU_CHECK(!spattn_tensors_overlap(&c1, &c2) && !spattn_tensors_overlap(&c2, &c1), "column split is disjoint");
     c2.data = buf + 7;
     TU_CHECK(spattn_tensors_overlap(&c1, &c2), "column split sharing a column overlaps");
+    /* split along a non-innermost dimension: a transposed [10, 6] buffer viewed as [6, 10]
+     * (strides {1, 6}) cut into columns [0, 8) and [8, 10) */
+    int64_t tst[2] = {1, 6};
+    spattn_tensor t1 = spattn_tensor_make(buf, SPATTN_DTYPE_F32, 2, s8, tst);
+    spattn_tensor t2 = spattn_tensor_make(buf + 8 * 6, SPATTN_DTYPE_F32, 2, s2, tst);
+    TU_CHECK(!spattn_tensors_overlap(&t1, &t2) && !spattn_tensors_overlap(&t2, &t1),
+             "split along a strided dimension is disjoint");
+    t2.data = buf + 7 * 6;
+    TU_CHECK(spattn_tensors_overlap(&t1, &t2), "strided split sharing a column overlaps");
+    /* same shapes and strides but a shift that wraps into the other dimension's range */
+    int64_t w4[2] = {6, 4}, wst[2] = {5, 1};
+    spattn_tensor w1 = spattn_tensor_make(buf, SPATTN_DTYPE_F32, 2, w4, wst);
+    spattn_tensor w2 = spattn_tensor_make(buf + 4, SPATTN_DTYPE_F32, 2, w4, wst);
+    TU_CHECK(spattn_tensors_overlap(&w1, &w2), "shift into the next row overlaps (merged view overlaps itself)");
     spattn_tensor z = a;
     z.strides[0] = 0;
     TU_CHECK(spattn_check_no_self_overlap("z", &z) == SPATTN_STATUS_BAD_STRIDE, "stride 0 output rejected");

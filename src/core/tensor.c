@@ -138,7 +138,9 @@ spattn_status spattn_check_strides(const char *name, const spattn_tensor *t) {
     return SPATTN_STATUS_SUCCESS;
 }
 
-spattn_status spattn_check_no_self_overlap(const char *name, const spattn_tensor *t) {
+/* First dimension whose step lands inside the span of the smaller dimensions (elements of the
+ * view then share memory), or -1.  *reach gets that span.  Extents must fit int64. */
+static int overlapping_dim(const spattn_tensor *t, int64_t *reach_out) {
     /* Sort the dims of extent > 1 by |stride|; each must step past everything below it. */
     int idx[SPATTN_MAX_DIMS], n = 0;
     for (int i = 0; i < t->ndim; i++)
@@ -153,13 +155,23 @@ spattn_status spattn_check_no_self_overlap(const char *name, const spattn_tensor
     for (int i = 0; i < n; i++) {
         int d = idx[i];
         int64_t s = llabs(t->strides[d]);
-        if (s <= reach)
-            return spattn_set_error(SPATTN_STATUS_BAD_STRIDE,
-                                    "%s: output elements overlap: dimension %d has stride %lld "
-                                    "but the smaller dimensions span %lld elements",
-                                    name, d, (long long)t->strides[d], (long long)reach + 1);
+        if (s <= reach) {
+            *reach_out = reach;
+            return d;
+        }
         reach += s * (t->shape[d] - 1);
     }
+    return -1;
+}
+
+spattn_status spattn_check_no_self_overlap(const char *name, const spattn_tensor *t) {
+    int64_t reach = 0;
+    int d = overlapping_dim(t, &reach);
+    if (d >= 0)
+        return spattn_set_error(SPATTN_STATUS_BAD_STRIDE,
+                                "%s: output elements overlap: dimension %d has stride %lld "
+                                "but the smaller dimensions span %lld elements",
+                                name, d, (long long)t->strides[d], (long long)reach + 1);
     return SPATTN_STATUS_SUCCESS;
 }
 
@@ -210,6 +222,34 @@ static int column_split_disjoint(const spattn_tensor *a, const spattn_tensor *b,
     return wa <= r && r + wb <= P;
 }
 
+/* Split along any dimension: a and b share every stride (where either has extent > 1) and
+ * every extent but dimension d, and b starts k >= a.shape[d] steps of d after a.  Both are
+ * then index ranges of one view with extent k + b.shape[d] along d; if that view does not
+ * overlap itself, a and b are disjoint.  Covers concatenated buffers of any layout. */
+static int dim_split_disjoint(const spattn_tensor *a, const spattn_tensor *b, size_t es) {
+    if (a->ndim != b->ndim) return 0;
+    intptr_t diff = (intptr_t)((const char *)b->data - (const char *)a->data);
+    if (diff % (intptr_t)es) return 0;
+    int64_t delta = (int64_t)(diff / (intptr_t)es);
+    for (int d = 0; d < a->ndim; d++) {
+        int same = 1;
+        for (int i = 0; i < a->ndim && same; i++) {
+            if (i != d && a->shape[i] != b->shape[i]) same = 0;
+            if ((a->shape[i] > 1 || b->shape[i] > 1 || i == d) && a->strides[i] != b->strides[i]) same = 0;
+        }
+        int64_t st = a->strides[d];
+        if (!same || st == 0 || delta % st) continue;
+        int64_t k = delta / st;
+        if (k < a->shape[d] || k > INT64_MAX / 2 - b->shape[d]) continue;
+        spattn_tensor u = *a;
+        u.shape[d] = k + b->shape[d];
+        int64_t lo, hi;
+        int64_t reach;
+        if (elem_extent(&u, &lo, &hi) && overlapping_dim(&u, &reach) < 0) return 1;
+    }
+    return 0;
+}
+
 int spattn_tensors_overlap(const spattn_tensor *a, const spattn_tensor *b) {
     int64_t alo, ahi, blo, bhi;
     size_t ea = spattn_dtype_size((spattn_dtype)a->dtype), eb = spattn_dtype_size((spattn_dtype)b->dtype);
@@ -219,7 +259,9 @@ int spattn_tensors_overlap(const spattn_tensor *a, const spattn_tensor *b) {
     uintptr_t b0 = (uintptr_t)b->data + (uintptr_t)(blo * (int64_t)eb);
     uintptr_t b1 = (uintptr_t)b->data + (uintptr_t)((bhi + 1) * (int64_t)eb);
     if (a1 <= b0 || b1 <= a0) return 0;
-    if (ea == eb && (column_split_disjoint(a, b, ea) || column_split_disjoint(b, a, ea))) return 0;
+    if (ea == eb && (column_split_disjoint(a, b, ea) || column_split_disjoint(b, a, ea) ||
+                     dim_split_disjoint(a, b, ea) || dim_split_disjoint(b, a, ea)))
+        return 0;
     return 1;
 }
 
