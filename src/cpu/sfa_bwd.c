@@ -1,7 +1,10 @@
 /*
- * CPU sfa backward driver.  Per batch, token tiles of pl.T tokens (T from shapes only):
- *   1. query pass, parallel over (token, group): dQ, and dS / P per (slot, head) into the tile;
- *   2. scatter pass, parallel over fixed column units of dK / dV: tokens and slots in
+ * CPU sfa backward driver.  Per batch, token tiles of pl.T tokens; per tile, the rows' index
+ * entries in pl.nch chunks of pl.E entries (T, E from shapes only; the tile holds one chunk, so
+ * its memory does not grow with K * sbs).  Per (tile, chunk):
+ *   1. query pass, parallel over (token, group): the chunk's dQ terms into the slot's fp32
+ *      accumulators (written out after the last chunk), and dS / P per (key, head) into the tile;
+ *   2. scatter pass, parallel over fixed column units of dK / dV: tokens and keys in
  *      ascending order add into fp32 accumulators.
  * Each accumulator element is owned by one unit and sees its additions in one fixed order, so
  * the result is bitwise the same for any thread count.  Finally the accumulators are rounded
@@ -51,12 +54,16 @@ spattn_status spattn_cpu_sfa_bwd(const spattn_sfa_problem *p, const spattn_exec 
             float *dk_b = dkacc + b * krow, *dv_b = dvacc ? dvacc + b * vrow : NULL;
             for (int64_t i0 = 0; i0 < S1; i0 += T) {
                 int64_t ntok = S1 - i0 < T ? S1 - i0 : T;
+                for (int64_t ch = 0; ch < pl.nch; ch++) {
 #pragma omp for schedule(dynamic, 1)
-                for (int64_t w = 0; w < ntok * N2; w++)
-                    kn->bwd_query(&pl, b, i0 + w / N2, w % N2, tb, tile + (size_t)w * slot);
+                    for (int64_t w = 0; w < ntok * N2; w++)
+                        kn->bwd_query(&pl, b, i0 + w / N2, w % N2, ch, tb,
+                                      tile + (size_t)w * slot);
 #pragma omp for schedule(dynamic, 1)
-                for (int64_t w = 0; w < nunit; w++)
-                    kn->bwd_scatter(&pl, w / pl.ncol, w % pl.ncol, tile, slot, ntok, dk_b, dv_b);
+                    for (int64_t w = 0; w < nunit; w++)
+                        kn->bwd_scatter(&pl, w / pl.ncol, w % pl.ncol, tile, slot, ntok, dk_b,
+                                        dv_b);
+                }
             }
         }
         /* round the accumulators into the outputs */

@@ -14,6 +14,8 @@ static size_t align_up(size_t x) { return (x + SFA_ALIGN - 1) / SFA_ALIGN * SFA_
 /* Budget of the backward tile buffers: big enough to amortize the two parallel phases per
  * tile, small enough to stay near the last-level cache. */
 #define SFA_TILE_BYTES ((size_t)32 << 20)
+size_t sfa_tile_bytes = SFA_TILE_BYTES;
+#define SFA_TMIN 4 /* fewest tokens per tile */
 
 void sfa_plan_init(sfa_plan *pl, const spattn_sfa_problem *p, int backward, int num_threads) {
     memset(pl, 0, sizeof(*pl));
@@ -28,11 +30,24 @@ void sfa_plan_init(sfa_plan *pl, const spattn_sfa_problem *p, int backward, int 
     pl->nt = num_threads > 0 ? num_threads : omp_get_max_threads();
     if (pl->nt < 1) pl->nt = 1;
     if (backward) {
-        /* T depends on shapes only, never on the thread count (determinism). */
+        /* Chunks of E index entries (at most kc expanded keys): the per-key tile buffers of a
+         * minimal tile (SFA_TMIN tokens, all groups) stay within the budget, so the tile
+         * no longer grows with K * sbs.  E and T depend on shapes only, never on the thread
+         * count (determinism).  Every suite case (sbs = 1, K * G <= 8192 * 64) is one chunk. */
+        const int64_t kb = p->sbs < p->S2 ? p->sbs : p->S2;
+        size_t per_key = (size_t)(2 * pl->G + 1) * 4 * (size_t)p->N2 * SFA_TMIN;
+        int64_t ck = (int64_t)(sfa_tile_bytes / per_key);
+        int64_t E = kb > 0 ? ck / kb : p->K;
+        if (E > p->K) E = p->K;
+        if (E < 1) E = 1;
+        pl->E = E;
+        pl->nch = (p->K + E - 1) / E;
+        if (pl->nch < 1) pl->nch = 1;
+        pl->kc = E * kb;
         size_t slot = sfa_tile_layout_of(pl).total * (size_t)p->N2;
-        int64_t T = (int64_t)(SFA_TILE_BYTES / (slot ? slot : 1));
+        int64_t T = (int64_t)(sfa_tile_bytes / (slot ? slot : 1));
         if (T > 64) T = 64;
-        if (T < 4) T = 4;
+        if (T < SFA_TMIN) T = SFA_TMIN;
         if (T > p->S1) T = p->S1;
         pl->T = T;
         pl->ncol = (pl->Dp + SFA_CW - 1) / SFA_CW + (pl->Drp + SFA_CW - 1) / SFA_CW +
@@ -52,9 +67,11 @@ sfa_thread_layout sfa_thread_layout_of(const sfa_plan *pl, int backward) {
     if (!p->shared_kv) TAKE(vc, (size_t)(SFA_NC * pl->Dp) * f);
     TAKE(st, (size_t)(SFA_NC * pl->Gp) * f);
     if (backward) TAKE(dpt, (size_t)(SFA_NC * pl->Gp) * f);
+    /* O accumulators (forward) / dQ accumulators of a one-chunk row and O row scratch
+     * (backward) */
     TAKE(acc, (size_t)(pl->G * (backward ? pl->Dqp : pl->Dp)) * f);
     if (!backward) TAKE(row, (size_t)pl->Dqp * f); /* one q row before it is transposed */
-    TAKE(ml, (size_t)(4 * pl->Gp) * f);
+    if (!backward) TAKE(ml, (size_t)(4 * pl->Gp) * f);
     if (!backward) TAKE(keys, (size_t)pl->kmax * sizeof(int32_t));
     if (backward) TAKE(mark, (size_t)p->S2);
 #undef TAKE
@@ -63,14 +80,18 @@ sfa_thread_layout sfa_thread_layout_of(const sfa_plan *pl, int backward) {
 }
 
 sfa_tile_layout sfa_tile_layout_of(const sfa_plan *pl) {
-    size_t off = 0;
+    size_t off = 0, f = sizeof(float);
     sfa_tile_layout L;
     L.x = off;
-    off = align_up(off + (size_t)(2 * pl->G * pl->Dqp) * sizeof(float));
+    off = align_up(off + (size_t)(2 * pl->G * pl->Dqp) * f);
+    L.dq = off; /* only when a row takes several chunks (else in the thread buffer) */
+    if (pl->nch > 1) off = align_up(off + (size_t)(pl->G * pl->Dqp) * f);
+    L.ld = off;
+    off = align_up(off + (size_t)(2 * pl->Gp) * f);
     L.dsp = off;
-    off = align_up(off + (size_t)(pl->kmax * 2 * pl->G) * sizeof(float));
+    off = align_up(off + (size_t)(pl->kc * 2 * pl->G) * f);
     L.keys = off;
-    off = align_up(off + (size_t)pl->kmax * sizeof(int32_t));
+    off = align_up(off + (size_t)pl->kc * sizeof(int32_t));
     L.meta = off;
     off = align_up(off + 2 * sizeof(int64_t));
     L.total = off;
@@ -99,14 +120,16 @@ size_t spattn_cpu_sfa_workspace(const spattn_sfa_problem *p, int backward, int n
     return sfa_workspace_parts(&pl, backward, NULL, NULL);
 }
 
-int64_t sfa_expand_row(const sfa_plan *pl, int64_t b, int64_t i, int64_t n2, int32_t *keys) {
+int64_t sfa_expand_range(const sfa_plan *pl, int64_t b, int64_t i, int64_t n2, int64_t e0,
+                         int64_t e1, int32_t *keys) {
     const spattn_sfa_problem *p = pl->p;
     const spattn_tensor *t = p->idx;
     const int32_t *row = (const int32_t *)t->data + spattn_offset4(t, b, i, n2, 0);
     int64_t lim = p->mode == SPATTN_SFA_MODE_CAUSAL ? p->S2 - p->S1 + i : p->S2 - 1;
     int64_t n = 0, sbs = p->sbs, s3 = t->strides[3];
     if (lim < 0) return 0;
-    for (int64_t e = 0; e < p->K; e++) {
+    if (e1 > p->K) e1 = p->K;
+    for (int64_t e = e0; e < e1; e++) {
         int32_t v = row[e * s3];
         if (v < 0) continue;
         int64_t j0 = (int64_t)v * sbs, j1 = j0 + sbs;
@@ -114,6 +137,10 @@ int64_t sfa_expand_row(const sfa_plan *pl, int64_t b, int64_t i, int64_t n2, int
         for (int64_t j = j0; j < j1; j++) keys[n++] = (int32_t)j;
     }
     return n;
+}
+
+int64_t sfa_expand_row(const sfa_plan *pl, int64_t b, int64_t i, int64_t n2, int32_t *keys) {
+    return sfa_expand_range(pl, b, i, n2, 0, pl->p->K, keys);
 }
 
 const sfa_kernels *sfa_kernels_select(void) {
