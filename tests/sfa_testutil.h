@@ -295,6 +295,57 @@ static inline spattn_ref_sfa_shape st_ref_shape(const st_shape *s) {
     return r;
 }
 
+/* fp64 golden of a problem: forward o/lse and backward dq/dk (dv when v is separate). */
+typedef struct st_golden {
+    double *o, *lse, *dq, *dk, *dv;
+} st_golden;
+
+static inline void st_golden_make(st_golden *g, const st_shape *s, const st_problem *P) {
+    spattn_ref_sfa_shape rs = st_ref_shape(s);
+    int64_t Dq = s->D + s->Dr;
+    size_t nq = (size_t)(s->B * s->S1 * s->N1), nk = (size_t)(s->B * s->S2 * s->N2);
+    double scale = 1.0 / sqrt((double)Dq);
+    g->o = malloc(nq * (size_t)s->D * sizeof(double));
+    g->lse = malloc(nq * sizeof(double));
+    g->dq = malloc(nq * (size_t)Dq * sizeof(double));
+    g->dk = malloc(nk * (size_t)Dq * sizeof(double));
+    g->dv = malloc(nk * (size_t)s->D * sizeof(double));
+    spattn_ref_sfa_fwd(&rs, P->rq, P->rk, P->rv, P->ridx, scale, g->o, g->lse);
+    spattn_ref_sfa_bwd(&rs, P->rq, P->rk, P->rv, P->ridx, scale, P->rdo, g->dq, g->dk,
+                       s->shared_kv ? NULL : g->dv);
+}
+
+static inline void st_golden_free(st_golden *g) {
+    free(g->o);
+    free(g->lse);
+    free(g->dq);
+    free(g->dk);
+    free(g->dv);
+}
+
+/* Forward outputs of P vs the golden (dtype tolerances; LSE at fp32's). */
+static inline int st_check_fwd(const st_problem *P, const st_shape *s, const st_golden *g) {
+    double at, rt;
+    st_tol(s->dtype, &at, &rt);
+    int ok = st_compare("o", &P->o, g->o, s->D, 0, at, rt);
+    return ok & st_compare("lse", &P->lse, g->lse, 1, 0, 1.0 / 65536, 1.0 / 1024);
+}
+
+/* Backward outputs of P vs the golden: dq, dk, their rope parts and dv when separate. */
+static inline int st_check_bwd(const st_problem *P, const st_shape *s, const st_golden *g) {
+    double at, rt;
+    st_tol(s->dtype, &at, &rt);
+    int64_t Dq = s->D + s->Dr;
+    int ok = st_compare("dq", &P->dq, g->dq, Dq, 0, at, rt);
+    ok &= st_compare("dk", &P->dk, g->dk, Dq, 0, at, rt);
+    if (s->Dr) {
+        ok &= st_compare("dq_rope", &P->dqr, g->dq, Dq, s->D, at, rt);
+        ok &= st_compare("dk_rope", &P->dkr, g->dk, Dq, s->D, at, rt);
+    }
+    if (!s->shared_kv) ok &= st_compare("dv", &P->dv, g->dv, s->D, 0, at, rt);
+    return ok;
+}
+
 static inline int st_quick(void) {
     const char *e = getenv("SPATTN_TEST_QUICK");
     return e && *e && *e != '0';

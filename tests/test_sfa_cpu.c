@@ -42,33 +42,16 @@ static void run_case(int ci, const st_shape *s, uint64_t seed) {
     tu_seed(&r, seed);
     st_problem P;
     st_make(&P, s, &r);
-    spattn_ref_sfa_shape rs = st_ref_shape(s);
-    int64_t Dq = s->D + s->Dr;
-    size_t nq = (size_t)(s->B * s->S1 * s->N1), nk = (size_t)(s->B * s->S2 * s->N2);
-    double scale = 1.0 / sqrt((double)Dq);
-    double *ro = malloc(nq * (size_t)s->D * sizeof(double)), *rl = malloc(nq * sizeof(double));
-    double *rdq = malloc(nq * (size_t)Dq * sizeof(double)), *rdk = malloc(nk * (size_t)Dq * sizeof(double));
-    double *rdv = malloc(nk * (size_t)s->D * sizeof(double));
-    spattn_ref_sfa_fwd(&rs, P.rq, P.rk, P.rv, P.ridx, scale, ro, rl);
-    spattn_ref_sfa_bwd(&rs, P.rq, P.rk, P.rv, P.ridx, scale, P.rdo, rdq, rdk, s->shared_kv ? NULL : rdv);
-    double at, rt;
-    st_tol(s->dtype, &at, &rt);
+    st_golden g;
+    st_golden_make(&g, s, &P);
 
     spattn_status st = st_run_fwd(&P, 0);
     TU_CHECK(st == SPATTN_STATUS_SUCCESS, "%s: fwd status %d (%s)", name, st, spattn_last_error());
-    int ok = st_compare("o", &P.o, ro, s->D, 0, at, rt);
-    ok &= st_compare("lse", &P.lse, rl, 1, 0, 1.0 / 65536, 1.0 / 1024);
-    TU_CHECK(ok, "%s: forward vs reference", name);
+    TU_CHECK(st_check_fwd(&P, s, &g), "%s: forward vs reference", name);
 
     st = st_run_bwd(&P, 0);
     TU_CHECK(st == SPATTN_STATUS_SUCCESS, "%s: bwd status %d (%s)", name, st, spattn_last_error());
-    ok = st_compare("dq", &P.dq, rdq, Dq, 0, at, rt);
-    ok &= st_compare("dk", &P.dk, rdk, Dq, 0, at, rt);
-    if (s->Dr) {
-        ok &= st_compare("dq_rope", &P.dqr, rdq, Dq, s->D, at, rt);
-        ok &= st_compare("dk_rope", &P.dkr, rdk, Dq, s->D, at, rt);
-    }
-    if (!s->shared_kv) ok &= st_compare("dv", &P.dv, rdv, s->D, 0, at, rt);
+    int ok = st_check_bwd(&P, s, &g);
     TU_CHECK(ok, "%s: backward vs reference", name);
 
     /* the same data as split buffers must give bitwise the same outputs */
@@ -86,11 +69,7 @@ static void run_case(int ci, const st_shape *s, uint64_t seed) {
         TU_CHECK(okf, "%s: concatenated and split rope differ", name);
         st_free(&Q);
     }
-    free(ro);
-    free(rl);
-    free(rdq);
-    free(rdk);
-    free(rdv);
+    st_golden_free(&g);
     st_free(&P);
 }
 

@@ -82,28 +82,13 @@ static void run_case(int ci, const st_shape *s, uint64_t seed, int64_t min_chunk
     TU_CHECK(pl.nch >= min_chunks, "%s: %lld chunks (E = %lld), want >= %lld", name,
              (long long)pl.nch, (long long)pl.E, (long long)min_chunks);
 
-    spattn_ref_sfa_shape rs = st_ref_shape(s);
-    int64_t Dq = s->D + s->Dr;
-    size_t nq = (size_t)(s->B * s->S1 * s->N1), nk = (size_t)(s->B * s->S2 * s->N2);
-    double scale = 1.0 / sqrt((double)Dq);
-    double *ro = malloc(nq * (size_t)s->D * sizeof(double)), *rl = malloc(nq * sizeof(double));
-    double *rdq = malloc(nq * (size_t)Dq * sizeof(double)), *rdk = malloc(nk * (size_t)Dq * sizeof(double));
-    double *rdv = malloc(nk * (size_t)s->D * sizeof(double));
-    spattn_ref_sfa_fwd(&rs, P.rq, P.rk, P.rv, P.ridx, scale, ro, rl);
-    spattn_ref_sfa_bwd(&rs, P.rq, P.rk, P.rv, P.ridx, scale, P.rdo, rdq, rdk, s->shared_kv ? NULL : rdv);
-    double at, rt;
-    st_tol(s->dtype, &at, &rt);
+    st_golden g;
+    st_golden_make(&g, s, &P);
     spattn_status st = st_run_fwd(&P, 0);
     TU_CHECK(st == SPATTN_STATUS_SUCCESS, "%s: fwd status %d (%s)", name, st, spattn_last_error());
     st = st_run_bwd(&P, 0);
     TU_CHECK(st == SPATTN_STATUS_SUCCESS, "%s: bwd status %d (%s)", name, st, spattn_last_error());
-    int ok = st_compare("dq", &P.dq, rdq, Dq, 0, at, rt);
-    ok &= st_compare("dk", &P.dk, rdk, Dq, 0, at, rt);
-    if (s->Dr) {
-        ok &= st_compare("dq_rope", &P.dqr, rdq, Dq, s->D, at, rt);
-        ok &= st_compare("dk_rope", &P.dkr, rdk, Dq, s->D, at, rt);
-    }
-    if (!s->shared_kv) ok &= st_compare("dv", &P.dv, rdv, s->D, 0, at, rt);
+    int ok = st_check_bwd(&P, s, &g);
     TU_CHECK(ok, "%s: backward vs reference", name);
 
     if (threads_check) { /* bitwise the same for any thread count */
@@ -127,11 +112,7 @@ static void run_case(int ci, const st_shape *s, uint64_t seed, int64_t min_chunk
         }
         for (int i = 0; i < 5; i++) free(ref[i]);
     }
-    free(ro);
-    free(rl);
-    free(rdq);
-    free(rdk);
-    free(rdv);
+    st_golden_free(&g);
     st_free(&P);
 }
 
