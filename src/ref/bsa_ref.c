@@ -8,20 +8,7 @@
 
 #include "ref.h"
 
-/* Four partial sums: lets the compiler overlap the multiply-adds (a plain reduction would be
- * one serial dependency chain, since it may not reassociate). */
-static double dot(const double *a, const double *b, int64_t n) {
-    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    int64_t d = 0;
-    for (; d + 4 <= n; d += 4) {
-        s0 += a[d] * b[d];
-        s1 += a[d + 1] * b[d + 1];
-        s2 += a[d + 2] * b[d + 2];
-        s3 += a[d + 3] * b[d + 3];
-    }
-    for (; d < n; d++) s0 += a[d] * b[d];
-    return (s0 + s1) + (s2 + s3);
-}
+#include "ref_dot.h"
 
 static inline int attended(const spattn_ref_bsa_shape *s, const uint8_t *mask, int64_t b,
                            int64_t n, int64_t i, int64_t j) {

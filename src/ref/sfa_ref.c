@@ -24,20 +24,8 @@
 #define REF_CLONES
 #endif
 
-/* Dot product with four partial sums: lets the compiler vectorize without reassociation
- * licence, and is still an fp64 sum (far more precise than anything under test). */
-REF_CLONES static double dot(const double *a, const double *b, int64_t n) {
-    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    int64_t d = 0;
-    for (; d + 4 <= n; d += 4) {
-        s0 += a[d] * b[d];
-        s1 += a[d + 1] * b[d + 1];
-        s2 += a[d + 2] * b[d + 2];
-        s3 += a[d + 3] * b[d + 3];
-    }
-    for (; d < n; d++) s0 += a[d] * b[d];
-    return (s0 + s1) + (s2 + s3);
-}
+#define REF_DOT_ATTR REF_CLONES static
+#include "ref_dot.h"
 
 /* y += a * x */
 REF_CLONES static void axpy(double *y, double a, const double *x, int64_t n) {
