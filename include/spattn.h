@@ -281,6 +281,37 @@ SPATTN_API spattn_status spattn_sfa_workspace_size(const spattn_tensor *q, const
                                                    const spattn_options *opt, size_t *bytes);
 
 /* ---------------------------------------------------------------------------------------- */
+/* Merging attention states (split-KV / cascade / ring attention).                           */
+/* ---------------------------------------------------------------------------------------- */
+/*
+ * spattn_merge_attention_states: combines two partial attention results over disjoint key sets
+ * into the result over their union, row by row (fp32 math):
+ *     lse = log(exp(lse1) + exp(lse2)),   o = exp(lse1 - lse) * o1 + exp(lse2 - lse) * o2
+ *   o1, o2      [R..., D]  the same shape, ndim 2 .. 8 (any row dims: BNSD [B,N,S,D] with LSE
+ *                          [B,N,S], BSND [B,S,N,D] with LSE [B,S,N], [T,N,D], ...);
+ *                          fp16 | bf16 | fp32, EACH ITS OWN dtype (e.g. bf16 partial results
+ *                          merged into an fp32 accumulator)
+ *   lse1, lse2  [R...]     fp32 (shape of o1 without D), natural log, finite or -inf
+ *   o           [R..., D]  output, fp16 | bf16 | fp32
+ *   lse         [R...]     output, fp32; may be NULL (not written)
+ * A row whose input LSE is -inf is empty in that input: its O values are not read (they may
+ * hold anything).  Rows empty in both inputs give O = 0, LSE = -inf; a NaN LSE gives a NaN row.
+ * In place: o may be exactly the view o1 or o2 (same data, dtype, shape and strides), lse exactly
+ * lse1 or lse2; any other overlap of an output with an input or the other output is
+ * SPATTN_STATUS_ALIASING.  All tensors on one device (CPU or CUDA; opt->cuda_stream is used).
+ */
+SPATTN_API spattn_status spattn_merge_attention_states(const spattn_tensor *o1, const spattn_tensor *lse1,
+                                                       const spattn_tensor *o2, const spattn_tensor *lse2,
+                                                       const spattn_tensor *o, const spattn_tensor *lse);
+SPATTN_API spattn_status spattn_merge_attention_states_ex(const spattn_tensor *o1,
+                                                          const spattn_tensor *lse1,
+                                                          const spattn_tensor *o2,
+                                                          const spattn_tensor *lse2,
+                                                          const spattn_tensor *o,
+                                                          const spattn_tensor *lse,
+                                                          const spattn_options *opt);
+
+/* ---------------------------------------------------------------------------------------- */
 /* Backend queries.                                                                          */
 /* ---------------------------------------------------------------------------------------- */
 /* 1 when the CUDA backend was built in and a CUDA device is visible, else 0. */
