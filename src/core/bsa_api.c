@@ -2,6 +2,7 @@
  * Block-sparse attention entry points: every argument is validated here, before any output
  * is written, then the problem goes to the CPU or CUDA backend.
  */
+#include <float.h>
 #include <math.h>
 
 #include "check.h"
@@ -21,8 +22,10 @@ static spattn_status check_inputs(const spattn_tensor *q, const spattn_tensor *k
     TRY(spattn_check_present("block_mask", mask));
     if (bx <= 0) return spattn_set_error(SPATTN_STATUS_INVALID_VALUE, "bx: must be >= 1, got %lld", (long long)bx);
     if (by <= 0) return spattn_set_error(SPATTN_STATUS_INVALID_VALUE, "by: must be >= 1, got %lld", (long long)by);
-    if (!isfinite(scale))
-        return spattn_set_error(SPATTN_STATUS_INVALID_VALUE, "scale: must be finite (0 = 1/sqrt(D)), got %g", scale);
+    if (!(fabs(scale) <= FLT_MAX)) /* also NaN; the kernels compute in fp32 */
+        return spattn_set_error(SPATTN_STATUS_INVALID_VALUE,
+                                "scale: must be finite in fp32 (|scale| <= %g; 0 = 1/sqrt(D)), got %g",
+                                (double)FLT_MAX, scale);
     TRY(spattn_check_ndim("q", q, 4, "[B, N, Sq, D]"));
     TRY(spattn_check_ndim("k", k, 4, "[B, Nkv, Skv, D]"));
     TRY(spattn_check_ndim("v", v, 4, "[B, Nkv, Skv, D]"));
@@ -52,7 +55,8 @@ static spattn_status check_inputs(const spattn_tensor *q, const spattn_tensor *k
         return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
                                 "q: dimension 3 (D) must be a multiple of 8 in [8, 256], got %lld",
                                 (long long)D);
-    int64_t nbx = (Sq + bx - 1) / bx, nby = (Skv + by - 1) / by;
+    /* ceil without Sq + bx - 1, which overflows for bx near INT64_MAX */
+    int64_t nbx = Sq / bx + (Sq % bx != 0), nby = Skv / by + (Skv % by != 0);
     TRY(spattn_check_dim("block_mask", mask, 0, "B", B, "B of q"));
     TRY(spattn_check_dim("block_mask", mask, 1, "N", N, "N of q"));
     TRY(spattn_check_dim("block_mask", mask, 2, "ceil(Sq/bx)", nbx, "ceil(Sq/bx)"));
@@ -75,8 +79,10 @@ static spattn_status check_inputs(const spattn_tensor *q, const spattn_tensor *k
     p->Sq = Sq;
     p->Skv = Skv;
     p->D = D;
-    p->bx = bx;
-    p->by = by;
+    /* A block longer than the sequence is the whole sequence: clamped, so that no backend's
+     * tiling grows with bx or by (bx = 2^40 over 64 tokens used to run for minutes). */
+    p->bx = bx < Sq ? bx : Sq;
+    p->by = by < Skv ? by : Skv;
     p->nbx = nbx;
     p->nby = nby;
     p->scale = scale == 0.0 ? (float)(1.0 / sqrt((double)D)) : (float)scale;

@@ -58,7 +58,7 @@ typedef struct sfa_tile_layout {
     size_t dq;    /* [G][Dqp] fp32: dQ accumulators (unscaled), only when nch > 1 */
     size_t ld;    /* [2Gp] fp32: lse (INFINITY where P = 0), then Delta */
     size_t dsp;   /* [kc][2G] fp32: dS then P per key of the chunk */
-    size_t keys;  /* [kc] int32 */
+    size_t keys;  /* [kc] int64 */
     size_t meta;  /* int64 n (keys of the chunk), int64 has_duplicates */
     size_t total; /* bytes of one slot */
 } sfa_tile_layout;
@@ -74,12 +74,12 @@ sfa_tile_layout sfa_tile_layout_of(const sfa_plan *pl);
 /* Total workspace bytes; the offsets of its three parts (thread buffers, tile, accumulators). */
 size_t sfa_workspace_parts(const sfa_plan *pl, int backward, size_t *off_tile, size_t *off_acc);
 
-/* Expands index row (b, i, n2) into key positions (int32), applying padding, the partial
+/* Expands index row (b, i, n2) into key positions (int64), applying padding, the partial
  * last block and the mode-3 limit.  Returns the count (<= kmax). */
-int64_t sfa_expand_row(const sfa_plan *pl, int64_t b, int64_t i, int64_t n2, int32_t *keys);
+int64_t sfa_expand_row(const sfa_plan *pl, int64_t b, int64_t i, int64_t n2, int64_t *keys);
 /* The same for the row's entries [e0, e1) only (count <= (e1 - e0) * min(sbs, S2)). */
 int64_t sfa_expand_range(const sfa_plan *pl, int64_t b, int64_t i, int64_t n2, int64_t e0,
-                         int64_t e1, int32_t *keys);
+                         int64_t e1, int64_t *keys);
 
 /* ISA-specific task kernels (one definition per ISA variant in sfa_kernels.inc). */
 typedef struct sfa_kernels {

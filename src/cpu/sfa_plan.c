@@ -6,6 +6,7 @@
 
 #include <omp.h>
 
+#include "../core/seqs.h"
 #include "cpu_isa.h"
 #include "sfa_cpu.h"
 
@@ -72,7 +73,7 @@ sfa_thread_layout sfa_thread_layout_of(const sfa_plan *pl, int backward) {
     TAKE(acc, (size_t)(pl->G * (backward ? pl->Dqp : pl->Dp)) * f);
     if (!backward) TAKE(row, (size_t)pl->Dqp * f); /* one q row before it is transposed */
     if (!backward) TAKE(ml, (size_t)(4 * pl->Gp) * f);
-    if (!backward) TAKE(keys, (size_t)pl->kmax * sizeof(int32_t));
+    if (!backward) TAKE(keys, (size_t)pl->kmax * sizeof(int64_t));
     if (backward) TAKE(mark, (size_t)p->S2);
 #undef TAKE
     L.total = off;
@@ -91,7 +92,7 @@ sfa_tile_layout sfa_tile_layout_of(const sfa_plan *pl) {
     L.dsp = off;
     off = align_up(off + (size_t)(pl->kc * 2 * pl->G) * f);
     L.keys = off;
-    off = align_up(off + (size_t)pl->kc * sizeof(int32_t));
+    off = align_up(off + (size_t)pl->kc * sizeof(int64_t));
     L.meta = off;
     off = align_up(off + 2 * sizeof(int64_t));
     L.total = off;
@@ -106,7 +107,9 @@ size_t sfa_workspace_parts(const sfa_plan *pl, int backward, size_t *off_tile, s
         tile = total;
         total += (size_t)(pl->T * p->N2) * sfa_tile_layout_of(pl).total;
         acc = total;
-        size_t n = (size_t)(p->B * p->S2 * p->N2) * (size_t)(pl->Dqp + (p->shared_kv ? 0 : pl->Dp));
+        /* varlen: one accumulator row per key-side row (packed token or page row) */
+        int64_t rows = p->seqs ? p->seqs->Tkv : p->B * p->S2;
+        size_t n = (size_t)(rows * p->N2) * (size_t)(pl->Dqp + (p->shared_kv ? 0 : pl->Dp));
         total += align_up(n * sizeof(float));
     }
     if (off_tile) *off_tile = tile;
@@ -121,7 +124,7 @@ size_t spattn_cpu_sfa_workspace(const spattn_sfa_problem *p, int backward, int n
 }
 
 int64_t sfa_expand_range(const sfa_plan *pl, int64_t b, int64_t i, int64_t n2, int64_t e0,
-                         int64_t e1, int32_t *keys) {
+                         int64_t e1, int64_t *keys) {
     const spattn_sfa_problem *p = pl->p;
     const spattn_tensor *t = p->idx;
     const int32_t *row = (const int32_t *)t->data + spattn_offset4(t, b, i, n2, 0);
@@ -134,12 +137,12 @@ int64_t sfa_expand_range(const sfa_plan *pl, int64_t b, int64_t i, int64_t n2, i
         if (v < 0) continue;
         int64_t j0 = (int64_t)v * sbs, j1 = j0 + sbs;
         if (j1 > lim + 1) j1 = lim + 1; /* also clips the partial last block (lim < S2) */
-        for (int64_t j = j0; j < j1; j++) keys[n++] = (int32_t)j;
+        for (int64_t j = j0; j < j1; j++) keys[n++] = j; /* int64: S2 may exceed 2^31 */
     }
     return n;
 }
 
-int64_t sfa_expand_row(const sfa_plan *pl, int64_t b, int64_t i, int64_t n2, int32_t *keys) {
+int64_t sfa_expand_row(const sfa_plan *pl, int64_t b, int64_t i, int64_t n2, int64_t *keys) {
     return sfa_expand_range(pl, b, i, n2, 0, pl->p->K, keys);
 }
 

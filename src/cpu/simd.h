@@ -19,7 +19,8 @@
  *   spv_fma(a, b, c)           a * b + c (fused where the ISA has it)
  *   spv_lt_select(a, b, x, y)  lane-wise (a < b) ? x : y   (false for NaN)
  *   spv_exp(x)                 e^x, relative error ~1e-7 for x in [-87.3, 88.3]; 0 below
- *                              (exp(-inf) = 0), never NaN for finite or -inf input
+ *                              (exp(-inf) = 0), never NaN for finite or -inf input;
+ *                              NaN for NaN (so a NaN score reaches the row sum)
  *   spv_hsum, spv_hmax         horizontal sum / max (fixed order: deterministic)
  *   spv_cvt_{f16,bf16}_f32(src, dst, n) and spv_cvt_f32_{f16,bf16}(src, dst, n):
  *                              contiguous row converters (round to nearest even; F16C /
@@ -208,7 +209,8 @@ static inline spv_t spv_round_(spv_t x) {
 static inline spv_t spv_ldexp_(spv_t p, spv_t n) {
     spv_t r;
     for (int l = 0; l < SPATTN_VW; l++) {
-        uint32_t e = (uint32_t)((int32_t)n.v[l] + 127) << 23;
+        float nl = n.v[l] == n.v[l] ? n.v[l] : 0.0f; /* NaN: p is NaN anyway; no UB cast */
+        uint32_t e = (uint32_t)((int32_t)nl + 127) << 23;
         float f;
         memcpy(&f, &e, 4);
         r.v[l] = p.v[l] * f;
@@ -249,10 +251,12 @@ static inline void spv_cvt_f32_bf16(const float *s, uint16_t *d, int64_t n) {
 /* e^x = 2^n * e^r with n = round(x / ln2), r = x - n ln2 in [-ln2/2, ln2/2] (ln2 split in a
  * hi and a lo part so r is exact to ~1 ulp), e^r by its degree-7 Taylor polynomial (truncation
  * error < 1e-8 on that interval).  Inputs are clamped so 2^n stays a normal number; below
- * -87.33 (where e^x is subnormal) the result is 0, which also maps -inf to 0 without NaN. */
+ * -87.33 (where e^x is subnormal) the result is 0, which also maps -inf to 0 without NaN.
+ * x is the SECOND operand of max and min: x86 max/min return their second operand when one is
+ * NaN (and the generic a > b ? a : b does the same), so NaN passes through the clamp. */
 static inline spv_t spv_exp(spv_t x) {
     const spv_t lo = spv_set1(-87.33654f);
-    spv_t xc = spv_min(spv_max(x, lo), spv_set1(88.3f));
+    spv_t xc = spv_min(spv_set1(88.3f), spv_max(lo, x));
     spv_t n = spv_round_(spv_mul(xc, spv_set1(1.44269504088896341f)));
     spv_t r = spv_fma(n, spv_set1(-0.693145751953125f), xc);
     r = spv_fma(n, spv_set1(-1.428606765330187045e-06f), r);
