@@ -1,0 +1,461 @@
+"""Context parallelism for spattn on torch.distributed (NCCL on GPUs, gloo on CPUs).
+
+Every rank of a process group holds one shard of the sequence (queries and keys/values alike,
+self-attention: global Sq == Skv == S).  With ``load_balance=True`` (the default, PyTorch's
+head-tail balancing for causal masks) the sequence is cut into 2W chunks of L = S / (2W) tokens
+and rank r holds chunks r and 2W-1-r back to back; with ``load_balance=False`` rank r holds the
+r-th of W contiguous chunks.  ``shard``/``unshard``/``shard_positions`` convert.
+
+Operators (autograd, torch.compile(fullgraph=True) keeps one graph):
+
+* ``sparse_flash_attention`` (sfa, BSND): all-gathers the key shards (k, k_rope, v) with
+  ``spattn::cp_gather_seq`` (backward: fp32 reduce-scatter of dK/dV), runs the ordinary sfa op
+  per local chunk against the keys up to that chunk (causal limits stay global), ``indices``
+  hold GLOBAL key (block) positions.
+* ``block_sparse_attention`` (bsa, BNSD), the GLOBAL block mask on every rank:
+  ``mode="allgather"``: all-gathers k and v, runs the local query rows against all keys with
+  the local mask rows; ``mode="ring"``: ``spattn::cp_bsa_ring_fwd/bwd``.  At ring step t rank r
+  receives the key/value shard of rank r-t (sent directly, double-buffered) only when the
+  mask blocks between its rows and those columns are not all empty: steps (and chunk pairs)
+  without work are skipped entirely, computation and communication.  Partial results are
+  merged with their LSE (``merge_attention_states``) into an fp32 accumulator.  The backward
+  reuses the global O and LSE; each partial dK/dV goes back to its owner in fp32.
+
+Constraints: every rank's shard has the same length; L (the chunk) is a multiple of the block
+sizes bx and by (bsa).  Collectives run on torch's current stream (NCCL) as ordinary
+synchronous torch.distributed calls; with NCCL call ``torch.cuda.set_device`` first.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.distributed as dist
+
+from . import _lib
+from . import _ops  # noqa: F401  (registers torch.ops.spattn.*)
+from ._merge_ops import merge_into
+
+Tensor = torch.Tensor
+
+__all__ = ["shard", "unshard", "shard_positions", "sparse_flash_attention", "block_sparse_attention"]
+
+
+# ----------------------------------------------------------------------------------------------
+# groups and shard layout
+# ----------------------------------------------------------------------------------------------
+def _pg(group_name: str):
+    return dist.distributed_c10d._resolve_process_group(group_name)
+
+
+def _group_name(group) -> str:
+    pg = group if group is not None else dist.group.WORLD
+    return pg.group_name
+
+
+def _chunks(rank: int, world: int, load_balance: bool) -> List[int]:
+    """Global chunk ids rank `rank` holds, in local order."""
+    return [rank, 2 * world - 1 - rank] if load_balance else [rank]
+
+
+def _nchunks(world: int, load_balance: bool) -> int:
+    return 2 * world if load_balance else world
+
+
+def _rank_order_perm(world: int, load_balance: bool) -> List[int]:
+    """perm[c] = position of global chunk c in the rank-ordered (all-gathered) chunk list."""
+    pos = {}
+    for r in range(world):
+        for j, c in enumerate(_chunks(r, world, load_balance)):
+            pos[c] = len(pos)
+    return [pos[c] for c in range(_nchunks(world, load_balance))]
+
+
+def _rank_world(group) -> Tuple[int, int]:
+    pg = group if group is not None else dist.group.WORLD
+    return dist.get_rank(pg), dist.get_world_size(pg)
+
+
+def shard_positions(seq_len: int, group=None, load_balance: bool = True, rank: Optional[int] = None,
+                    world: Optional[int] = None) -> Tensor:
+    """Global token positions (int64) of this rank's shard, in local order."""
+    if rank is None or world is None:
+        rank, world = _rank_world(group)
+    n = _nchunks(world, load_balance)
+    if seq_len % n:
+        raise ValueError(f"seq_len={seq_len} must be a multiple of {n} chunks (world {world}, "
+                         f"load_balance={load_balance})")
+    L = seq_len // n
+    return torch.cat([torch.arange(c * L, (c + 1) * L) for c in _chunks(rank, world, load_balance)])
+
+
+def shard(x: Tensor, dim: int, group=None, load_balance: bool = True) -> Tensor:
+    """This rank's shard of a full-sequence tensor (every rank holds all of x), contiguous."""
+    rank, world = _rank_world(group)
+    n = _nchunks(world, load_balance)
+    S = x.shape[dim]
+    if S % n:
+        raise ValueError(f"x: dimension {dim} ({S}) must be a multiple of {n} chunks")
+    L = S // n
+    return torch.cat([x.narrow(dim, c * L, L) for c in _chunks(rank, world, load_balance)], dim).contiguous()
+
+
+def unshard(x: Tensor, dim: int, group=None, load_balance: bool = True) -> Tensor:
+    """The full sequence in global order from every rank's shard (all-gather; differentiable,
+    the backward reduce-scatters in fp32)."""
+    return torch.ops.spattn.cp_gather_seq(x, dim % x.dim(), load_balance, _group_name(group))
+
+
+# ----------------------------------------------------------------------------------------------
+# sequence all-gather / reduce-scatter as custom ops with autograd
+# ----------------------------------------------------------------------------------------------
+def _gather_impl(x: Tensor, dim: int, load_balance: bool, pg) -> Tensor:
+    world = dist.get_world_size(pg)
+    xm = x.movedim(dim, 0).contiguous()
+    out = xm.new_empty((world * xm.shape[0],) + tuple(xm.shape[1:]))
+    dist.all_gather_into_tensor(out, xm, group=pg)
+    n = _nchunks(world, load_balance)
+    perm = _rank_order_perm(world, load_balance)
+    if perm != list(range(n)):
+        L = out.shape[0] // n
+        idx = torch.tensor(perm, device=out.device)
+        out = out.view((n, L) + tuple(xm.shape[1:])).index_select(0, idx).view(out.shape)
+    return out.movedim(0, dim).contiguous()
+
+
+def _reduce_scatter_impl(g: Tensor, dim: int, load_balance: bool, pg, dtype: torch.dtype) -> Tensor:
+    world = dist.get_world_size(pg)
+    gm = g.to(torch.float32).movedim(dim, 0)
+    n = _nchunks(world, load_balance)
+    perm = _rank_order_perm(world, load_balance)
+    S = gm.shape[0]
+    L = S // n
+    if perm != list(range(n)):
+        inv = [0] * n
+        for c, p in enumerate(perm):
+            inv[p] = c
+        idx = torch.tensor(inv, device=gm.device)
+        gm = gm.reshape((n, L) + tuple(gm.shape[1:])).index_select(0, idx).view((S,) + tuple(gm.shape[1:]))
+    gm = gm.contiguous()
+    out = gm.new_empty((S // world,) + tuple(gm.shape[1:]))
+    dist.reduce_scatter_tensor(out, gm, op=dist.ReduceOp.SUM, group=pg)
+    return out.to(dtype).movedim(0, dim).contiguous()
+
+
+@torch.library.custom_op("spattn::cp_gather_seq", mutates_args=())
+def cp_gather_seq(x: Tensor, dim: int, load_balance: bool, group_name: str) -> Tensor:
+    """All-gather of the sequence dimension `dim` into global order."""
+    return _gather_impl(x, dim, load_balance, _pg(group_name))
+
+
+@cp_gather_seq.register_fake
+def _(x, dim, load_balance, group_name):
+    world = dist.get_world_size(_pg(group_name))
+    shape = list(x.shape)
+    shape[dim] *= world
+    return x.new_empty(shape)
+
+
+@torch.library.custom_op("spattn::cp_reduce_scatter_seq", mutates_args=())
+def cp_reduce_scatter_seq(g: Tensor, dim: int, load_balance: bool, group_name: str,
+                          like: Tensor) -> Tensor:
+    """Sum over ranks (in fp32) of a global-order tensor, scattered back to the shards; the
+    result has the dtype of `like` (only its dtype is used)."""
+    return _reduce_scatter_impl(g, dim, load_balance, _pg(group_name), like.dtype)
+
+
+@cp_reduce_scatter_seq.register_fake
+def _(g, dim, load_balance, group_name, like):
+    world = dist.get_world_size(_pg(group_name))
+    shape = list(g.shape)
+    shape[dim] //= world
+    return g.new_empty(shape, dtype=like.dtype)
+
+
+def _gather_setup(ctx, inputs, output):
+    x, dim, load_balance, group_name = inputs
+    ctx.dim, ctx.lb, ctx.name = dim, load_balance, group_name
+    ctx.save_for_backward(x.new_empty(0))
+
+
+def _gather_backward(ctx, grad):
+    (like,) = ctx.saved_tensors
+    return cp_reduce_scatter_seq(grad.contiguous(), ctx.dim, ctx.lb, ctx.name, like), None, None, None
+
+
+cp_gather_seq.register_autograd(_gather_backward, setup_context=_gather_setup)
+
+
+# ----------------------------------------------------------------------------------------------
+# sfa
+# ----------------------------------------------------------------------------------------------
+def sparse_flash_attention(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Tensor] = None,
+                           q_rope: Optional[Tensor] = None, k_rope: Optional[Tensor] = None,
+                           sparse_block_size: int = 1, causal: bool = True, scale: Optional[float] = None,
+                           return_lse: bool = False, *, group=None, load_balance: bool = True):
+    """Context-parallel ``spattn.sparse_flash_attention`` (BSND).
+
+    q [B, Sl, N1, D], q_rope [B, Sl, N1, Dr], indices [B, Sl, N2, K]: this rank's query shard,
+    indices holding GLOBAL key (block) positions; k [B, Sl, N2, D], k_rope, v: this rank's
+    key shard (same sharding).  ``causal`` is the global right-down causal mask of the
+    self-attention (key j allowed for query i iff j <= i, positions global).  Returns the local
+    o [B, Sl, N1, D] (and lse [B, Sl, N1]).  Gradients flow to the local q, k, v, rope shards.
+    """
+    if (q_rope is None) != (k_rope is None):
+        raise ValueError("q_rope and k_rope must be given together")
+    name = _group_name(group)
+    rank, world = _rank_world(group)
+    Sl = q.shape[1]
+    if k.shape[1] != Sl:
+        raise ValueError(f"k: local sequence length {k.shape[1]} differs from q's {Sl} (self-attention shards)")
+    S = Sl * world
+    n = _nchunks(world, load_balance)
+    if S % n:
+        raise ValueError(f"global sequence {S} must be a multiple of {n} chunks")
+    L = S // n
+    sbs = int(sparse_block_size)
+    scale_arg = _lib.scale_arg(scale)
+    idx = _ops.as_indices(indices)
+    kf = cp_gather_seq(k, 1, load_balance, name)
+    kr = cp_gather_seq(k_rope, 1, load_balance, name) if k_rope is not None else None
+    vf = cp_gather_seq(v, 1, load_balance, name) if v is not None else None
+    if not causal:
+        o, lse = torch.ops.spattn.sfa_fwd(q, kf, idx, vf, q_rope, kr, sbs, _lib.SFA_MODE_NONE, scale_arg)
+    else:
+        os_, ls_ = [], []
+        for j, c in enumerate(_chunks(rank, world, load_balance)):
+            end = (c + 1) * L  # keys [0, end) hold every allowed key of this chunk
+            nb = (end + sbs - 1) // sbs
+            ic = idx[:, j * L:(j + 1) * L]
+            # blocks at or past nb are past every row's causal limit: padding is equivalent
+            ic = torch.where(ic >= nb, torch.full_like(ic, -1), ic)
+            # right-down causal on (S1' = L, S2' = end): j <= end - L + i = global position of row i
+            oc, lc = torch.ops.spattn.sfa_fwd(
+                q[:, j * L:(j + 1) * L], kf[:, :end], ic, vf[:, :end] if vf is not None else None,
+                q_rope[:, j * L:(j + 1) * L] if q_rope is not None else None,
+                kr[:, :end] if kr is not None else None, sbs, _lib.SFA_MODE_CAUSAL, scale_arg)
+            os_.append(oc)
+            ls_.append(lc)
+        o, lse = (os_[0], ls_[0]) if len(os_) == 1 else (torch.cat(os_, 1), torch.cat(ls_, 1))
+    return (o, lse) if return_lse else o
+
+
+# ----------------------------------------------------------------------------------------------
+# bsa
+# ----------------------------------------------------------------------------------------------
+def _pair(block_size) -> Tuple[int, int]:
+    if isinstance(block_size, int):
+        return block_size, block_size
+    return int(block_size[0]), int(block_size[1])
+
+
+def _bsa_layout(q: Tensor, k: Tensor, mask: Tensor, bx: int, by: int, world: int, load_balance: bool):
+    Sl = q.shape[2]
+    if k.shape[2] != Sl:
+        raise ValueError(f"k: local sequence length {k.shape[2]} differs from q's {Sl} (self-attention shards)")
+    S = Sl * world
+    n = _nchunks(world, load_balance)
+    if S % n or (S // n) % bx or (S // n) % by:
+        raise ValueError(f"the chunk length S/{n} = {S / n:g} (S = {S}) must be a multiple of bx={bx} and "
+                         f"by={by}")
+    L = S // n
+    want = (q.shape[0], q.shape[1], S // bx, S // by)
+    if tuple(mask.shape) != want:
+        raise ValueError(f"block_mask: expected the global mask {list(want)} [B, N, S/bx, S/by], got "
+                         f"{list(mask.shape)}")
+    return S, L, n
+
+
+def _local_mask_rows(mask: Tensor, chunks: Sequence[int], Lx: int) -> Tensor:
+    rows = [mask[:, :, c * Lx:(c + 1) * Lx] for c in chunks]
+    return rows[0] if len(rows) == 1 else torch.cat(rows, 2)
+
+
+def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor,
+                           block_size: Union[int, Sequence[int]] = (64, 64), scale: Optional[float] = None,
+                           return_lse: bool = False, *, group=None, mode: str = "ring",
+                           load_balance: bool = True):
+    """Context-parallel ``spattn.block_sparse_attention`` (BNSD).
+
+    q [B, N, Sl, D], k, v [B, Nkv, Sl, D]: this rank's shards; block_mask: the GLOBAL mask
+    [B, N, S/bx, S/by] (S = W * Sl; the same on every rank; stride-0 expanded views are fine).
+    ``mode``: "ring" (skips empty ring steps) or "allgather".  Returns the local o (and lse).
+    """
+    bx, by = _pair(block_size)
+    name = _group_name(group)
+    rank, world = _rank_world(group)
+    m = _ops.as_mask(block_mask)
+    S, L, n = _bsa_layout(q, k, m, bx, by, world, load_balance)
+    scale_arg = _lib.scale_arg(scale)
+    if mode == "ring":
+        o, lse = torch.ops.spattn.cp_bsa_ring_fwd(q, k, v, m, bx, by, scale_arg, load_balance, name)
+    elif mode == "allgather":
+        kf = cp_gather_seq(k, 2, load_balance, name)
+        vf = cp_gather_seq(v, 2, load_balance, name)
+        ml = _local_mask_rows(m, _chunks(rank, world, load_balance), L // bx)
+        o, lse = torch.ops.spattn.bsa_fwd(q, kf, vf, ml, bx, by, scale_arg)
+    else:
+        raise ValueError(f"mode: 'ring' or 'allgather', got {mode!r}")
+    return (o, lse) if return_lse else o
+
+
+class _Ring:
+    """Shard layout and the chunk-pair work grid of one ring call."""
+
+    def __init__(self, q: Tensor, k: Tensor, mask: Tensor, bx: int, by: int, load_balance: bool, group_name: str):
+        self.pg = _pg(group_name)
+        self.rank, self.world = dist.get_rank(self.pg), dist.get_world_size(self.pg)
+        S, L, n = _bsa_layout(q, k, mask, bx, by, self.world, load_balance)
+        self.L, self.Lx, self.Ly, self.lb = L, L // bx, L // by, load_balance
+        # grid[a][c]: some block between query chunk a and key chunk c is attended (one sync)
+        nz = mask.ne(0).any(0).any(0)                                          # [S/bx, S/by]
+        g = nz.view(n, self.Lx, n, self.Ly).any(3).any(1)
+        self.grid = g.cpu().tolist()
+
+    def chunks(self, r: int) -> List[int]:
+        return _chunks(r, self.world, self.lb)
+
+    def pairs(self, dst: int, src: int) -> List[Tuple[int, int, int, int]]:
+        """(local row chunk j of dst, global a, local col chunk i of src, global c) with work."""
+        return [(j, a, i, c) for j, a in enumerate(self.chunks(dst)) for i, c in enumerate(self.chunks(src))
+                if self.grid[a][c]]
+
+    def need(self, dst: int, src: int) -> bool:
+        return len(self.pairs(dst, src)) > 0
+
+    def peer(self, r: int) -> int:
+        return dist.get_global_rank(self.pg, r)
+
+    def exchange(self, send: List[Tensor], to: Optional[int], recv: List[Tensor], frm: Optional[int], tag: int):
+        ops = [dist.P2POp(dist.isend, t, self.peer(to), self.pg, tag + i) for i, t in enumerate(send)] if to is not None else []
+        ops += [dist.P2POp(dist.irecv, t, self.peer(frm), self.pg, tag + i) for i, t in enumerate(recv)] if frm is not None else []
+        return dist.batch_isend_irecv(ops) if ops else []
+
+
+def _kv_step(ring: _Ring, t: int, k: Tensor, v: Tensor):
+    """Posts step t of the key/value exchange: own shard to rank r+t, that of r-t in (if needed)."""
+    r, W = ring.rank, ring.world
+    dst, src = (r + t) % W, (r - t) % W
+    to = dst if ring.need(dst, r) else None
+    bufs = [torch.empty_like(k), torch.empty_like(v)] if ring.need(r, src) else []
+    reqs = ring.exchange([k, v] if to is not None else [], to, bufs, src if bufs else None, 4 * t)
+    return reqs, bufs
+
+
+def _ring_fwd_impl(q, k, v, mask, bx, by, scale, load_balance, group_name):
+    ring = _Ring(q, k, mask, bx, by, load_balance, group_name)
+    r, W, L, Lx, Ly = ring.rank, ring.world, ring.L, ring.Lx, ring.Ly
+    k, v = k.contiguous(), v.contiguous()
+    acc_o = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    acc_l = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
+    pending = {0: ([], [k, v])}
+    for t in range(W):
+        if t + 1 < W:
+            pending[t + 1] = _kv_step(ring, t + 1, k, v)
+        reqs, bufs = pending.pop(t)
+        for req in reqs:
+            req.wait()
+        src = (r - t) % W
+        if not bufs:
+            continue  # nothing attended in this step: skipped (no transfer, no kernel)
+        kt, vt = bufs
+        for j, a, i, c in ring.pairs(r, src):
+            qs = slice(j * L, (j + 1) * L)
+            ks = slice(i * L, (i + 1) * L)
+            mp = mask[:, :, a * Lx:(a + 1) * Lx, c * Ly:(c + 1) * Ly]
+            op, lp = torch.ops.spattn.bsa_fwd(q[:, :, qs], kt[:, :, ks], vt[:, :, ks], mp, bx, by, scale)
+            ao, al = acc_o[:, :, qs], acc_l[:, :, qs]
+            merge_into(ao, al, op, lp, ao, al)
+    return acc_o.to(q.dtype), acc_l
+
+
+@torch.library.custom_op("spattn::cp_bsa_ring_fwd", mutates_args=())
+def cp_bsa_ring_fwd(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, bx: int, by: int, scale: float,
+                    load_balance: bool, group_name: str) -> Tuple[Tensor, Tensor]:
+    return _ring_fwd_impl(q, k, v, block_mask, bx, by, scale, load_balance, group_name)
+
+
+@cp_bsa_ring_fwd.register_fake
+def _(q, k, v, block_mask, bx, by, scale, load_balance, group_name):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+def _ring_bwd_impl(q, k, v, mask, o, dout, lse, bx, by, scale, load_balance, group_name):
+    ring = _Ring(q, k, mask, bx, by, load_balance, group_name)
+    r, W, L, Lx, Ly = ring.rank, ring.world, ring.L, ring.Lx, ring.Ly
+    k, v = k.contiguous(), v.contiguous()
+    f32 = torch.float32
+    dq = torch.zeros(q.shape, dtype=f32, device=q.device)
+    dk = torch.zeros(k.shape, dtype=f32, device=k.device)
+    dv = torch.zeros(v.shape, dtype=f32, device=v.device)
+    pending = {0: ([], [k, v])}
+    grads_in_flight = None  # (reqs, received buffers) of the previous step's dK/dV exchange
+
+    def settle(g):
+        if g is None:
+            return
+        reqs, got = g
+        for req in reqs:
+            req.wait()
+        if got:
+            dk.add_(got[0])
+            dv.add_(got[1])
+
+    for t in range(W):
+        if t + 1 < W:
+            pending[t + 1] = _kv_step(ring, t + 1, k, v)
+        reqs, bufs = pending.pop(t)
+        for req in reqs:
+            req.wait()
+        src, dst = (r - t) % W, (r + t) % W
+        pdk = pdv = None
+        if bufs:
+            kt, vt = bufs
+            pdk, pdv = (dk, dv) if t == 0 else (torch.zeros_like(dk), torch.zeros_like(dv))
+            for j, a, i, c in ring.pairs(r, src):
+                qs = slice(j * L, (j + 1) * L)
+                ks = slice(i * L, (i + 1) * L)
+                mp = mask[:, :, a * Lx:(a + 1) * Lx, c * Ly:(c + 1) * Ly]
+                gq, gk, gv = torch.ops.spattn.bsa_bwd(q[:, :, qs], kt[:, :, ks], vt[:, :, ks], mp, o[:, :, qs],
+                                                      dout[:, :, qs], lse[:, :, qs], bx, by, scale)
+                dq[:, :, qs] += gq
+                pdk[:, :, ks] += gk
+                pdv[:, :, ks] += gv
+        if t > 0:
+            # partial dK/dV (fp32) go home to rank r-t; ours come from rank r+t
+            got = [torch.empty_like(dk), torch.empty_like(dv)] if ring.need(dst, r) else []
+            greqs = ring.exchange([pdk, pdv] if bufs else [], src if bufs else None, got,
+                                  dst if got else None, 4 * t + 2)
+            settle(grads_in_flight)
+            grads_in_flight = (greqs, got)
+    settle(grads_in_flight)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+@torch.library.custom_op("spattn::cp_bsa_ring_bwd", mutates_args=())
+def cp_bsa_ring_bwd(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, o: Tensor, dout: Tensor, lse: Tensor,
+                    bx: int, by: int, scale: float, load_balance: bool,
+                    group_name: str) -> Tuple[Tensor, Tensor, Tensor]:
+    return _ring_bwd_impl(q, k, v, block_mask, o, dout, lse, bx, by, scale, load_balance, group_name)
+
+
+@cp_bsa_ring_bwd.register_fake
+def _(q, k, v, block_mask, o, dout, lse, bx, by, scale, load_balance, group_name):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _ring_setup(ctx, inputs, output):
+    q, k, v, block_mask, bx, by, scale, load_balance, group_name = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, block_mask, o, lse)
+    ctx.args = (bx, by, scale, load_balance, group_name)
+    ctx.mark_non_differentiable(lse)
+
+
+def _ring_backward(ctx, grad_o, grad_lse):
+    q, k, v, block_mask, o, lse = ctx.saved_tensors
+    dq, dk, dv = cp_bsa_ring_bwd(q, k, v, block_mask, o, grad_o.contiguous(), lse, *ctx.args)
+    return dq, dk, dv, None, None, None, None, None, None
+
+
+cp_bsa_ring_fwd.register_autograd(_ring_backward, setup_context=_ring_setup)
