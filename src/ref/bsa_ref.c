@@ -12,12 +12,15 @@
 
 static inline int attended(const spattn_ref_bsa_shape *s, const uint8_t *mask, int64_t b,
                            int64_t n, int64_t i, int64_t j) {
-    int64_t nbx = (s->Sq + s->bx - 1) / s->bx, nby = (s->Skv + s->by - 1) / s->by;
+    /* ceil without overflow for block sizes near INT64_MAX */
+    int64_t nbx = s->Sq / s->bx + (s->Sq % s->bx != 0), nby = s->Skv / s->by + (s->Skv % s->by != 0);
     return mask[((b * s->N + n) * nbx + i / s->bx) * nby + j / s->by] != 0;
 }
 
 /* Scores of row (b, n, i) into sc[0..Skv) (-inf where not attended); returns the row's LSE
- * (-inf when no key is attended) and leaves P = exp(sc - lse) in sc. */
+ * and leaves P = exp(sc - lse) in sc.  Non-finite values follow IEEE arithmetic on the dense
+ * formula over the attended keys: a NaN or +inf score makes LSE and every attended P NaN; a
+ * row with no attended key, or only -inf scores, gets LSE = -inf and P = 0. */
 static double row_probs(const spattn_ref_bsa_shape *s, const double *q, const double *k,
                         const uint8_t *mask, double scale, int64_t b, int64_t n, int64_t i,
                         double *sc) {
@@ -25,11 +28,13 @@ static double row_probs(const spattn_ref_bsa_shape *s, const double *q, const do
     const double *qi = q + ((b * s->N + n) * s->Sq + i) * D;
     const double *kb = k + (b * s->Nkv + h) * s->Skv * D;
     double m = -INFINITY;
+    int nan = 0;
     for (int64_t j = 0; j < s->Skv; j++) {
         sc[j] = attended(s, mask, b, n, i, j) ? scale * dot(qi, kb + j * D, D) : -INFINITY;
+        if (isnan(sc[j])) nan = 1;
         if (sc[j] > m) m = sc[j];
     }
-    if (m == -INFINITY) {
+    if (m == -INFINITY && !nan) {
         for (int64_t j = 0; j < s->Skv; j++) sc[j] = 0.0;
         return -INFINITY;
     }
@@ -40,14 +45,16 @@ static double row_probs(const spattn_ref_bsa_shape *s, const double *q, const do
     return lse;
 }
 
-/* o_i = sum_j P_ij v_j */
-static void row_out(const spattn_ref_bsa_shape *s, const double *v, int64_t b, int64_t h,
-                    const double *p, double *oi) {
-    int64_t D = s->D;
+/* o_i = sum_j P_ij v_j over the attended keys (an underflowed P = 0 still meets v_j: 0 * NaN
+ * is NaN in the dense formula too); nothing for a row that attends nothing. */
+static void row_out(const spattn_ref_bsa_shape *s, const uint8_t *mask, const double *v,
+                    int64_t b, int64_t n, int64_t i, double lse, const double *p, double *oi) {
+    int64_t D = s->D, h = n / (s->N / s->Nkv);
     const double *vb = v + (b * s->Nkv + h) * s->Skv * D;
     for (int64_t d = 0; d < D; d++) oi[d] = 0.0;
+    if (lse == -INFINITY) return;
     for (int64_t j = 0; j < s->Skv; j++) {
-        if (p[j] == 0.0) continue;
+        if (p[j] == 0.0 && !attended(s, mask, b, n, i, j)) continue; /* mask test only at P = 0 */
         for (int64_t d = 0; d < D; d++) oi[d] += p[j] * vb[j * D + d];
     }
 }
@@ -55,7 +62,7 @@ static void row_out(const spattn_ref_bsa_shape *s, const double *v, int64_t b, i
 void spattn_ref_bsa_fwd(const spattn_ref_bsa_shape *s, const double *q, const double *k,
                         const double *v, const uint8_t *mask, double scale, double *o,
                         double *lse) {
-    int64_t rows = s->B * s->N * s->Sq, G = s->N / s->Nkv;
+    int64_t rows = s->B * s->N * s->Sq;
 #pragma omp parallel
     {
         double *sc = malloc((size_t)s->Skv * sizeof *sc);
@@ -64,7 +71,7 @@ void spattn_ref_bsa_fwd(const spattn_ref_bsa_shape *s, const double *q, const do
             int64_t i = r % s->Sq, n = (r / s->Sq) % s->N, b = r / (s->Sq * s->N);
             double l = row_probs(s, q, k, mask, scale, b, n, i, sc);
             if (lse) lse[r] = l;
-            row_out(s, v, b, n / G, sc, o + r * s->D);
+            row_out(s, mask, v, b, n, i, l, sc, o + r * s->D);
         }
         free(sc);
     }
@@ -85,7 +92,7 @@ void spattn_ref_bsa_bwd(const spattn_ref_bsa_shape *s, const double *q, const do
         for (int64_t r = 0; r < rows; r++) {
             int64_t i = r % s->Sq, n = (r / s->Sq) % s->N, b = r / (s->Sq * s->N), h = n / G;
             lse[r] = row_probs(s, q, k, mask, scale, b, n, i, sc);
-            row_out(s, v, b, h, sc, oi);
+            row_out(s, mask, v, b, n, i, lse[r], sc, oi);
             const double *doi = dout + r * D;
             delta[r] = dot(doi, oi, D);
             const double *kb = k + (b * s->Nkv + h) * s->Skv * D;
@@ -93,7 +100,7 @@ void spattn_ref_bsa_bwd(const spattn_ref_bsa_shape *s, const double *q, const do
             double *dqi = dq + r * D;
             for (int64_t d = 0; d < D; d++) dqi[d] = 0.0;
             for (int64_t j = 0; j < s->Skv; j++) {
-                if (sc[j] == 0.0) continue;
+                if (lse[r] == -INFINITY || (sc[j] == 0.0 && !attended(s, mask, b, n, i, j))) continue;
                 double ds = sc[j] * (dot(doi, vb + j * D, D) - delta[r]);
                 for (int64_t d = 0; d < D; d++) dqi[d] += scale * ds * kb[j * D + d];
             }

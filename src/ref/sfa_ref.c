@@ -75,7 +75,9 @@ static grp_ctx grp_at(const spattn_ref_sfa_shape *s, const double *q, const doub
 }
 
 /* Scores of the group's G heads over its n keys into sc[g * n + t] (key-outer loop: each key
- * row is read once for all heads); lse[g] gets the LSE (-inf when n == 0). */
+ * row is read once for all heads); lse[g] gets the LSE: -inf when n == 0 or every score is
+ * -inf (the head then attends nothing), NaN when a score is NaN or +inf (IEEE on the dense
+ * formula: exp(inf - inf)). */
 static void grp_scores(const spattn_ref_sfa_shape *s, const grp_ctx *r, const int64_t *keys,
                        int64_t n, double scale, double *sc, double *lse) {
     int64_t Dq = s->D + s->Dr, G = s->N1 / s->N2;
@@ -89,8 +91,15 @@ static void grp_scores(const spattn_ref_sfa_shape *s, const grp_ctx *r, const in
             continue;
         }
         double m = -INFINITY, l = 0;
-        for (int64_t t = 0; t < n; t++)
+        int nan = 0;
+        for (int64_t t = 0; t < n; t++) {
+            if (isnan(sc[g * n + t])) nan = 1;
             if (sc[g * n + t] > m) m = sc[g * n + t];
+        }
+        if (m == -INFINITY && !nan) {
+            lse[g] = -INFINITY;
+            continue;
+        }
         for (int64_t t = 0; t < n; t++) l += exp(sc[g * n + t] - m);
         lse[g] = m + log(l);
     }
@@ -118,6 +127,7 @@ void spattn_ref_sfa_fwd(const spattn_ref_sfa_shape *s, const double *q, const do
                 for (int64_t t = 0; t < n; t++) {
                     const double *vr = r.vb + keys[t] * r.vstride;
                     for (int64_t g = 0; g < G; g++) {
+                        if (L[g] == -INFINITY) continue; /* attends nothing: O = 0 */
                         double p = exp(sc[g * n + t] - L[g]);
                         axpy(og + g * s->D, p, vr, s->D);
                     }
@@ -173,18 +183,21 @@ void spattn_ref_sfa_bwd(const spattn_ref_sfa_shape *s, const double *q, const do
                 for (int64_t t = 0; t < n; t++) {
                     const double *vr = r.vb + keys[t] * r.vstride;
                     for (int64_t g = 0; g < G; g++) {
-                        double p = exp(sc[g * n + t] - L[g]);
+                        double p = L[g] == -INFINITY ? 0.0 : exp(sc[g * n + t] - L[g]);
                         sc[g * n + t] = p;
+                        if (L[g] == -INFINITY) continue;
                         axpy(og + g * s->D, p, vr, s->D);
                     }
                 }
-                for (int64_t g = 0; g < G; g++) delta[g] = dot(gg + g * s->D, og + g * s->D, s->D);
+                for (int64_t g = 0; g < G; g++)
+                    delta[g] = L[g] == -INFINITY ? 0.0 : dot(gg + g * s->D, og + g * s->D, s->D);
                 for (int64_t t = 0; t < n; t++) {
                     const double *kr = r.kb + keys[t] * r.kstride;
                     const double *vr = r.vb + keys[t] * r.vstride;
                     double *dkr = pk + ((b * s->S2 + keys[t]) * s->N2 + n2) * Dq;
                     double *dvr = s->shared_kv ? dkr : pv + ((b * s->S2 + keys[t]) * s->N2 + n2) * s->D;
                     for (int64_t g = 0; g < G; g++) {
+                        if (L[g] == -INFINITY) continue; /* attends nothing: no gradient */
                         const double *qr = r.q + g * Dq, *gr = gg + g * s->D;
                         double p = sc[g * n + t];
                         double ds = p * (dot(gr, vr, s->D) - delta[g]);
