@@ -149,6 +149,36 @@ typedef struct spattn_options {
 SPATTN_API void spattn_options_init(spattn_options *opt);
 
 /* ---------------------------------------------------------------------------------------- */
+/* Packed variable-length batches and paged keys (the layout argument of the _varlen calls;  */
+/* semantics in cases/README.md, "Packed variable-length batches and paged keys").            */
+/* ---------------------------------------------------------------------------------------- */
+/*
+ * The B sequences of a batch lie back to back along one token dimension T (torch_npu's "TND").
+ *   cu_seqlens_q   int32 [B+1], on the tensors' device: sequence b owns query tokens
+ *                  [cu_q[b], cu_q[b+1]); cu_q[0] = 0, non-decreasing, cu_q[B] <= Tq
+ *   cu_seqlens_kv  int32 [B+1], the same for the keys (with pages: only the lengths count)
+ *   max_seqlen_q/kv  >= 1 and >= every sequence's length (they size the bsa mask)
+ *   block_table    NULL: k/v packed [Tkv, Nkv, D].  Else int32 [B, max_pages] and k, v (and
+ *                  k_rope, dk, dv, dk_rope) are pages [num_pages, page_size, Nkv, D]: key j of
+ *                  sequence b is row j % page_size of page block_table[b, j / page_size].
+ *                  Slots a sequence uses hold ids in [0, num_pages), no id twice in a row;
+ *                  other slots are not read.  Sequences may share pages.
+ * Zero-length sequences are allowed.  Every sequence is an independent problem (its own Sq,
+ * Skv; bsa block rows/columns and sfa index values are sequence-local; sfa mode 3 uses the
+ * sequence's own lengths): the result equals one dense call per sequence.  The lengths and
+ * the table are read and checked (SPATTN_STATUS_BAD_INDEX) before any output is written.
+ * Backends: the CPU.  Tensors on a CUDA device give SPATTN_STATUS_NOT_SUPPORTED for now.
+ */
+typedef struct spattn_varlen {
+    const spattn_tensor *cu_seqlens_q;
+    const spattn_tensor *cu_seqlens_kv;
+    int64_t max_seqlen_q;
+    int64_t max_seqlen_kv;
+    const spattn_tensor *block_table; /* NULL: no pages */
+    int64_t reserved[4];              /* zero */
+} spattn_varlen;
+
+/* ---------------------------------------------------------------------------------------- */
 /* Block-sparse attention (bsa).  Layout BNSD.                                               */
 /* ---------------------------------------------------------------------------------------- */
 /*
@@ -205,6 +235,42 @@ SPATTN_API spattn_status spattn_bsa_workspace_size(const spattn_tensor *q, const
                                                    const spattn_tensor *block_mask, int64_t bx,
                                                    int64_t by, int32_t backward,
                                                    const spattn_options *opt, size_t *bytes);
+
+/*
+ * Packed variable-length bsa (see spattn_varlen).  Shapes (T = token counts):
+ *   q, o, dout, dq  [Tq, N, D]       k, v, dk, dv  [Tkv, Nkv, D]
+ *   k, v with vl->block_table (forward only): [num_pages, page_size, Nkv, D]
+ *   block_mask      [B, N, ceil(max_seqlen_q/bx), ceil(max_seqlen_kv/by)] uint8, block
+ *                   indices restart at each sequence's first token
+ *   lse             [Tq, N] fp32 (any strides: an [N, Tq] buffer passes as its transpose)
+ * Rows past cu_seqlens_q[B] are not written; dk/dv rows past cu_seqlens_kv[B] get 0.
+ * The backward takes no block_table (SPATTN_STATUS_NOT_SUPPORTED).  opt: as in the _ex calls
+ * (NULL = defaults); a caller workspace needs spattn_bsa_varlen_workspace_size bytes.
+ */
+SPATTN_API spattn_status spattn_bsa_fwd_varlen(const spattn_tensor *q, const spattn_tensor *k,
+                                               const spattn_tensor *v,
+                                               const spattn_tensor *block_mask, int64_t bx,
+                                               int64_t by, double scale, const spattn_varlen *vl,
+                                               const spattn_tensor *o, const spattn_tensor *lse,
+                                               const spattn_options *opt);
+SPATTN_API spattn_status spattn_bsa_bwd_varlen(const spattn_tensor *q, const spattn_tensor *k,
+                                               const spattn_tensor *v, const spattn_tensor *o,
+                                               const spattn_tensor *dout, const spattn_tensor *lse,
+                                               const spattn_tensor *block_mask, int64_t bx,
+                                               int64_t by, double scale, const spattn_varlen *vl,
+                                               const spattn_tensor *dq, const spattn_tensor *dk,
+                                               const spattn_tensor *dv, const spattn_options *opt);
+/* Workspace of spattn_bsa_fwd_varlen (backward = 0) / spattn_bsa_bwd_varlen (1); only shapes,
+ * dtypes and devices are read (not the lengths). */
+SPATTN_API spattn_status spattn_bsa_varlen_workspace_size(const spattn_tensor *q,
+                                                          const spattn_tensor *k,
+                                                          const spattn_tensor *v,
+                                                          const spattn_tensor *block_mask,
+                                                          int64_t bx, int64_t by,
+                                                          const spattn_varlen *vl,
+                                                          int32_t backward,
+                                                          const spattn_options *opt,
+                                                          size_t *bytes);
 
 /* ---------------------------------------------------------------------------------------- */
 /* Top-k sparse flash attention (sfa, DeepSeek-V3.2 style sparse MLA).  Layout BSND.          */
@@ -279,6 +345,45 @@ SPATTN_API spattn_status spattn_sfa_workspace_size(const spattn_tensor *q, const
                                                    const spattn_tensor *v, const spattn_tensor *indices,
                                                    int64_t sbs, int32_t mode, int32_t backward,
                                                    const spattn_options *opt, size_t *bytes);
+
+/*
+ * Packed variable-length sfa (see spattn_varlen).  Shapes (T = token counts):
+ *   q, o, dout, dq [Tq, N1, D]   q_rope, dq_rope [Tq, N1, Dr]   lse [Tq, N1] fp32
+ *   k, v, dk, dv   [Tkv, N2, D]  k_rope, dk_rope [Tkv, N2, Dr]
+ *     with vl->block_table: [num_pages, page_size, N2, D] / [.., Dr] (gradients too)
+ *   indices        [Tq, N2, K] int32; values are block positions inside the sequence's own
+ *                  keys: -1 or [0, ceil(Skv_b/sbs)) (else SPATTN_STATUS_BAD_INDEX)
+ * mode 3: key j allowed for query i of sequence b iff j <= Skv_b - Sq_b + i.
+ * Rows past cu_seqlens_q[B] are not written; every dk/dv/dk_rope row that no sequence's key
+ * uses gets 0.  opt as in the _ex calls; a caller workspace needs
+ * spattn_sfa_varlen_workspace_size bytes.
+ */
+SPATTN_API spattn_status spattn_sfa_fwd_varlen(const spattn_tensor *q, const spattn_tensor *q_rope,
+                                               const spattn_tensor *k, const spattn_tensor *k_rope,
+                                               const spattn_tensor *v, const spattn_tensor *indices,
+                                               int64_t sbs, int32_t mode, double scale,
+                                               const spattn_varlen *vl, const spattn_tensor *o,
+                                               const spattn_tensor *lse, const spattn_options *opt);
+SPATTN_API spattn_status spattn_sfa_bwd_varlen(const spattn_tensor *q, const spattn_tensor *q_rope,
+                                               const spattn_tensor *k, const spattn_tensor *k_rope,
+                                               const spattn_tensor *v, const spattn_tensor *o,
+                                               const spattn_tensor *dout, const spattn_tensor *lse,
+                                               const spattn_tensor *indices, int64_t sbs,
+                                               int32_t mode, double scale, const spattn_varlen *vl,
+                                               const spattn_tensor *dq, const spattn_tensor *dq_rope,
+                                               const spattn_tensor *dk, const spattn_tensor *dk_rope,
+                                               const spattn_tensor *dv, const spattn_options *opt);
+SPATTN_API spattn_status spattn_sfa_varlen_workspace_size(const spattn_tensor *q,
+                                                          const spattn_tensor *q_rope,
+                                                          const spattn_tensor *k,
+                                                          const spattn_tensor *k_rope,
+                                                          const spattn_tensor *v,
+                                                          const spattn_tensor *indices,
+                                                          int64_t sbs, int32_t mode,
+                                                          const spattn_varlen *vl,
+                                                          int32_t backward,
+                                                          const spattn_options *opt,
+                                                          size_t *bytes);
 
 /* ---------------------------------------------------------------------------------------- */
 /* Merging attention states (split-KV / cascade / ring attention).                           */

@@ -35,6 +35,10 @@ typedef struct spattn_exec {
 } spattn_exec;
 
 /* ---- problems (validated) ---------------------------------------------------------------- */
+/* Packed variable-length batch / paged keys of a _varlen call (src/core/seqs.h); NULL in the
+ * problems of dense calls. */
+struct spattn_seqs;
+
 typedef struct spattn_bsa_problem {
     /* Tensors as the caller described them; the ones a pass does not use are NULL. */
     const spattn_tensor *q, *k, *v, *mask, *o, *lse, *dout, *dq, *dk, *dv;
@@ -43,6 +47,9 @@ typedef struct spattn_bsa_problem {
     int64_t bx, by, nbx, nby; /* nbx = ceil(Sq/bx), nby = ceil(Skv/by) */
     float scale;              /* resolved (never 0) */
     int32_t dtype;            /* of q, k, v, o, dout, dq, dk, dv */
+    /* _varlen calls: tensors packed [T, N, D] (k, v may be pages), B = sequences, Sq / Skv =
+     * max_seqlen_q / kv, nbx / nby of the mask; backends must go through seqs.h. */
+    const struct spattn_seqs *seqs;
 } spattn_bsa_problem;
 
 typedef struct spattn_sfa_problem {
@@ -55,6 +62,8 @@ typedef struct spattn_sfa_problem {
     int32_t shared_kv;        /* 1 when v == NULL (v is the first D columns of k) */
     float scale;              /* resolved */
     int32_t dtype;
+    /* _varlen calls (see spattn_bsa_problem): S1 / S2 = max_seqlen_q / kv, nblk of S2 */
+    const struct spattn_seqs *seqs;
 } spattn_sfa_problem;
 
 /* ---- backends ---------------------------------------------------------------------------- */

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "../core/internal.h"
+#include "../core/seqs.h"
 
 #define BSA_COL_ALIGN 16 /* floats: multiple of every ISA's vector width, 64 bytes */
 
@@ -131,7 +132,7 @@ static inline size_t bsa_bwd_thread_floats(const spattn_bsa_problem *p) {
 }
 /* Backward only: Delta = rowsum(dO * O) for all B*N*Sq rows, computed first. */
 static inline size_t bsa_delta_floats(const spattn_bsa_problem *p) {
-    return bsa_al(p->B * p->N * p->Sq);
+    return bsa_al(p->N * (p->seqs ? p->seqs->Tq : p->B * p->Sq)); /* varlen: [N][Tq] */
 }
 
 /* Total bytes: 64 bytes of alignment slack (the caller's workspace may be unaligned), the
@@ -139,7 +140,9 @@ static inline size_t bsa_delta_floats(const spattn_bsa_problem *p) {
 static inline size_t bsa_workspace_bytes(const spattn_bsa_problem *p, int backward, int threads) {
     size_t per = backward ? bsa_bwd_thread_floats(p) : bsa_fwd_thread_floats(bsa_tiles_fwd(p));
     size_t shared = backward ? bsa_delta_floats(p) : 0;
-    return 64 + sizeof(float) * (shared + (size_t)threads * per);
+    /* varlen: work-item offsets of the sequences (queries, keys) after the thread regions */
+    size_t offsets = p->seqs ? 2 * sizeof(int64_t) * (size_t)(p->seqs->B + 1) : 0;
+    return 64 + sizeof(float) * (shared + (size_t)threads * per) + offsets;
 }
 
 #endif
