@@ -1,212 +1,281 @@
-// Block-sparse attention forward (FA2 style): one CTA per (query tile, head, batch), 4 warps x
-// 32 query rows (two 16-row mma tiles per warp); the CTA walks its query tile's schedule (key
-// tiles marked full or partial, built on the device by bsa_sched.cu), K/V tiles double-buffered
-// with cp.async, S = Q K^T and O += P V on mma.sync m16n8k16 with fp32 accumulation, online
-// softmax in base 2.  Only partial tiles read the block mask per token (mask[i / bx][j / by]).
+// Block-sparse attention forward for Hopper (sm_90a), FlashAttention-3 style:
+//   - one CTA per (query tile of 128 rows, head, batch), 3 warpgroups: warpgroup 0 is the
+//     producer (one thread issues TMA loads; registers lowered with setmaxnreg), warpgroups 1
+//     and 2 are consumers, 64 query rows each (registers raised);
+//   - Q (128 x DP) is loaded once by TMA; K and V tiles (BN x DP) of the CTA's schedule (the
+//     key tiles its query tile hits, each marked full or partial, built on the device by
+//     bsa_sched.cu) stream through a STAGES-deep ring of shared-memory buffers completed on
+//     mbarriers (full: TMA bytes landed; empty: all 256 consumer threads are done with it);
+//   - S = Q K^T is a wgmma with both operands in shared memory (K-major, 128-byte swizzle),
+//     O += P V a wgmma with P from registers and V read MN-major from shared memory;
+//   - the softmax of tile j overlaps the P V product of tile j - 1: S_j is issued, then
+//     P_{j-1} V_{j-1}; the consumer waits for S_j only, runs the softmax while P V runs, then
+//     waits for P V before rescaling O;
+//   - only partial tiles evaluate the token mask, from the block mask bits (mask[i/bx][j/by]);
+//     keys past Skv are masked there too (edge tiles are always partial).
+// The online softmax runs in base 2 with fp32 accumulation; rows that attend nothing get O = 0
+// and LSE = -inf.
 #include <math.h>
 
 #include "bsa_common.cuh"
 #include "bsa_launch.h"
+#include "hopper/hopper.cuh"
 
-template <int DP, typename T, int CFG>
-__global__ void __launch_bounds__(bsa_fwd_tile(DP, CFG).warps * 32, bsa_fwd_ctas(CFG)) bsa_fwd_kernel(const bsa_params p) {
-    constexpr bsa_tile TL = bsa_fwd_tile(DP, CFG);
-    constexpr int BM = TL.bm, BN = TL.bn, NT = TL.warps * 32, MT = TL.mt;
-    static_assert(BM == TL.warps * 16 * MT, "16 * mt query rows per warp");
-    extern __shared__ __align__(128) unsigned char smem_raw[];
-    __half *sQ = reinterpret_cast<__half *>(smem_raw);
-    __half *sK = sQ + BM * DP;
-    __half *sV = sK + 2 * BN * DP;
+namespace {
 
-    // query tiles in reverse order: under causal masks the last tiles have the most work
-    const int m = gridDim.x - 1 - blockIdx.x, n = blockIdx.y, b = blockIdx.z;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+template <int DP> struct FwdCfg {
+    static constexpr bsa_fwd90_tile TL = bsa_fwd90_tile_for(DP);
+    static constexpr int BM = TL.bm, BN = TL.bn, ST = TL.stages;
+    static constexpr int NBOX = DP / 64;                     // 64-column TMA boxes per row
+    static constexpr int Q_BYTES = BM * DP * 2, KV_BYTES = BN * DP * 2;
+    static constexpr int OFF_K = Q_BYTES, OFF_V = OFF_K + ST * KV_BYTES, OFF_BAR = OFF_V + ST * KV_BYTES;
+    static constexpr int SMEM = OFF_BAR + (1 + 4 * ST) * 8 + 1024;  // + alignment slack
+};
+
+template <int DP, typename T>
+__global__ void __launch_bounds__(384, 1)
+    bsa_fwd90_kernel(const bsa_params p, const __grid_constant__ CUtensorMap tmq,
+                     const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv) {
+    using C = FwdCfg<DP>;
+    constexpr int BM = C::BM, BN = C::BN, ST = C::ST, NBOX = C::NBOX;
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char *sm = reinterpret_cast<unsigned char *>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+    unsigned char *sQ = sm, *sK = sm + C::OFF_K, *sV = sm + C::OFF_V;
+    uint64_t *barQ = reinterpret_cast<uint64_t *>(sm + C::OFF_BAR);
+    uint64_t *fullK = barQ + 1, *fullV = fullK + ST, *emptyK = fullV + ST, *emptyV = emptyK + ST;
+
+    const int m = gridDim.x - 1 - blockIdx.x, n = blockIdx.y, b = blockIdx.z;  // heavy (late) tiles first
     const int hk = n / p.G;
     const long long row_id = ((long long)b * p.N + n) * gridDim.x + m;
     const int cnt = p.sq.cnt[row_id];
     const int *lst = p.sq.list + row_id * p.sq.stride;
-    const int r0 = m * BM, wr = warp * 16 * MT;  // first row of the tile / of this warp (in tile)
+    const int r0 = m * BM;
+    const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
+
+    if (threadIdx.x == 0) {
+        hop::mbar_init(barQ, 1);
+        for (int s = 0; s < ST; s++) {
+            hop::mbar_init(fullK + s, 1);
+            hop::mbar_init(fullV + s, 1);
+            hop::mbar_init(emptyK + s, 256);
+            hop::mbar_init(emptyV + s, 256);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {  // ---------------------------------------------------------------- producer
+        hop::setmaxnreg_dec<24>();
+        if (tid == 0 && cnt > 0) {
+            hop::tma_prefetch_desc(&tmq);
+            hop::tma_prefetch_desc(&tmk);
+            hop::tma_prefetch_desc(&tmv);
+            hop::mbar_expect_tx(barQ, C::Q_BYTES);
+#pragma unroll
+            for (int x = 0; x < NBOX; x++) hop::tma_load_4d(sQ + x * BM * 128, &tmq, x * 64, r0, n, b, barQ);
+            for (int it = 0; it < cnt; it++) {
+                const int t = lst[it] >> 1, s = it % ST;
+                const uint32_t par = ((it / ST) & 1) ^ 1;
+                hop::mbar_wait(emptyK + s, par);
+                hop::mbar_expect_tx(fullK + s, C::KV_BYTES);
+#pragma unroll
+                for (int x = 0; x < NBOX; x++)
+                    hop::tma_load_4d(sK + s * C::KV_BYTES + x * BN * 128, &tmk, x * 64, t * BN, hk, b, fullK + s);
+                hop::mbar_wait(emptyV + s, par);
+                hop::mbar_expect_tx(fullV + s, C::KV_BYTES);
+#pragma unroll
+                for (int x = 0; x < NBOX; x++)
+                    hop::tma_load_4d(sV + s * C::KV_BYTES + x * BN * 128, &tmv, x * 64, t * BN, hk, b, fullV + s);
+            }
+        }
+        return;
+    }
+    // ------------------------------------------------------------------------------- consumers
+    hop::setmaxnreg_inc<240>();
+    const int cw = wg - 1;                         // consumer warpgroup: rows [64 cw, 64 cw + 64)
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    const int i_lo = r0 + cw * 64 + warp * 16 + g;  // this thread's two rows: i_lo, i_lo + 8
     const float sl2 = p.scale_log2;
 
-    bsa_load_tile<BM, DP, NT, T>(sQ, p.q, b, n, r0, p.Sq, p.D, tid);
-    if (cnt > 0) {
-        int t = lst[0] >> 1;
-        bsa_load_tile<BN, DP, NT, T>(sK, p.k, b, hk, t * BN, p.Skv, p.D, tid);
-        bsa_load_tile<BN, DP, NT, T>(sV, p.v, b, hk, t * BN, p.Skv, p.D, tid);
-    }
-    cp_async_commit();
+    float o[DP / 2], s[BN / 2];
+    uint32_t pa[BN / 16][4];
+#pragma unroll
+    for (int i = 0; i < DP / 2; i++) o[i] = 0.f;
+    float mx0 = -INFINITY, mx1 = -INFINITY, l0 = 0.f, l1 = 0.f;
 
-    float acc[MT][DP / 8][4];
-    float mx[MT][2], l[MT][2];
+    // descriptors: Q rows of this warpgroup (A, K-major), K (B, K-major), V (B, MN-major)
+    auto qdesc = [&](int kk) {
+        return hop::desc_sw128(sQ + (kk / 4) * BM * 128 + cw * 64 * 128 + (kk % 4) * 32, 16, 1024);
+    };
+    auto kdesc = [&](int st, int kk) {
+        return hop::desc_sw128(sK + st * C::KV_BYTES + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024);
+    };
+    auto vdesc = [&](int st, int kk) { return hop::desc_sw128(sV + st * C::KV_BYTES + kk * 16 * 128, BN * 128, 1024); };
+    auto issue_qk = [&](int st) {
+        hop::wgmma_fence();
 #pragma unroll
-    for (int mi = 0; mi < MT; mi++) {
-#pragma unroll
-        for (int i = 0; i < DP / 8; i++) acc[mi][i][0] = acc[mi][i][1] = acc[mi][i][2] = acc[mi][i][3] = 0.f;
-        mx[mi][0] = mx[mi][1] = -INFINITY;
-        l[mi][0] = l[mi][1] = 0.f;
-    }
-
-    for (int it = 0; it < cnt; it++) {
-        const int e = lst[it], t = e >> 1, buf = it & 1;
-        if (it + 1 < cnt) {
-            int t2 = lst[it + 1] >> 1;
-            bsa_load_tile<BN, DP, NT, T>(sK + (buf ^ 1) * BN * DP, p.k, b, hk, t2 * BN, p.Skv, p.D, tid);
-            bsa_load_tile<BN, DP, NT, T>(sV + (buf ^ 1) * BN * DP, p.v, b, hk, t2 * BN, p.Skv, p.D, tid);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
-        const __half *ks = sK + buf * BN * DP, *vs = sV + buf * BN * DP;
-
-        float s[MT][BN / 8][4];
-#pragma unroll
-        for (int mi = 0; mi < MT; mi++)
-#pragma unroll
-            for (int i = 0; i < BN / 8; i++) s[mi][i][0] = s[mi][i][1] = s[mi][i][2] = s[mi][i][3] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < DP / 16; kk++) {
-            uint32_t qa[MT][4];
-#pragma unroll
-            for (int mi = 0; mi < MT; mi++) bsa_lda<DP>(sQ, wr + mi * 16, kk * 16, lane, qa[mi]);
-#pragma unroll
-            for (int nn = 0; nn < BN / 16; nn++) {
-                uint32_t bb[4];
-                bsa_ldb_nk<DP>(ks, nn * 16, kk * 16, lane, bb);
-#pragma unroll
-                for (int mi = 0; mi < MT; mi++) {
-                    bsa_t<T>::mma(s[mi][2 * nn], qa[mi], bb[0], bb[1]);
-                    bsa_t<T>::mma(s[mi][2 * nn + 1], qa[mi], bb[2], bb[3]);
-                }
-            }
-        }
-#pragma unroll
-        for (int mi = 0; mi < MT; mi++)
-#pragma unroll
-            for (int nt = 0; nt < BN / 8; nt++) {
-                s[mi][nt][0] *= sl2; s[mi][nt][1] *= sl2; s[mi][nt][2] *= sl2; s[mi][nt][3] *= sl2;
-            }
-        if (e & 1) {  // partial tile: token-level check against the block mask
-            const uint8_t *mb = p.mask.p + (long long)b * p.mask.s0 + (long long)n * p.mask.s1;
-#pragma unroll
-            for (int mi = 0; mi < MT; mi++) {
-                const int i0 = r0 + wr + mi * 16 + g;
-                const uint8_t *mr0 = mb + (long long)min(bsa_div(i0, p.bx, p.inv_bx), p.nbx - 1) * p.mask.s2;
-                const uint8_t *mr1 = mb + (long long)min(bsa_div(i0 + 8, p.bx, p.inv_bx), p.nbx - 1) * p.mask.s2;
-#pragma unroll
-                for (int nt = 0; nt < BN / 8; nt++) {
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const int j = t * BN + nt * 8 + 2 * c + h;
-                        const bool okc = j < p.Skv;
-                        const long long cb = (long long)min(bsa_div(j, p.by, p.inv_by), p.nby - 1) * p.mask.s3;
-                        if (!(okc && __ldg(mr0 + cb))) s[mi][nt][h] = -INFINITY;
-                        if (!(okc && __ldg(mr1 + cb))) s[mi][nt][2 + h] = -INFINITY;
-                    }
-                }
-            }
-        }
-#pragma unroll
-        for (int mi = 0; mi < MT; mi++) {
-            float n0 = mx[mi][0], n1 = mx[mi][1];
-#pragma unroll
-            for (int nt = 0; nt < BN / 8; nt++) {
-                n0 = fmaxf(n0, fmaxf(s[mi][nt][0], s[mi][nt][1]));
-                n1 = fmaxf(n1, fmaxf(s[mi][nt][2], s[mi][nt][3]));
-            }
-            n0 = fmaxf(n0, __shfl_xor_sync(0xffffffffu, n0, 1));
-            n0 = fmaxf(n0, __shfl_xor_sync(0xffffffffu, n0, 2));
-            n1 = fmaxf(n1, __shfl_xor_sync(0xffffffffu, n1, 1));
-            n1 = fmaxf(n1, __shfl_xor_sync(0xffffffffu, n1, 2));
-            const float u0 = n0 == -INFINITY ? 0.f : n0, u1 = n1 == -INFINITY ? 0.f : n1;
-            const float a0 = bsa_exp2(mx[mi][0] - u0), a1 = bsa_exp2(mx[mi][1] - u1);
-            mx[mi][0] = n0;
-            mx[mi][1] = n1;
-            float ls0 = 0.f, ls1 = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < BN / 8; nt++) {
-                s[mi][nt][0] = bsa_exp2(s[mi][nt][0] - u0); s[mi][nt][1] = bsa_exp2(s[mi][nt][1] - u0);
-                s[mi][nt][2] = bsa_exp2(s[mi][nt][2] - u1); s[mi][nt][3] = bsa_exp2(s[mi][nt][3] - u1);
-                ls0 += s[mi][nt][0] + s[mi][nt][1];
-                ls1 += s[mi][nt][2] + s[mi][nt][3];
-            }
-            l[mi][0] = l[mi][0] * a0 + ls0;
-            l[mi][1] = l[mi][1] * a1 + ls1;
-#pragma unroll
-            for (int dt = 0; dt < DP / 8; dt++) {
-                acc[mi][dt][0] *= a0; acc[mi][dt][1] *= a0; acc[mi][dt][2] *= a1; acc[mi][dt][3] *= a1;
-            }
-        }
+        for (int kk = 0; kk < DP / 16; kk++) hop::elt<T>::template ss128<0, 0>(s, qdesc(kk), kdesc(st, kk), kk > 0);
+        hop::wgmma_commit();
+    };
+    auto issue_pv = [&](int st) {
+        hop::wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) {
-            uint32_t a[MT][4];
+            if constexpr (DP == 128) hop::elt<T>::template rs128<1>(o, pa[kk], vdesc(st, kk), 1);
+            else hop::elt<T>::template rs64<1>(o, pa[kk], vdesc(st, kk), 1);
+        }
+        hop::wgmma_commit();
+    };
+    // Scales S, applies the token mask of a partial tile, updates the running max and sums;
+    // leaves exp2 values in s and returns the rescale factors of O.
+    auto softmax = [&](int e, float &a0, float &a1) {
+        const int t = e >> 1;
 #pragma unroll
-            for (int mi = 0; mi < MT; mi++) {
-                a[mi][0] = bsa_t<T>::pack(s[mi][2 * kk][0], s[mi][2 * kk][1]);
-                a[mi][1] = bsa_t<T>::pack(s[mi][2 * kk][2], s[mi][2 * kk][3]);
-                a[mi][2] = bsa_t<T>::pack(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
-                a[mi][3] = bsa_t<T>::pack(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
-            }
+        for (int i = 0; i < BN / 2; i++) s[i] *= sl2;
+        if (e & 1) {
+            const uint8_t *mb = p.mask.p + (long long)b * p.mask.s0 + (long long)n * p.mask.s1;
+            const uint8_t *mr0 = mb + (long long)min(bsa_div(i_lo, p.bx, p.inv_bx), p.nbx - 1) * p.mask.s2;
+            const uint8_t *mr1 = mb + (long long)min(bsa_div(i_lo + 8, p.bx, p.inv_bx), p.nbx - 1) * p.mask.s2;
 #pragma unroll
-            for (int dd = 0; dd < DP / 16; dd++) {
-                uint32_t bb[4];
-                bsa_ldb_kn<DP>(vs, kk * 16, dd * 16, lane, bb);
+            for (int jj = 0; jj < BN / 8; jj++)
 #pragma unroll
-                for (int mi = 0; mi < MT; mi++) {
-                    bsa_t<T>::mma(acc[mi][2 * dd], a[mi], bb[0], bb[1]);
-                    bsa_t<T>::mma(acc[mi][2 * dd + 1], a[mi], bb[2], bb[3]);
+                for (int h = 0; h < 2; h++) {
+                    const int j = t * BN + jj * 8 + 2 * c + h;
+                    const bool okc = j < p.Skv;
+                    const long long cb = (long long)min(bsa_div(j, p.by, p.inv_by), p.nby - 1) * p.mask.s3;
+                    if (!(okc && __ldg(mr0 + cb))) s[4 * jj + h] = -INFINITY;
+                    if (!(okc && __ldg(mr1 + cb))) s[4 * jj + 2 + h] = -INFINITY;
                 }
+        }
+        float n0 = mx0, n1 = mx1;
+#pragma unroll
+        for (int jj = 0; jj < BN / 8; jj++) {
+            n0 = fmaxf(n0, fmaxf(s[4 * jj], s[4 * jj + 1]));
+            n1 = fmaxf(n1, fmaxf(s[4 * jj + 2], s[4 * jj + 3]));
+        }
+        n0 = fmaxf(n0, __shfl_xor_sync(0xffffffffu, n0, 1));
+        n0 = fmaxf(n0, __shfl_xor_sync(0xffffffffu, n0, 2));
+        n1 = fmaxf(n1, __shfl_xor_sync(0xffffffffu, n1, 1));
+        n1 = fmaxf(n1, __shfl_xor_sync(0xffffffffu, n1, 2));
+        const float u0 = n0 == -INFINITY ? 0.f : n0, u1 = n1 == -INFINITY ? 0.f : n1;
+        a0 = bsa_exp2(mx0 - u0);
+        a1 = bsa_exp2(mx1 - u1);
+        mx0 = n0;
+        mx1 = n1;
+        float ls0 = 0.f, ls1 = 0.f;
+#pragma unroll
+        for (int jj = 0; jj < BN / 8; jj++) {
+            s[4 * jj] = bsa_exp2(s[4 * jj] - u0);
+            s[4 * jj + 1] = bsa_exp2(s[4 * jj + 1] - u0);
+            s[4 * jj + 2] = bsa_exp2(s[4 * jj + 2] - u1);
+            s[4 * jj + 3] = bsa_exp2(s[4 * jj + 3] - u1);
+            ls0 += s[4 * jj] + s[4 * jj + 1];
+            ls1 += s[4 * jj + 2] + s[4 * jj + 3];
+        }
+        l0 = l0 * a0 + ls0;
+        l1 = l1 * a1 + ls1;
+    };
+    auto to_pa = [&]() {
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+            pa[kk][0] = hop::elt<T>::pack(s[8 * kk], s[8 * kk + 1]);
+            pa[kk][1] = hop::elt<T>::pack(s[8 * kk + 2], s[8 * kk + 3]);
+            pa[kk][2] = hop::elt<T>::pack(s[8 * kk + 4], s[8 * kk + 5]);
+            pa[kk][3] = hop::elt<T>::pack(s[8 * kk + 6], s[8 * kk + 7]);
+        }
+    };
+    auto rescale = [&](float a0, float a1) {
+#pragma unroll
+        for (int jj = 0; jj < DP / 8; jj++) {
+            o[4 * jj] *= a0; o[4 * jj + 1] *= a0; o[4 * jj + 2] *= a1; o[4 * jj + 3] *= a1;
+        }
+    };
+
+    if (cnt > 0) {
+        hop::mbar_wait(barQ, 0);
+        float a0, a1;
+        hop::mbar_wait(fullK, 0);
+        issue_qk(0);
+        hop::wgmma_wait<0>();
+        hop::reg_fence(s);
+        hop::mbar_arrive(emptyK);
+        softmax(lst[0], a0, a1);
+        to_pa();
+        for (int it = 1; it < cnt; it++) {
+            const int sk = it % ST, sv = (it - 1) % ST;
+            hop::mbar_wait(fullK + sk, (it / ST) & 1);
+            issue_qk(sk);
+            hop::mbar_wait(fullV + sv, ((it - 1) / ST) & 1);
+            issue_pv(sv);
+            hop::wgmma_wait<1>();  // S_it is ready; P V of the previous tile still runs
+            hop::reg_fence(s);
+            hop::mbar_arrive(emptyK + sk);
+            softmax(lst[it], a0, a1);
+            hop::wgmma_wait<0>();
+            hop::reg_fence(o);
+            hop::reg_fence(pa);
+            hop::mbar_arrive(emptyV + sv);
+            rescale(a0, a1);
+            to_pa();
+        }
+        const int sv = (cnt - 1) % ST;
+        hop::mbar_wait(fullV + sv, ((cnt - 1) / ST) & 1);
+        issue_pv(sv);
+        hop::wgmma_wait<0>();
+        hop::reg_fence(o);
+        hop::reg_fence(pa);
+        hop::mbar_arrive(emptyV + sv);
+    }
+
+    // ---- epilogue: normalise, store O (only rows < Sq, columns < D) and LSE
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+    T *ob = reinterpret_cast<T *>(p.o.p) + (long long)b * p.o.s0 + (long long)n * p.o.s1;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int i = i_lo + 8 * h;
+        if (i >= p.Sq) continue;
+        const float inv = h ? inv1 : inv0;
+        T *orow = ob + (long long)i * p.o.s2;
+#pragma unroll
+        for (int jj = 0; jj < DP / 8; jj++) {
+            const int col = jj * 8 + 2 * c;
+            if (col >= p.D) continue;
+            const uint32_t v = hop::elt<T>::pack(o[4 * jj + 2 * h] * inv, o[4 * jj + 2 * h + 1] * inv);
+            if (p.o.vec) {
+                *reinterpret_cast<uint32_t *>(orow + col) = v;
+            } else {
+                const T *e = reinterpret_cast<const T *>(&v);
+                orow[(long long)col * p.o.s3] = e[0];
+                orow[(long long)(col + 1) * p.o.s3] = e[1];
             }
         }
-        __syncthreads();
-    }
-    cp_async_wait<0>();
-    __syncthreads();
-
-#pragma unroll
-    for (int mi = 0; mi < MT; mi++) {
-        float l0 = l[mi][0], l1 = l[mi][1];
-        l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-        l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-        const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
-        bsa_acc_to_smem<DP, T>(sQ, acc[mi], wr + mi * 16, lane, inv0, inv1);
-        const int i0 = r0 + wr + mi * 16 + g;
         if (p.lse && c == 0) {
-            if (i0 < p.Sq)
-                p.lse[(long long)b * p.lse_s0 + (long long)n * p.lse_s1 + (long long)i0 * p.lse_s2] =
-                    l0 > 0.f ? (mx[mi][0] + __log2f(l0)) * BSA_LN2 : -INFINITY;
-            if (i0 + 8 < p.Sq)
-                p.lse[(long long)b * p.lse_s0 + (long long)n * p.lse_s1 + (long long)(i0 + 8) * p.lse_s2] =
-                    l1 > 0.f ? (mx[mi][1] + __log2f(l1)) * BSA_LN2 : -INFINITY;
+            const float l = h ? l1 : l0, mxv = h ? mx1 : mx0;
+            p.lse[(long long)b * p.lse_s0 + (long long)n * p.lse_s1 + (long long)i * p.lse_s2] =
+                l > 0.f ? (mxv + __log2f(l)) * BSA_LN2 : -INFINITY;
         }
     }
-    __syncthreads();
-    bsa_store_tile<BM, DP, NT, T>(sQ, p.o, b, n, r0, p.Sq, p.D, tid);
 }
 
-template <int DP, typename T, int CFG> static cudaError_t launch_fwd(const bsa_params &p, cudaStream_t st) {
-    constexpr bsa_tile TL = bsa_fwd_tile(DP, CFG);
-    const size_t smem = (size_t)(TL.bm + 4 * TL.bn) * DP * 2;
+template <int DP, typename T>
+cudaError_t launch(const bsa_params &p, const bsa_tmaps &tm, cudaStream_t st) {
+    using C = FwdCfg<DP>;
     static unsigned long long done = 0;
-    cudaError_t e = bsa_set_smem(bsa_fwd_kernel<DP, T, CFG>, smem, &done);
+    cudaError_t e = bsa_set_smem(bsa_fwd90_kernel<DP, T>, C::SMEM, &done);
     if (e != cudaSuccess) return e;
-    dim3 grid((p.Sq + TL.bm - 1) / TL.bm, p.N, p.B);
-    bsa_fwd_kernel<DP, T, CFG><<<grid, TL.warps * 32, smem, st>>>(p);
+    dim3 grid((p.Sq + C::BM - 1) / C::BM, p.N, p.B);
+    bsa_fwd90_kernel<DP, T><<<grid, 384, C::SMEM, st>>>(p, tm.q, tm.k, tm.v);
     return cudaGetLastError();
 }
 
-template <int DP, typename T> static cudaError_t launch_fwd_dp(const bsa_params &p, int cfg, cudaStream_t st) {
-    switch (cfg) {
-    case 1: return launch_fwd<DP, T, 1>(p, st);
-    case 2: return launch_fwd<DP, T, 2>(p, st);
-    default: return launch_fwd<DP, T, 0>(p, st);
-    }
-}
+}  // namespace
 
-extern "C" cudaError_t spattn_bsa_launch_fwd(const bsa_params *p, int dp, int bf16, int cfg, cudaStream_t st) {
-    if (dp == 64) return bf16 ? launch_fwd_dp<64, __nv_bfloat16>(*p, cfg, st) : launch_fwd_dp<64, __half>(*p, cfg, st);
-    return bf16 ? launch_fwd_dp<128, __nv_bfloat16>(*p, cfg, st) : launch_fwd_dp<128, __half>(*p, cfg, st);
+extern "C" cudaError_t spattn_bsa_launch_fwd(const bsa_params *p, const bsa_tmaps *tm, int dp, int bf16,
+                                             cudaStream_t st) {
+    if (dp == 64) return bf16 ? launch<64, __nv_bfloat16>(*p, *tm, st) : launch<64, __half>(*p, *tm, st);
+    return bf16 ? launch<128, __nv_bfloat16>(*p, *tm, st) : launch<128, __half>(*p, *tm, st);
 }

@@ -19,18 +19,67 @@ bool fast_path(const spattn_bsa_problem *p) {
     return (p->dtype == SPATTN_DTYPE_F16 || p->dtype == SPATTN_DTYPE_BF16) && bsa_dpad(p->D) != 0;
 }
 
-// Tile configurations (bsa_tiles.h) for this problem.  SPATTN_BSA_FWD_CFG / SPATTN_BSA_DQ_CFG
-// override the choice (benchmarking knob; the workspace size follows it).
+// The TMA copy engine reads a [B, H, S, D] view when D is contiguous, the base is 16-byte aligned
+// and every other stride (of a dimension longer than 1) is a positive multiple of 16 bytes.
+bool tma_view_ok(const spattn_tensor *t) {
+    if ((uintptr_t)t->data % 16 != 0 || t->strides[3] != 1) return false;
+    for (int i = 0; i < 3; i++)
+        if (t->shape[i] > 1 && (t->strides[i] <= 0 || t->strides[i] % 8 != 0 || t->strides[i] >= (1ll << 39)))
+            return false;
+    return t->shape[2] <= 1 || t->strides[2] >= t->shape[3];
+}
+// The Hopper forward runs when the fast path applies and Q, K, V can be read by TMA; other
+// layouts take the simple kernels (correct, not fast).
+bool fwd_fast(const spattn_bsa_problem *p) {
+    return fast_path(p) && tma_view_ok(p->q) && tma_view_ok(p->k) && tma_view_ok(p->v);
+}
+
+typedef CUresult (*encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                              const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                              CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
+encode_fn tensor_map_encoder() {
+    static encode_fn fn = nullptr;
+    if (!fn) {
+        void *f = nullptr;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) ==
+                cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = reinterpret_cast<encode_fn>(f);
+        else
+            cudaGetLastError();
+    }
+    return fn;
+}
+// 4-d map over [B, H, S, D] (innermost first: D, S, H, B) with boxes of 64 columns x `rows`
+// rows and the 128-byte swizzle the wgmma descriptors expect; out-of-range elements read as 0.
+bool make_tmap(CUtensorMap *m, const spattn_tensor *t, int rows) {
+    encode_fn enc = tensor_map_encoder();
+    if (!enc) return false;
+    const cuuint64_t dims[4] = {(cuuint64_t)t->shape[3], (cuuint64_t)t->shape[2], (cuuint64_t)t->shape[1],
+                                (cuuint64_t)t->shape[0]};
+    cuuint64_t str[3];
+    long long prev = t->shape[3];  // a dimension of length 1 gets any valid stride: it is never stepped
+    for (int i = 0; i < 3; i++) {
+        const int d = 2 - i;
+        long long sv = t->shape[d] > 1 ? t->strides[d] : (prev + 7) / 8 * 8;
+        str[i] = (cuuint64_t)sv * 2;
+        prev = sv * t->shape[d];
+    }
+    const cuuint32_t box[4] = {64, (cuuint32_t)rows, 1, 1}, es[4] = {1, 1, 1, 1};
+    return enc(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, t->data, dims, str, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// Tile configurations (bsa_tiles.h) for this problem.  SPATTN_BSA_DQ_CFG overrides the dQ
+// choice (benchmarking knob; the workspace size follows it).
 int env_cfg(const char *name, int max) {
     const char *e = getenv(name);
     if (!e || !*e) return -1;
     int v = atoi(e);
     return v >= 0 && v <= max ? v : -1;
-}
-int fwd_cfg(const spattn_bsa_problem *p) {
-    const int o = env_cfg("SPATTN_BSA_FWD_CFG", 2);
-    if (o >= 0) return o;
-    return bsa_fwd_choose(bsa_dpad(p->D), p->bx, p->by);
 }
 int dq_cfg(const spattn_bsa_problem *p) {
     const int o = env_cfg("SPATTN_BSA_DQ_CFG", 1);
@@ -48,7 +97,7 @@ Layout layout(const spattn_bsa_problem *p, int backward) {
     Layout L = {};
     const size_t rows = (size_t)p->B * p->N * p->Sq;
     size_t sz[6] = {0, 0, 0, 0, 0, 0};
-    if (!fast_path(p)) {
+    if (backward ? !fast_path(p) : !fwd_fast(p)) {
         if (!backward) {
             sz[0] = rows * p->D * 4;  // o fp32
             sz[1] = rows * 4;         // lse fp32
@@ -61,7 +110,7 @@ Layout layout(const spattn_bsa_problem *p, int backward) {
     } else {
         const int dp = bsa_dpad(p->D);
         if (!backward) {
-            const bsa_tile t = bsa_fwd_tile(dp, fwd_cfg(p));
+            const bsa_fwd90_tile t = bsa_fwd90_tile_for(dp);
             const size_t nq = (size_t)p->B * p->N * ((p->Sq + t.bm - 1) / t.bm);
             const size_t nk = (size_t)((p->Skv + t.bn - 1) / t.bn);
             sz[0] = nq * 4;
@@ -214,7 +263,7 @@ extern "C" spattn_status spattn_cuda_bsa_fwd(const spattn_bsa_problem *pb, const
     if (s != SPATTN_STATUS_SUCCESS) return s;
     cudaStream_t st = ws.st;
     cudaError_t e;
-    if (!fast_path(pb)) {  // fp32 or D > 128: the simple kernels, then a strided conversion
+    if (!fwd_fast(pb)) {  // fp32, D > 128 or no TMA layout: the simple kernels, then a conversion
         float *o32 = reinterpret_cast<float *>(ws.base + L.off[0]), *l32 = reinterpret_cast<float *>(ws.base + L.off[1]);
         s = spattn_cuda_ref_bsa_fwd(pb, ex, o32, l32);
         if (s != SPATTN_STATUS_SUCCESS) return s;
@@ -230,14 +279,16 @@ extern "C" spattn_status spattn_cuda_bsa_fwd(const spattn_bsa_problem *pb, const
     }
     const int dp = bsa_dpad(pb->D), bf16 = pb->dtype == SPATTN_DTYPE_BF16;
     bsa_params p = params(pb);
-    const int cfg = fwd_cfg(pb);
-    const bsa_tile t = bsa_fwd_tile(dp, cfg);
+    const bsa_fwd90_tile t = bsa_fwd90_tile_for(dp);
+    bsa_tmaps tm;
+    if (!make_tmap(&tm.q, pb->q, t.bm) || !make_tmap(&tm.k, pb->k, t.bn) || !make_tmap(&tm.v, pb->v, t.bn))
+        return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "bsa cuda: cuTensorMapEncodeTiled failed for q, k or v");
     int *cnt = reinterpret_cast<int *>(ws.base + L.off[0]), *list = reinterpret_cast<int *>(ws.base + L.off[1]);
     if ((e = spattn_bsa_launch_sched_q(&p, t.bm, t.bn, cnt, list, st)) != cudaSuccess) return fail(e, "schedule");
     p.sq.cnt = cnt;
     p.sq.list = list;
     p.sq.stride = (p.Skv + t.bn - 1) / t.bn;
-    if ((e = spattn_bsa_launch_fwd(&p, dp, bf16, cfg, st)) != cudaSuccess) return fail(e, "forward kernel");
+    if ((e = spattn_bsa_launch_fwd(&p, &tm, dp, bf16, st)) != cudaSuccess) return fail(e, "forward kernel");
     return SPATTN_STATUS_SUCCESS;
 }
 

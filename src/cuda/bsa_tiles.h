@@ -2,7 +2,7 @@
 // functions (usable on the host and as compile-time constants in the kernels).
 //
 //   dpad(D)        head dim padded to the kernel's width (64 or 128; 0 = no fast kernel)
-//   fwd tile       bm query rows (16 * mt per warp) x bn keys per step
+//   fwd90 tile     bm query rows (64 per consumer warpgroup) x bn keys per step, ring depth
 //   dq tile        bm query rows (16 * mt per warp) x bn keys per step
 //   dkdv tile      bn keys (16 per warp) x bm query rows per step
 //   *_choose       the configuration for a problem (by its block sizes)
@@ -30,26 +30,15 @@ typedef struct bsa_tile {
 // Padded head dim of the fast kernels; 0 when D needs the simple path.
 BSA_HD int bsa_dpad(long long D) { return D <= 64 ? 64 : (D <= 128 ? 128 : 0); }
 
-// Forward configurations (index `cfg`):
-//   0  4 warps x 32 rows (2 mma row tiles per warp: every K/V fragment read from shared memory
-//      feeds 2 mmas), 128 x 32 tiles at dp = 128 (O 2 x 64 + S 2 x 16 registers; 128 x 64
-//      spilled at the 255-register cap), 128 x 64 at dp = 64
-//   1  8 warps x 16 rows, 128 x 64, one CTA of 256 threads per SM
-//   2  4 warps x 16 rows, 64 x 64, two CTAs per SM
-// Measured on the H200 (runbook, sweep of 2026-11-30): 2 is best or near best on 14 of the 17
-// public cases (finer row tiles follow 64-row blocks: bigbird 3.4x, random 2.1x over 0);
-// 0 wins only with tall, narrow blocks (bx >= 128, by < 64: 1.5x over 2).
-BSA_HD bsa_tile bsa_fwd_tile(int dp, int cfg) {
-    return cfg == 0 ? (dp == 128 ? bsa_tile{128, 32, 4, 2} : bsa_tile{128, 64, 4, 2})
-         : cfg == 1 ? bsa_tile{128, 64, 8, 1}
-                    : bsa_tile{64, 64, 4, 1};
-}
-// CTAs per SM a forward configuration is built for (launch bounds).
-BSA_HD int bsa_fwd_ctas(int cfg) { return cfg == 1 ? 1 : 2; }
-// Forward configuration for a problem with block sizes bx x by.
-BSA_HD int bsa_fwd_choose(int dp, long long bx, long long by) {
-    (void)dp;
-    return bx >= 128 && by < 64 ? 0 : 2;
+// Hopper forward (bsa_fwd.cu): bm query rows (64 per consumer warpgroup, 2 consumers) x bn keys
+// per step, K and V each in a ring of `stages` shared-memory buffers.
+// Shared memory (2-byte elements): Q bm*dp*2 + (K + V) 2*stages*bn*dp*2 = 32 + 128 KB at dp 128,
+// stages 2; 16 + 96 KB at dp 64, stages 3.  One CTA of 384 threads per SM.
+typedef struct bsa_fwd90_tile {
+    int bm, bn, stages;
+} bsa_fwd90_tile;
+BSA_HD bsa_fwd90_tile bsa_fwd90_tile_for(int dp) {
+    return dp == 128 ? bsa_fwd90_tile{128, 128, 2} : bsa_fwd90_tile{128, 128, 3};
 }
 
 // dQ configurations: 0  4 warps x 16 rows, 64 x 64 (Q and dO stay in shared memory);

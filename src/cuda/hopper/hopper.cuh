@@ -1,0 +1,107 @@
+// Small wrappers over the Hopper (sm_90a) machinery the spattn kernels use: wgmma shared-memory
+// descriptors and ordering, setmaxnreg, named barriers, and (through CCCL's <cuda/ptx>) mbarrier
+// waits and TMA tile loads.  The wgmma instructions themselves are in wgmma_ops.cuh (generated).
+//
+// Shared-memory tiles are written by TMA with the 128-byte swizzle: a tile of R rows x 64
+// 2-byte columns is R * 128 bytes, 8-row groups ("atoms") of 1024 bytes, every atom 1024-byte
+// aligned.  A head dim of 128 is two such column boxes, one after the other.
+#ifndef SPATTN_HOPPER_CUH
+#define SPATTN_HOPPER_CUH
+
+#include <cuda.h>
+#include <cuda/ptx>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "wgmma_ops.cuh"
+
+namespace hop {
+
+namespace ptx = cuda::ptx;
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// Matrix descriptor, 128-byte swizzle.  K-major operand (rows of 64 elements along K): lbo is
+// unused, sbo = 1024 (next 8-row atom).  MN-major operand (rows of 64 elements along M/N, one
+// row per k): lbo = bytes between 64-column boxes along M/N, sbo = 1024 (next 8 k-rows).
+__device__ __forceinline__ uint64_t desc_sw128(const void *p, uint32_t lbo, uint32_t sbo) {
+    const uint64_t a = smem_u32(p);
+    return ((a & 0x3FFFFu) >> 4) | ((uint64_t)((lbo & 0x3FFFFu) >> 4) << 16) |
+           ((uint64_t)((sbo & 0x3FFFFu) >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving reads/writes of registers that an in-flight wgmma uses across
+// the wait (the asm statements of wgmma_ops.cuh touch them only at issue in its view).
+template <int N> __device__ __forceinline__ void reg_fence(float (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N> __device__ __forceinline__ void reg_fence(uint32_t (&r)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+
+template <int R> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R)); }
+template <int R> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }
+
+// Named barrier `id` (1..15; 0 is __syncthreads) over `n` threads.
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+
+// ---- mbarrier -----------------------------------------------------------------------------
+__device__ __forceinline__ void mbar_init(uint64_t *b, uint32_t count) { ptx::mbarrier_init(b, count); }
+__device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t parity) {
+    while (!ptx::mbarrier_try_wait_parity(b, parity)) {
+    }
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *b) {
+    (void)ptx::mbarrier_arrive(ptx::sem_release, ptx::scope_cta, ptx::space_shared, b);
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *b, uint32_t bytes) {
+    (void)ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, b, bytes);
+}
+
+// ---- TMA ----------------------------------------------------------------------------------
+__device__ __forceinline__ void tma_prefetch_desc(const CUtensorMap *m) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(m)) : "memory");
+}
+// 4-d tile load (coordinates innermost first) into shared memory, completing on `bar`.
+__device__ __forceinline__ void tma_load_4d(void *dst, const CUtensorMap *m, int c0, int c1, int c2, int c3,
+                                            uint64_t *bar) {
+    const int32_t c[4] = {c0, c1, c2, c3};
+    ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, dst, m, c, bar);
+}
+
+// ---- element types ------------------------------------------------------------------------
+template <typename T> struct elt;
+template <> struct elt<__half> {
+    static __device__ __forceinline__ uint32_t pack(float a, float b) {
+        __half2 h = __floats2half2_rn(a, b);
+        return *reinterpret_cast<uint32_t *>(&h);
+    }
+    template <int TA, int TB> static __device__ __forceinline__ void ss128(float (&d)[64], uint64_t a, uint64_t b, int s) { wgmma_ss_m64n128k16_f16<TA, TB>(d, a, b, s); }
+    template <int TA, int TB> static __device__ __forceinline__ void ss64(float (&d)[32], uint64_t a, uint64_t b, int s) { wgmma_ss_m64n64k16_f16<TA, TB>(d, a, b, s); }
+    template <int TB> static __device__ __forceinline__ void rs128(float (&d)[64], const uint32_t (&a)[4], uint64_t b, int s) { wgmma_rs_m64n128k16_f16<TB>(d, a, b, s); }
+    template <int TB> static __device__ __forceinline__ void rs64(float (&d)[32], const uint32_t (&a)[4], uint64_t b, int s) { wgmma_rs_m64n64k16_f16<TB>(d, a, b, s); }
+};
+template <> struct elt<__nv_bfloat16> {
+    static __device__ __forceinline__ uint32_t pack(float a, float b) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+        return *reinterpret_cast<uint32_t *>(&h);
+    }
+    template <int TA, int TB> static __device__ __forceinline__ void ss128(float (&d)[64], uint64_t a, uint64_t b, int s) { wgmma_ss_m64n128k16_bf16<TA, TB>(d, a, b, s); }
+    template <int TA, int TB> static __device__ __forceinline__ void ss64(float (&d)[32], uint64_t a, uint64_t b, int s) { wgmma_ss_m64n64k16_bf16<TA, TB>(d, a, b, s); }
+    template <int TB> static __device__ __forceinline__ void rs128(float (&d)[64], const uint32_t (&a)[4], uint64_t b, int s) { wgmma_rs_m64n128k16_bf16<TB>(d, a, b, s); }
+    template <int TB> static __device__ __forceinline__ void rs64(float (&d)[32], const uint32_t (&a)[4], uint64_t b, int s) { wgmma_rs_m64n64k16_bf16<TB>(d, a, b, s); }
+};
+
+}  // namespace hop
+
+#endif
