@@ -300,28 +300,57 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor,
 
 
 class _Ring:
-    """Shard layout and the chunk-pair work grid of one ring call."""
+    """Shard layout and the work map of one ring call.
+
+    Chunks are L tokens (Lx block rows, Ly block columns).  For query chunk a and key chunk c,
+    [lo[a][c], hi[a][c]) is the range of block columns of c that some block row of a attends
+    (hi = 0: none).  A transfer from src to dst carries, per key chunk of src, only the union of
+    these ranges over dst's query chunks, packed back to back along the sequence."""
 
     def __init__(self, q: Tensor, k: Tensor, mask: Tensor, bx: int, by: int, load_balance: bool, group_name: str):
         self.pg = _pg(group_name)
         self.rank, self.world = dist.get_rank(self.pg), dist.get_world_size(self.pg)
         S, L, n = _bsa_layout(q, k, mask, bx, by, self.world, load_balance)
-        self.L, self.Lx, self.Ly, self.lb = L, L // bx, L // by, load_balance
-        # grid[a][c]: some block between query chunk a and key chunk c is attended (one sync)
-        nz = mask.ne(0).any(0).any(0)                                          # [S/bx, S/by]
-        g = nz.view(n, self.Lx, n, self.Ly).any(3).any(1)
-        self.grid = g.cpu().tolist()
+        self.L, self.Lx, self.Ly, self.by, self.lb = L, L // bx, L // by, by, load_balance
+        nz = mask.ne(0).any(0).any(0)                                   # [S/bx, S/by]
+        cols = nz.view(n, self.Lx, n, self.Ly).any(1)                   # [a, c, Ly]
+        ar = torch.arange(self.Ly, device=cols.device)
+        lo = torch.where(cols, ar, self.Ly).amin(-1)
+        hi = torch.where(cols, ar + 1, 0).amax(-1)
+        lohi = torch.stack([lo, hi]).cpu().tolist()                     # one sync
+        self.lo, self.hi = lohi
 
     def chunks(self, r: int) -> List[int]:
         return _chunks(r, self.world, self.lb)
 
-    def pairs(self, dst: int, src: int) -> List[Tuple[int, int, int, int]]:
-        """(local row chunk j of dst, global a, local col chunk i of src, global c) with work."""
-        return [(j, a, i, c) for j, a in enumerate(self.chunks(dst)) for i, c in enumerate(self.chunks(src))
-                if self.grid[a][c]]
+    def ranges(self, dst: int, src: int) -> List[Tuple[int, int, int, int, int]]:
+        """(local chunk i of src, global chunk c, lo, hi, offset in tokens in the packed buffer)."""
+        out, off = [], 0
+        for i, c in enumerate(self.chunks(src)):
+            live = [a for a in self.chunks(dst) if self.hi[a][c] > 0]
+            if not live:
+                continue
+            lo, hi = min(self.lo[a][c] for a in live), max(self.hi[a][c] for a in live)
+            out.append((i, c, lo, hi, off))
+            off += (hi - lo) * self.by
+        return out
 
-    def need(self, dst: int, src: int) -> bool:
-        return len(self.pairs(dst, src)) > 0
+    def full_ranges(self, r: int) -> List[Tuple[int, int, int, int, int]]:
+        """The local shard itself seen as a packed buffer (step 0)."""
+        return [(i, c, 0, self.Ly, i * self.L) for i, c in enumerate(self.chunks(r))]
+
+    def pairs(self, dst: int, rngs) -> List[Tuple[slice, slice, slice, int, int]]:
+        """Work of dst on a packed buffer: (query rows, packed key tokens, mask cols, a, c)."""
+        out = []
+        for j, a in enumerate(self.chunks(dst)):
+            for i, c, lo, hi, off in rngs:
+                if self.hi[a][c] == 0:
+                    continue
+                l0, h0 = self.lo[a][c], self.hi[a][c]  # tighter than the packed range
+                ks = slice(off + (l0 - lo) * self.by, off + (h0 - lo) * self.by)
+                out.append((slice(j * self.L, (j + 1) * self.L), ks,
+                            slice(c * self.Ly + l0, c * self.Ly + h0), a, c))
+        return out
 
     def peer(self, r: int) -> int:
         return dist.get_global_rank(self.pg, r)
@@ -332,37 +361,46 @@ class _Ring:
         return dist.batch_isend_irecv(ops) if ops else []
 
 
+def _pack(x: Tensor, rngs, L: int, by: int) -> Tensor:
+    parts = [x[:, :, i * L + lo * by:i * L + hi * by] for i, c, lo, hi, off in rngs]
+    return (parts[0] if len(parts) == 1 else torch.cat(parts, 2)).contiguous()
+
+
+def _packed_len(rngs, by: int) -> int:
+    return sum((hi - lo) * by for i, c, lo, hi, off in rngs)
+
+
 def _kv_step(ring: _Ring, t: int, k: Tensor, v: Tensor):
-    """Posts step t of the key/value exchange: own shard to rank r+t, that of r-t in (if needed)."""
-    r, W = ring.rank, ring.world
+    """Posts step t of the key/value exchange: the needed part of our shard to rank r+t, that of
+    rank r-t in.  Returns (requests, [k, v] buffers or [] when nothing comes, their ranges)."""
+    r, W, L, by = ring.rank, ring.world, ring.L, ring.by
     dst, src = (r + t) % W, (r - t) % W
-    to = dst if ring.need(dst, r) else None
-    bufs = [torch.empty_like(k), torch.empty_like(v)] if ring.need(r, src) else []
-    reqs = ring.exchange([k, v] if to is not None else [], to, bufs, src if bufs else None, 4 * t)
-    return reqs, bufs
+    out_r, in_r = ring.ranges(dst, r), ring.ranges(r, src)
+    send = [_pack(k, out_r, L, by), _pack(v, out_r, L, by)] if out_r else []
+    n = _packed_len(in_r, by)
+    bufs = [k.new_empty(k.shape[:2] + (n,) + k.shape[3:]), v.new_empty(v.shape[:2] + (n,) + v.shape[3:])] if in_r else []
+    reqs = ring.exchange(send, dst if send else None, bufs, src if bufs else None, 4 * t)
+    return reqs, bufs, in_r
 
 
 def _ring_fwd_impl(q, k, v, mask, bx, by, scale, load_balance, group_name):
     ring = _Ring(q, k, mask, bx, by, load_balance, group_name)
-    r, W, L, Lx, Ly = ring.rank, ring.world, ring.L, ring.Lx, ring.Ly
+    r, W, Lx = ring.rank, ring.world, ring.Lx
     k, v = k.contiguous(), v.contiguous()
     acc_o = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     acc_l = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
-    pending = {0: ([], [k, v])}
+    pending = {0: ([], [k, v], ring.full_ranges(r))}
     for t in range(W):
         if t + 1 < W:
             pending[t + 1] = _kv_step(ring, t + 1, k, v)
-        reqs, bufs = pending.pop(t)
+        reqs, bufs, rngs = pending.pop(t)
         for req in reqs:
             req.wait()
-        src = (r - t) % W
         if not bufs:
             continue  # nothing attended in this step: skipped (no transfer, no kernel)
         kt, vt = bufs
-        for j, a, i, c in ring.pairs(r, src):
-            qs = slice(j * L, (j + 1) * L)
-            ks = slice(i * L, (i + 1) * L)
-            mp = mask[:, :, a * Lx:(a + 1) * Lx, c * Ly:(c + 1) * Ly]
+        for qs, ks, ms, a, c in ring.pairs(r, rngs):
+            mp = mask[:, :, a * Lx:(a + 1) * Lx, ms]
             op, lp = torch.ops.spattn.bsa_fwd(q[:, :, qs], kt[:, :, ks], vt[:, :, ks], mp, bx, by, scale)
             ao, al = acc_o[:, :, qs], acc_l[:, :, qs]
             merge_into(ao, al, op, lp, ao, al)
@@ -382,53 +420,56 @@ def _(q, k, v, block_mask, bx, by, scale, load_balance, group_name):
 
 def _ring_bwd_impl(q, k, v, mask, o, dout, lse, bx, by, scale, load_balance, group_name):
     ring = _Ring(q, k, mask, bx, by, load_balance, group_name)
-    r, W, L, Lx, Ly = ring.rank, ring.world, ring.L, ring.Lx, ring.Ly
+    r, W, L, Lx = ring.rank, ring.world, ring.L, ring.Lx
     k, v = k.contiguous(), v.contiguous()
     f32 = torch.float32
     dq = torch.zeros(q.shape, dtype=f32, device=q.device)
     dk = torch.zeros(k.shape, dtype=f32, device=k.device)
     dv = torch.zeros(v.shape, dtype=f32, device=v.device)
-    pending = {0: ([], [k, v])}
-    grads_in_flight = None  # (reqs, received buffers) of the previous step's dK/dV exchange
+    pending = {0: ([], [k, v], ring.full_ranges(r))}
+    in_flight = None  # (requests, received packed dK/dV, their ranges) of the previous step
 
     def settle(g):
         if g is None:
             return
-        reqs, got = g
+        reqs, got, rngs = g
         for req in reqs:
             req.wait()
-        if got:
-            dk.add_(got[0])
-            dv.add_(got[1])
+        for i, c, lo, hi, off in rngs:
+            n = (hi - lo) * by
+            dk[:, :, i * L + lo * by:i * L + hi * by] += got[0][:, :, off:off + n]
+            dv[:, :, i * L + lo * by:i * L + hi * by] += got[1][:, :, off:off + n]
 
     for t in range(W):
         if t + 1 < W:
             pending[t + 1] = _kv_step(ring, t + 1, k, v)
-        reqs, bufs = pending.pop(t)
+        reqs, bufs, rngs = pending.pop(t)
         for req in reqs:
             req.wait()
         src, dst = (r - t) % W, (r + t) % W
-        pdk = pdv = None
         if bufs:
             kt, vt = bufs
-            pdk, pdv = (dk, dv) if t == 0 else (torch.zeros_like(dk), torch.zeros_like(dv))
-            for j, a, i, c in ring.pairs(r, src):
-                qs = slice(j * L, (j + 1) * L)
-                ks = slice(i * L, (i + 1) * L)
-                mp = mask[:, :, a * Lx:(a + 1) * Lx, c * Ly:(c + 1) * Ly]
+            pdk, pdv = (dk, dv) if t == 0 else (torch.zeros(kt.shape, dtype=f32, device=kt.device),
+                                                torch.zeros(vt.shape, dtype=f32, device=vt.device))
+            for qs, ks, ms, a, c in ring.pairs(r, rngs):
+                mp = mask[:, :, a * Lx:(a + 1) * Lx, ms]
                 gq, gk, gv = torch.ops.spattn.bsa_bwd(q[:, :, qs], kt[:, :, ks], vt[:, :, ks], mp, o[:, :, qs],
                                                       dout[:, :, qs], lse[:, :, qs], bx, by, scale)
                 dq[:, :, qs] += gq
                 pdk[:, :, ks] += gk
                 pdv[:, :, ks] += gv
         if t > 0:
-            # partial dK/dV (fp32) go home to rank r-t; ours come from rank r+t
-            got = [torch.empty_like(dk), torch.empty_like(dv)] if ring.need(dst, r) else []
-            greqs = ring.exchange([pdk, pdv] if bufs else [], src if bufs else None, got,
-                                  dst if got else None, 4 * t + 2)
-            settle(grads_in_flight)
-            grads_in_flight = (greqs, got)
-    settle(grads_in_flight)
+            # partial dK/dV (fp32, packed like the keys we got) go home to rank r-t; those of
+            # our own keys come back from rank r+t
+            back = ring.ranges(dst, r)
+            n = _packed_len(back, by)
+            got = [torch.empty(k.shape[:2] + (n,) + k.shape[3:], dtype=f32, device=k.device),
+                   torch.empty(v.shape[:2] + (n,) + v.shape[3:], dtype=f32, device=v.device)] if back else []
+            greqs = ring.exchange([pdk, pdv] if bufs else [], src if bufs else None, got, dst if got else None,
+                                  4 * t + 2)
+            settle(in_flight)
+            in_flight = (greqs, got, back)
+    settle(in_flight)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 

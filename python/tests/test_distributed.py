@@ -179,6 +179,24 @@ def _run_skip(res, world, rank, cpd):
     want = (world - 1 - rank) * 2 + rank * 2  # k, v sent to every later rank, received from every earlier
     if calls["p2p"] != want:
         res["fail"].append(f"ring skip W{world} rank {rank}: {calls['p2p']} transfers on causal, expected {want}")
+    # window of one block, contiguous shards: each rank r > 0 receives only the last key block of
+    # rank r-1 (one block of k and of v), in the forward
+    nb = S // bs
+    i = torch.arange(nb)
+    mask = ((i[None, :] <= i[:, None]) & (i[None, :] >= i[:, None] - 1)).to(torch.uint8).expand(1, 1, -1, -1)
+    sizes = []
+
+    def sizing(ops):
+        sizes.extend(op.tensor.shape[2] for op in ops if op.op is dist.irecv)
+        return orig(ops)
+    dist.batch_isend_irecv = sizing
+    try:
+        q = torch.randn(1, 1, S // world, D)
+        cpd.block_sparse_attention(q, q, q, mask, bs, mode="ring", load_balance=False)
+    finally:
+        dist.batch_isend_irecv = orig
+    if sizes != ([bs, bs] if rank > 0 else []):
+        res["fail"].append(f"ring window W{world} rank {rank}: received key lengths {sizes}, expected one block")
     res["n"] += 1
 
 
