@@ -15,7 +15,16 @@
  *   - All floating tensors of one call (q, k, v, o, dO, dq, dk, dv, ...) share one dtype:
  *     fp16, bf16 or fp32.  LSE is always fp32.  Accumulation is fp32 (CPU and GPU).
  *   - A query row that attends to no key has O = 0, LSE = -inf and contributes nothing to any
- *     gradient (its dQ row is 0).  No NaN or Inf appears anywhere else.
+ *     gradient (its dQ row is 0), whatever its q, dO and the keys hold.  With finite inputs
+ *     (scores within fp32) no NaN or Inf appears anywhere else.
+ *   - NaN / Inf inputs follow IEEE arithmetic on the dense formula over the keys a row attends
+ *     (cases/README.md), as dense attention in PyTorch does; never a plausible finite value:
+ *     a NaN in q or in an attended k makes the row's O and LSE NaN; a NaN in an attended v
+ *     makes the O columns it reaches NaN; a +inf score makes O and LSE NaN (exp(inf - inf));
+ *     a -inf score acts as a masked pair (all -inf: a row with no key).  The backward
+ *     propagates them the same way (a NaN row gives NaN dQ and NaN dK, dV rows of the keys it
+ *     attends).  Only the CPU bsa kernels with bx or by < 16 may also turn unattended rows
+ *     (keys) of the same 64-token tile NaN -- never a wrong finite value.
  *   - Results are deterministic by default: the same inputs give bitwise the same outputs for
  *     any CPU thread count and any launch.
  *   - Outputs must not overlap any input or each other (error SPATTN_STATUS_ALIASING); inputs
@@ -187,9 +196,11 @@ typedef struct spattn_varlen {
  *   k, v        [B, Nkv, Skv, D]      same dtype as q; N % Nkv == 0 (GQA: query head n uses
  *                                     key/value head n / (N / Nkv))
  *   block_mask  [B, N, ceil(Sq/bx), ceil(Skv/by)]  uint8; pair (i, j) is attended iff
- *                                     block_mask[b, n, i / bx, j / by] != 0 (any bx, by >= 1;
- *                                     the last block row / column may be partial)
- *   scale       softmax scale; 0 means 1/sqrt(D); must be finite
+ *                                     block_mask[b, n, i / bx, j / by] != 0 (any bx, by >= 1,
+ *                                     up to INT64_MAX; the last block row / column may be
+ *                                     partial)
+ *   scale       softmax scale; 0 means 1/sqrt(D); must be finite in fp32 (|scale| <= FLT_MAX,
+ *               else SPATTN_STATUS_INVALID_VALUE)
  *   o           [B, N, Sq, D]         output, same dtype as q
  *   lse         [B, N, Sq]            output, fp32, natural log; may be NULL (not computed)
  * D: a multiple of 8, 8 .. 256.  Rows with no attended key: O = 0, LSE = -inf.
@@ -293,7 +304,7 @@ SPATTN_API spattn_status spattn_bsa_varlen_workspace_size(const spattn_tensor *q
  *   sbs      sparse block size, a power of two, 1 .. 128
  *   mode     SPATTN_SFA_MODE_NONE or SPATTN_SFA_MODE_CAUSAL (selected keys past the causal
  *            limit are masked, not an error)
- *   scale    0 means 1/sqrt(D + Dr)
+ *   scale    0 means 1/sqrt(D + Dr); must be finite in fp32 (|scale| <= FLT_MAX)
  *   o        [B, S1, N1, D]     output
  *   lse      [B, S1, N1]        output, fp32; may be NULL
  * D and Dr: multiples of 8 (Dr may be 0), D <= 1024, Dr <= 256.  q/q_rope (and k/k_rope) may
