@@ -233,6 +233,7 @@ def main():
     else:
         dev = torch.device("cpu")
         dist.init_process_group("gloo")
+    dist.barrier()  # every rank's communicator is up before the first (possibly one-sided) ring step
     cases = []
     for S in (int(s) for s in args.seq.split(",")):
         tag = f"{S // 1024}K" if S >= 1024 else str(S)

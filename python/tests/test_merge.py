@@ -110,7 +110,9 @@ class TestMergeTorch(unittest.TestCase):
                 l1[0, 0, :3] = -math.inf
                 l2[0, 0, 2:5] = -math.inf
                 o1[0, 0, :3] = float("nan")
-                o, lse = spattn.merge_attention_states(*(x.to(dev) for x in (o1, l1, o2, l2)))
+                # BSND-style strided views of BNSD buffers (o [B, S, N, D], lse [B, S, N])
+                o, lse = spattn.merge_attention_states(*(x.to(dev).transpose(1, 2) for x in (o1, l1, o2, l2)))
+                o, lse = o.transpose(1, 2), lse.transpose(1, 2)
                 L = torch.logaddexp(l1.double(), l2.double())
                 w1 = torch.where(l1 == -math.inf, 0.0, torch.exp(l1.double() - L)).nan_to_num(0.0)
                 w2 = torch.where(l2 == -math.inf, 0.0, torch.exp(l2.double() - L)).nan_to_num(0.0)
