@@ -144,13 +144,15 @@ typedef enum spattn_backend {
 
 typedef struct spattn_options {
     int32_t backend;          /* spattn_backend */
-    int32_t num_threads;      /* CPU threads; 0 = OpenMP's default.  Results do not depend on it. */
+    int32_t num_threads;      /* CPU threads, 0 .. 1024; 0 = OpenMP's default.  Results do not
+                                 depend on it. */
     void *cuda_stream;        /* cudaStream_t the CUDA kernels run on; NULL = default stream */
     void *workspace;          /* optional scratch on the tensors' device; NULL = library allocates */
     size_t workspace_size;    /* bytes at workspace; see spattn_*_workspace_size */
     int32_t deterministic;    /* 1 (default): bitwise reproducible.  0 allows faster kernels
-                                 whose floating-point summation order may vary (CUDA only). */
-    int32_t reserved[7];      /* zero */
+                                 whose floating-point summation order may vary (CUDA only).
+                                 Other values: SPATTN_STATUS_BAD_OPTIONS. */
+    int32_t reserved[7];      /* zero (else SPATTN_STATUS_BAD_OPTIONS) */
 } spattn_options;
 
 /* Fills *opt with defaults (AUTO backend, default threads and stream, no workspace,

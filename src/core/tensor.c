@@ -44,7 +44,8 @@ spattn_tensor spattn_tensor_make(void *data, spattn_dtype dtype, int32_t ndim,
     for (int i = ndim - 1; i >= 0; i--) {
         t.shape[i] = shape[i];
         t.strides[i] = strides ? strides[i] : s;
-        s *= shape[i];
+        /* Saturates: a stride past int64 is then rejected by the checks (BAD_STRIDE). */
+        if (__builtin_mul_overflow(s, shape[i], &s)) s = INT64_MAX;
     }
     return t;
 }
@@ -303,13 +304,24 @@ spattn_status spattn_resolve_exec(const spattn_options *opt, const spattn_tensor
         return spattn_set_error(SPATTN_STATUS_BAD_OPTIONS,
                                 "options.backend: must be 0 (auto), 1 (cpu) or 2 (cuda), got %d",
                                 opt->backend);
-    if (opt->num_threads < 0)
+    /* The CPU backend sizes its workspace per thread and starts that many OpenMP threads: an
+     * absurd count must be an error, not a huge allocation or an abort inside OpenMP. */
+    if (opt->num_threads < 0 || opt->num_threads > 1024)
         return spattn_set_error(SPATTN_STATUS_BAD_OPTIONS,
-                                "options.num_threads: must be >= 0, got %d", opt->num_threads);
+                                "options.num_threads: must be in [0, 1024] (0 = OpenMP's default), "
+                                "got %d", opt->num_threads);
     if (opt->workspace_size > 0 && !opt->workspace)
         return spattn_set_error(SPATTN_STATUS_BAD_OPTIONS,
                                 "options.workspace: NULL with workspace_size=%zu",
                                 opt->workspace_size);
+    if (opt->deterministic != 0 && opt->deterministic != 1)
+        return spattn_set_error(SPATTN_STATUS_BAD_OPTIONS,
+                                "options.deterministic: must be 0 or 1, got %d", opt->deterministic);
+    for (int i = 0; i < (int)(sizeof opt->reserved / sizeof opt->reserved[0]); i++)
+        if (opt->reserved[i] != 0)
+            return spattn_set_error(SPATTN_STATUS_BAD_OPTIONS,
+                                    "options.reserved[%d]: must be 0 (spattn_options_init), got %d",
+                                    i, opt->reserved[i]);
     int dev = first->device_type;
     if (dev != SPATTN_DEVICE_CPU && dev != SPATTN_DEVICE_CUDA)
         return spattn_set_error(SPATTN_STATUS_BAD_DEVICE,

@@ -1,0 +1,109 @@
+/*
+ * Regression tests for what the fuzzers (tests/fuzz/) found, one function per finding, each
+ * named after the harness and the defect.  The inputs that triggered them are also kept in
+ * the seed corpora (tests/fuzz/corpus/), which ctest replays in every build.
+ */
+#include "testutil.h"
+
+/* A tiny valid bsa forward problem: q, k, v [1,1,8,8] fp32, mask [1,1,1,1], bx = by = 8. */
+typedef struct tiny_bsa {
+    float q[64], k[64], v[64], o[64], lse[8];
+    uint8_t mask[1];
+    spattn_tensor tq, tk, tv, tm, to, tl;
+} tiny_bsa;
+
+static void tiny_bsa_init(tiny_bsa *p) {
+    int64_t s4[4] = {1, 1, 8, 8}, m4[4] = {1, 1, 1, 1}, l3[3] = {1, 1, 8};
+    for (int i = 0; i < 64; i++) p->q[i] = p->k[i] = p->v[i] = (float)(i % 7) / 7.0f;
+    for (int i = 0; i < 64; i++) p->o[i] = 42.0f;
+    p->mask[0] = 1;
+    p->tq = spattn_tensor_make(p->q, SPATTN_DTYPE_F32, 4, s4, NULL);
+    p->tk = spattn_tensor_make(p->k, SPATTN_DTYPE_F32, 4, s4, NULL);
+    p->tv = spattn_tensor_make(p->v, SPATTN_DTYPE_F32, 4, s4, NULL);
+    p->tm = spattn_tensor_make(p->mask, SPATTN_DTYPE_U8, 4, m4, NULL);
+    p->to = spattn_tensor_make(p->o, SPATTN_DTYPE_F32, 4, s4, NULL);
+    p->tl = spattn_tensor_make(p->lse, SPATTN_DTYPE_F32, 3, l3, NULL);
+}
+
+static spattn_status tiny_bsa_run(tiny_bsa *p, const spattn_options *opt) {
+    return spattn_bsa_fwd_ex(&p->tq, &p->tk, &p->tv, &p->tm, 8, 8, 0.0, &p->to, &p->tl, opt);
+}
+
+/* fuzz_api: options with deterministic outside {0, 1} or a nonzero reserved field were
+ * accepted (the header says reserved fields are zero); now BAD_OPTIONS, nothing written. */
+static void fuzz_api_options_deterministic_reserved(void) {
+    tiny_bsa p;
+    tiny_bsa_init(&p);
+    spattn_options opt;
+    spattn_options_init(&opt);
+    opt.deterministic = 2;
+    spattn_status st = tiny_bsa_run(&p, &opt);
+    TU_CHECK(st == SPATTN_STATUS_BAD_OPTIONS && strstr(spattn_last_error(), "deterministic"),
+             "deterministic=2: status %d (%s)", st, spattn_last_error());
+    TU_CHECK(p.o[0] == 42.0f, "deterministic=2: output written");
+    size_t bytes = 0;
+    st = spattn_bsa_workspace_size(&p.tq, &p.tk, &p.tv, &p.tm, 8, 8, 0, &opt, &bytes);
+    TU_CHECK(st == SPATTN_STATUS_BAD_OPTIONS, "workspace query, deterministic=2: status %d", st);
+    spattn_options_init(&opt);
+    opt.reserved[6] = 1;
+    st = tiny_bsa_run(&p, &opt);
+    TU_CHECK(st == SPATTN_STATUS_BAD_OPTIONS && strstr(spattn_last_error(), "reserved[6]"),
+             "reserved[6]=1: status %d (%s)", st, spattn_last_error());
+    TU_CHECK(p.o[0] == 42.0f, "reserved: output written");
+    spattn_options_init(&opt);
+    opt.deterministic = 0;
+    st = tiny_bsa_run(&p, &opt);
+    TU_CHECK(st == SPATTN_STATUS_SUCCESS, "deterministic=0 must pass: %s", spattn_last_error());
+}
+
+/* fuzz_api: spattn_tensor_make multiplied the shape into contiguous strides without an
+ * overflow check (signed overflow, undefined behaviour; UBSan aborted).  Now the stride
+ * saturates and the call reports BAD_STRIDE. */
+static void fuzz_api_tensor_make_stride_overflow(void) {
+    tiny_bsa p;
+    tiny_bsa_init(&p);
+    int64_t huge[4] = {1, (int64_t)1 << 40, (int64_t)1 << 40, 8};
+    spattn_tensor q = spattn_tensor_make(p.q, SPATTN_DTYPE_F32, 4, huge, NULL);
+    TU_CHECK(q.strides[3] == 1 && q.strides[2] == 8 && q.strides[1] == ((int64_t)1 << 43),
+             "inner strides");
+    TU_CHECK(q.strides[0] == INT64_MAX, "saturated stride, got %lld", (long long)q.strides[0]);
+    int64_t neg[3] = {(int64_t)1 << 62, -4, 3};
+    spattn_tensor t = spattn_tensor_make(p.q, SPATTN_DTYPE_F32, 3, neg, NULL);
+    TU_CHECK(t.strides[2] == 1 && t.strides[1] == 3, "strides with a negative dim");
+    size_t bytes = 0;
+    int64_t s4[4] = {1, (int64_t)1 << 40, (int64_t)1 << 40, 8};
+    int64_t m4[4] = {1, (int64_t)1 << 40, (int64_t)1 << 37, 1};
+    spattn_tensor mk = spattn_tensor_make(p.mask, SPATTN_DTYPE_U8, 4, m4, NULL);
+    spattn_tensor kk = spattn_tensor_make(p.k, SPATTN_DTYPE_F32, 4, s4, NULL);
+    spattn_status st = spattn_bsa_workspace_size(&q, &kk, &kk, &mk, 8, (int64_t)1 << 40, 0, NULL, &bytes);
+    TU_CHECK(st == SPATTN_STATUS_BAD_STRIDE, "huge contiguous q: status %d (%s)", st,
+             spattn_last_error());
+}
+
+/* fuzz_api: options.num_threads had no upper bound: 2^31-1 made the CPU backend size its
+ * workspace for that many threads (a 141 GB malloc for a tiny problem) and start them in
+ * OpenMP (an abort).  Now BAD_OPTIONS above 1024. */
+static void fuzz_api_num_threads_limit(void) {
+    tiny_bsa p;
+    tiny_bsa_init(&p);
+    spattn_options opt;
+    spattn_options_init(&opt);
+    opt.num_threads = INT32_MAX;
+    spattn_status st = tiny_bsa_run(&p, &opt);
+    TU_CHECK(st == SPATTN_STATUS_BAD_OPTIONS && strstr(spattn_last_error(), "num_threads"),
+             "num_threads=INT32_MAX: status %d (%s)", st, spattn_last_error());
+    size_t bytes = 0;
+    opt.num_threads = 1025;
+    st = spattn_bsa_workspace_size(&p.tq, &p.tk, &p.tv, &p.tm, 8, 8, 1, &opt, &bytes);
+    TU_CHECK(st == SPATTN_STATUS_BAD_OPTIONS, "workspace query, 1025 threads: status %d", st);
+    opt.num_threads = 3;
+    st = tiny_bsa_run(&p, &opt);
+    TU_CHECK(st == SPATTN_STATUS_SUCCESS, "3 threads: %s", spattn_last_error());
+}
+
+int main(void) {
+    fuzz_api_num_threads_limit();
+    fuzz_api_tensor_make_stride_overflow();
+    fuzz_api_options_deterministic_reserved();
+    return tu_summary("test_fuzz_regressions");
+}
