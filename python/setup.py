@@ -29,13 +29,25 @@ def source_dir() -> Path:
                        "folder or set SPATTN_SOURCE_DIR" % ", ".join(map(str, cands)))
 
 
+def cmake_config(build_temp: Path, env=os.environ):
+    """(build folder, configure arguments) for the SPATTN_CUDA setting in env.
+
+    SPATTN_CUDA is always passed (unset = ON: CUDA when nvcc is found) and each setting has its
+    own folder: a cache left by an earlier SPATTN_CUDA=OFF build (e.g. the tests') must not turn
+    a later plain `pip install ./python` into a CPU-only package."""
+    cuda = env.get("SPATTN_CUDA", "")
+    if not cuda:
+        mode = "auto"
+    else:
+        mode = "on" if cuda.upper() in ("1", "ON", "TRUE", "YES") else "off"
+    bdir = build_temp / ("cmake-cuda-" + mode)
+    args = ["cmake", "-S", str(source_dir()), "-B", str(bdir), "-DCMAKE_BUILD_TYPE=Release",
+            "-DSPATTN_TESTS=OFF", "-DSPATTN_CUDA=" + ("OFF" if mode == "off" else "ON")]
+    return bdir, args
+
+
 def build_library(build_temp: Path) -> Path:
-    src = source_dir()
-    bdir = build_temp / "cmake"
-    args = ["cmake", "-S", str(src), "-B", str(bdir), "-DCMAKE_BUILD_TYPE=Release", "-DSPATTN_TESTS=OFF"]
-    cuda = os.environ.get("SPATTN_CUDA")
-    if cuda:
-        args.append("-DSPATTN_CUDA=" + ("ON" if cuda.upper() in ("1", "ON", "TRUE", "YES") else "OFF"))
+    bdir, args = cmake_config(build_temp)
     jobs = os.environ.get("SPATTN_BUILD_JOBS") or os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL") \
         or str(os.cpu_count() or 2)
     print("spattn: " + " ".join(args), flush=True)
@@ -89,4 +101,5 @@ class BinaryDistribution(Distribution):
         return True
 
 
-setup(cmdclass={"build_py": BuildPy, "sdist": Sdist}, distclass=BinaryDistribution)
+if __name__ == "__main__":  # pip runs this file as __main__; tests import cmake_config
+    setup(cmdclass={"build_py": BuildPy, "sdist": Sdist}, distclass=BinaryDistribution)

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import operator
 import os
 import threading
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 MAX_DIMS = 8
 
@@ -25,6 +26,10 @@ STATUS_BAD_DEVICE = 500
 STATUS_BACKEND_UNAVAILABLE = 501
 STATUS_NOT_SUPPORTED = 700
 STATUS_INVALID_VALUE = 101
+STATUS_BAD_OPTIONS = 102
+STATUS_BAD_INDEX = 600
+INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
 
 SFA_MODE_NONE, SFA_MODE_CAUSAL = 0, 3
 
@@ -209,13 +214,41 @@ def make_tensor(name: str, ptr: int, dtype: int, shape: Sequence[int], strides: 
     return t
 
 
+def int_arg(name: str, value, lo: int = INT64_MIN, hi: int = INT64_MAX,
+            status: int = STATUS_INVALID_VALUE) -> int:
+    """``value`` as a Python int that fits the C parameter (ctypes would silently wrap it).
+
+    Integers only (int, NumPy / 0-d torch integers): 16.9 is an error, not 16.
+    """
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        v = operator.index(value)
+    except TypeError:
+        raise SpattnError(status, f"{name}: expected an integer, got {value!r}") from None
+    if not lo <= v <= hi:
+        raise SpattnError(status, f"{name}: {v} does not fit the library's range [{lo}, {hi}]")
+    return v
+
+
+def block_size_pair(block_size) -> Tuple[int, int]:
+    """(bx, by) from one integer or a pair of integers (checked by int_arg)."""
+    if not isinstance(block_size, (tuple, list)) and hasattr(block_size, "__index__"):
+        b = int_arg("block_size", block_size)
+        return b, b
+    if not isinstance(block_size, (tuple, list)) or len(block_size) != 2:
+        raise SpattnError(STATUS_INVALID_VALUE,
+                          f"block_size: expected an integer or (bx, by), got {block_size!r}")
+    return int_arg("block_size[0] (bx)", block_size[0]), int_arg("block_size[1] (by)", block_size[1])
+
+
 def options(cuda_stream: Optional[int] = None, num_threads: int = 0) -> SpattnOptions:
     """spattn_options with defaults, optionally a CUDA stream handle and a CPU thread count."""
     opt = SpattnOptions()
     lib().spattn_options_init(ctypes.byref(opt))
     if cuda_stream:
         opt.cuda_stream = cuda_stream
-    opt.num_threads = int(num_threads)
+    opt.num_threads = int_arg("num_threads", num_threads, INT32_MIN, INT32_MAX, STATUS_BAD_OPTIONS)
     return opt
 
 
@@ -225,26 +258,30 @@ def ref(t: Optional[SpattnTensor]):
 
 
 def bsa_fwd(q, k, v, mask, bx: int, by: int, scale: float, o, lse, opt: SpattnOptions) -> None:
-    check(lib().spattn_bsa_fwd_ex(ref(q), ref(k), ref(v), ref(mask), int(bx), int(by), float(scale),
+    bx, by = int_arg("bx", bx), int_arg("by", by)
+    check(lib().spattn_bsa_fwd_ex(ref(q), ref(k), ref(v), ref(mask), bx, by, float(scale),
                                   ref(o), ref(lse), ctypes.byref(opt)))
 
 
 def bsa_bwd(q, k, v, mask, bx: int, by: int, scale: float, o, dout, lse, dq, dk, dv,
             opt: SpattnOptions) -> None:
-    check(lib().spattn_bsa_bwd_ex(ref(q), ref(k), ref(v), ref(o), ref(dout), ref(lse), ref(mask), int(bx),
-                                  int(by), float(scale), ref(dq), ref(dk), ref(dv), ctypes.byref(opt)))
+    bx, by = int_arg("bx", bx), int_arg("by", by)
+    check(lib().spattn_bsa_bwd_ex(ref(q), ref(k), ref(v), ref(o), ref(dout), ref(lse), ref(mask), bx,
+                                  by, float(scale), ref(dq), ref(dk), ref(dv), ctypes.byref(opt)))
 
 
 def sfa_fwd(q, q_rope, k, k_rope, v, idx, sbs: int, mode: int, scale: float, o, lse,
             opt: SpattnOptions) -> None:
-    check(lib().spattn_sfa_fwd_ex(ref(q), ref(q_rope), ref(k), ref(k_rope), ref(v), ref(idx), int(sbs),
-                                  int(mode), float(scale), ref(o), ref(lse), ctypes.byref(opt)))
+    sbs, mode = int_arg("sparse_block_size", sbs), int_arg("mode", mode, INT32_MIN, INT32_MAX)
+    check(lib().spattn_sfa_fwd_ex(ref(q), ref(q_rope), ref(k), ref(k_rope), ref(v), ref(idx), sbs,
+                                  mode, float(scale), ref(o), ref(lse), ctypes.byref(opt)))
 
 
 def sfa_bwd(q, q_rope, k, k_rope, v, o, dout, lse, idx, sbs: int, mode: int, scale: float,
             dq, dq_rope, dk, dk_rope, dv, opt: SpattnOptions) -> None:
+    sbs, mode = int_arg("sparse_block_size", sbs), int_arg("mode", mode, INT32_MIN, INT32_MAX)
     check(lib().spattn_sfa_bwd_ex(ref(q), ref(q_rope), ref(k), ref(k_rope), ref(v), ref(o), ref(dout),
-                                  ref(lse), ref(idx), int(sbs), int(mode), float(scale), ref(dq),
+                                  ref(lse), ref(idx), sbs, mode, float(scale), ref(dq),
                                   ref(dq_rope), ref(dk), ref(dk_rope), ref(dv), ctypes.byref(opt)))
 
 

@@ -35,11 +35,28 @@ def as_mask(m: Tensor) -> Tensor:
     return m
 
 
+def _compiling() -> bool:
+    f = getattr(torch.compiler, "is_compiling", None)
+    return bool(f and f())
+
+
 def as_indices(idx: Tensor) -> Tensor:
-    """sfa indices as int32 (other integer dtypes are converted)."""
-    if idx.dtype != torch.int32 and not idx.dtype.is_floating_point and idx.dtype != torch.bool:
-        return idx.to(torch.int32)
-    return idx
+    """sfa indices as int32 (other integer dtypes are converted after a range check: a plain
+    cast would turn 2**32 into key 0 and 2**32 - 1 into padding).  While torch.compile traces,
+    they are left as they are: the op converts them on the real values when it runs."""
+    if idx.dtype == torch.int32 or idx.dtype.is_floating_point or idx.dtype.is_complex \
+            or idx.dtype == torch.bool:
+        return idx  # int32 already, or a dtype the library rejects with a clear message
+    if _compiling() or idx.device.type == "meta":
+        return idx
+    if idx.numel():
+        lo, hi = (int(x) for x in torch.aminmax(idx))
+        if lo < _lib.INT32_MIN or hi > _lib.INT32_MAX:
+            bad = lo if lo < _lib.INT32_MIN else hi
+            raise SpattnError(_lib.STATUS_BAD_INDEX,
+                              f"indices: value {bad} does not fit in int32 (valid: -1 or a block "
+                              "index in [0, ceil(S2/sbs)))", "SPATTN_STATUS_BAD_INDEX")
+    return idx.to(torch.int32)
 
 
 def _desc(name: str, t: Optional[Tensor]) -> Optional[_lib.SpattnTensor]:
@@ -72,6 +89,12 @@ def _check_devices(named: List[Tuple[str, Optional[Tensor]]]) -> torch.device:
     return ref_t.device
 
 
+def _fake_check_devices(named: List[Tuple[str, Optional[Tensor]]]) -> None:
+    """The fake (meta) rule runs instead of the real op whenever any input is on `meta`: a mix of
+    meta and real tensors must fail here, not return uninitialised outputs."""
+    _check_devices(named)
+
+
 def _opts(device: torch.device) -> _lib.SpattnOptions:
     if device.type == "cuda":
         return _lib.options(cuda_stream=torch.cuda.current_stream(device).cuda_stream)
@@ -99,6 +122,7 @@ def bsa_fwd(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, bx: int, by: in
 
 @bsa_fwd.register_fake
 def _(q, k, v, block_mask, bx, by, scale):
+    _fake_check_devices([("q", q), ("k", k), ("v", v), ("block_mask", block_mask)])
     return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
@@ -119,6 +143,8 @@ def bsa_bwd(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, o: Tensor, dout
 
 @bsa_bwd.register_fake
 def _(q, k, v, block_mask, o, dout, lse, bx, by, scale):
+    _fake_check_devices([("q", q), ("k", k), ("v", v), ("block_mask", block_mask), ("o", o),
+                         ("dout", dout), ("lse", lse)])
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -158,6 +184,8 @@ def sfa_fwd(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Tensor], q_rope: 
 
 @sfa_fwd.register_fake
 def _(q, k, indices, v, q_rope, k_rope, sbs, mode, scale):
+    _fake_check_devices([("q", q), ("k", k), ("indices", indices), ("v", v), ("q_rope", q_rope),
+                         ("k_rope", k_rope)])
     return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
@@ -185,6 +213,9 @@ def sfa_bwd(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Tensor], q_rope: 
 
 @sfa_bwd.register_fake
 def _(q, k, indices, v, q_rope, k_rope, o, dout, lse, sbs, mode, scale):
+    _fake_check_devices([("q", q), ("k", k), ("indices", indices), ("v", v), ("q_rope", q_rope),
+                         ("k_rope", k_rope), ("o", o), ("dout", dout), ("lse", lse)])
+
     def like(t):
         return t.new_empty(t.shape) if t is not None else q.new_empty(0)
     return like(q), like(k), like(v), like(q_rope), like(k_rope)

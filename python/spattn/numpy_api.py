@@ -61,10 +61,7 @@ def _indices(a) -> np.ndarray:
 
 
 def _block_size(block_size) -> Tuple[int, int]:
-    if isinstance(block_size, (int, np.integer)):
-        return int(block_size), int(block_size)
-    bx, by = block_size
-    return int(bx), int(by)
+    return _lib.block_size_pair(block_size)
 
 
 def _out(shape, dtype) -> np.ndarray:

@@ -14,11 +14,7 @@ __all__ = ["block_sparse_attention", "sparse_flash_attention"]
 
 
 def _pair(block_size: Union[int, Sequence[int]]) -> Tuple[int, int]:
-    if isinstance(block_size, int):
-        return block_size, block_size
-    if len(block_size) != 2:
-        raise ValueError(f"block_size: expected an int or (bx, by), got {block_size!r}")
-    return int(block_size[0]), int(block_size[1])
+    return _lib.block_size_pair(block_size)
 
 
 def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor,
@@ -49,8 +45,10 @@ def sparse_flash_attention(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Te
     """
     if (q_rope is None) != (k_rope is None):
         raise ValueError("q_rope and k_rope must be given together")
-    o, lse = torch.ops.spattn.sfa_fwd(q, k, _ops.as_indices(indices), v, q_rope, k_rope,
-                                      int(sparse_block_size),
+    # indices go to the op as given: it converts them to int32 with a range check, on the real
+    # values (also under torch.compile, where the op body runs eagerly)
+    o, lse = torch.ops.spattn.sfa_fwd(q, k, indices, v, q_rope, k_rope,
+                                      _lib.int_arg("sparse_block_size", sparse_block_size),
                                       _lib.SFA_MODE_CAUSAL if causal else _lib.SFA_MODE_NONE,
                                       _lib.scale_arg(scale))
     return (o, lse) if return_lse else o
