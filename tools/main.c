@@ -97,7 +97,7 @@ int main(int argc, char **argv) {
     o.backend = SPATTN_BACKEND_AUTO;
     o.repeats = 10;
     o.warmup = 2;
-    int rc = SP_EXIT_USAGE;
+    int rc = SP_EXIT_USAGE, seen_timing = 0;
     for (int i = 2; i < argc; i++) {
         char *a = argv[i];
         if (a[0] != '-') { /* a suite file */
@@ -181,8 +181,10 @@ int main(int argc, char **argv) {
             if (parse_int_arg(name, val, 0, 4096, &o.threads)) return SP_EXIT_USAGE;
         } else if (!strcmp(name, "--repeats")) {
             if (parse_int_arg(name, val, 1, 100000, &o.repeats)) return SP_EXIT_USAGE;
+            seen_timing = 1;
         } else if (!strcmp(name, "--warmup")) {
             if (parse_int_arg(name, val, 0, 100000, &o.warmup)) return SP_EXIT_USAGE;
+            seen_timing = 1;
         } else if (!strcmp(name, "--json")) {
             o.json_path = val;
         } else if (!strcmp(name, "--compare")) {
@@ -198,6 +200,20 @@ int main(int argc, char **argv) {
         return bad("--perturb belongs to 'spattn verify'%s%s", "", "");
     if (strcmp(cmd, "bench") && (o.n_compare || o.svg_path || o.load_path))
         return bad("--compare, --svg and --load belong to 'spattn bench'%s%s", "", "");
+    /* options a command would silently ignore are errors */
+    if (strcmp(cmd, "bench") && seen_timing)
+        return bad("--repeats and --warmup belong to 'spattn bench'%s%s", "", "");
+    if (!strcmp(cmd, "list") && o.json_path)
+        return bad("--json belongs to 'spattn verify' and 'spattn bench'%s%s", "", "");
+    /* output files are checked before the run, not after it (results would be lost); "a"
+     * leaves an existing file as it is until the run rewrites it */
+    const char *outs[2] = {o.json_path, o.svg_path};
+    for (int f = 0; f < 2; f++) {
+        FILE *fp = outs[f] ? fopen(outs[f], "a") : NULL;
+        if (outs[f] && !fp)
+            return bad("%s: cannot open for writing: %s", outs[f], strerror(errno));
+        if (fp) fclose(fp);
+    }
 #ifdef _OPENMP
     /* The fp64 reference uses OpenMP directly: give it the same thread count. */
     if (o.threads > 0) omp_set_num_threads(o.threads);

@@ -43,8 +43,14 @@ int sp_select_cases(sp_opts *o, sp_case_list *out) {
             sp_case_list_free(&all);
             return -1;
         }
+        int before = all.n;
         if (sp_cases_load(path, &all, err, sizeof err)) {
             fprintf(stderr, "spattn: %s\n", err);
+            sp_case_list_free(&all);
+            return -1;
+        }
+        if (all.n == before) { /* not "no case matches the filters": there was nothing */
+            fprintf(stderr, "spattn: %s:0: the file holds no case\n", path);
             sp_case_list_free(&all);
             return -1;
         }

@@ -73,3 +73,17 @@ cli_test(cli_bench_compare 0
   MATCH "geometric mean vs spattn cpu: 1.000x over 4" EXISTS_FILE ${out}/bench_tiny.svg)
 set_tests_properties(cli_bench_compare PROPERTIES DEPENDS cli_bench_tiny)
 cli_test(cli_bench_bad_peer 2 "bench@--load@${cli_tests}/bad.cases" MATCH "bad.cases: line 1")
+# Issue 16 (defect 9): an unwritable --json / --svg fails before the run, options a command
+# would ignore are errors, an empty case file says so.
+cli_test(cli_json_unwritable 2
+  "verify@--backend@cpu@--suite@${cli_tests}/tiny.cases@--json@${out}/no_such_dir/v.json"
+  MATCH "no_such_dir/v.json: cannot open for writing" NOMATCH "passed|tiny_")
+cli_test(cli_svg_unwritable 2
+  "bench@--backend@cpu@--suite@${cli_tests}/tiny.cases@--svg@${out}/no_such_dir/b.svg"
+  MATCH "no_such_dir/b.svg: cannot open for writing" NOMATCH "median_ms")
+cli_test(cli_list_json 2 "list@--suite@${cli_tests}/tiny.cases@--json@${out}/list.json"
+  MATCH "--json belongs to")
+cli_test(cli_verify_repeats 2 "verify@--suite@${cli_tests}/tiny.cases@--repeats@3"
+  MATCH "--repeats and --warmup belong to")
+cli_test(cli_empty_cases 2 "list@--suite@${cli_tests}/empty.cases"
+  MATCH "empty.cases:0: the file holds no case" NOMATCH "no case matches")
