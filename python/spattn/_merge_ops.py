@@ -7,7 +7,6 @@ from typing import Tuple
 
 import torch
 
-from . import _lib
 from ._ops import _check_devices, _desc, _opts
 from .merge import merge_descs
 

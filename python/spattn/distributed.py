@@ -356,8 +356,11 @@ class _Ring:
         return dist.get_global_rank(self.pg, r)
 
     def exchange(self, send: List[Tensor], to: Optional[int], recv: List[Tensor], frm: Optional[int], tag: int):
-        ops = [dist.P2POp(dist.isend, t, self.peer(to), self.pg, tag + i) for i, t in enumerate(send)] if to is not None else []
-        ops += [dist.P2POp(dist.irecv, t, self.peer(frm), self.pg, tag + i) for i, t in enumerate(recv)] if frm is not None else []
+        ops = []
+        if to is not None:
+            ops += [dist.P2POp(dist.isend, t, self.peer(to), self.pg, tag + i) for i, t in enumerate(send)]
+        if frm is not None:
+            ops += [dist.P2POp(dist.irecv, t, self.peer(frm), self.pg, tag + i) for i, t in enumerate(recv)]
         return dist.batch_isend_irecv(ops) if ops else []
 
 
@@ -378,7 +381,8 @@ def _kv_step(ring: _Ring, t: int, k: Tensor, v: Tensor):
     out_r, in_r = ring.ranges(dst, r), ring.ranges(r, src)
     send = [_pack(k, out_r, L, by), _pack(v, out_r, L, by)] if out_r else []
     n = _packed_len(in_r, by)
-    bufs = [k.new_empty(k.shape[:2] + (n,) + k.shape[3:]), v.new_empty(v.shape[:2] + (n,) + v.shape[3:])] if in_r else []
+    bufs = [k.new_empty(k.shape[:2] + (n,) + k.shape[3:]),
+            v.new_empty(v.shape[:2] + (n,) + v.shape[3:])] if in_r else []
     reqs = ring.exchange(send, dst if send else None, bufs, src if bufs else None, 4 * t)
     return reqs, bufs, in_r
 
