@@ -250,6 +250,45 @@ SPATTN_API spattn_status spattn_bsa_workspace_size(const spattn_tensor *q, const
                                                    const spattn_options *opt, size_t *bytes);
 
 /*
+ * A reusable bsa plan (like FlexAttention's BlockMask): the block mask and the schedules the
+ * kernels walk (built on the device from the mask, at each kernel's own tile sizes), made once
+ * and used by any number of forward and backward calls with the same mask and shapes.
+ *   block_mask  [B, N, ceil(Sq/bx), ceil(Skv/by)] uint8 (CPU or CUDA); the plan keeps its own
+ *               copy, so the caller may free or change it afterwards
+ *   Sq, Skv     sequence lengths (>= 1); Nkv key/value heads (N % Nkv == 0)
+ *   opt         backend / stream / device as for the _ex calls (NULL = defaults); the plan
+ *               lives on block_mask's device.  Creation allocates and synchronizes the stream.
+ * spattn_bsa_fwd_plan / spattn_bsa_bwd_plan take the arguments of spattn_bsa_fwd_ex /
+ * spattn_bsa_bwd_ex with the plan in place of (block_mask, bx, by); q, k, v must have the
+ * plan's B, N, Nkv, Sq, Skv and be on its device.  On CUDA with a caller workspace (see
+ * spattn_bsa_plan_workspace_size: 0 bytes for a fp16/bf16 forward) they allocate nothing and
+ * never synchronize, so they can be captured in a CUDA graph.  Results are bitwise identical to
+ * the plan-less calls.  A plan may be shared by threads; destroy it after its last use has
+ * completed on the device.  spattn_bsa_plan_destroy(NULL) does nothing.
+ */
+typedef struct spattn_bsa_plan spattn_bsa_plan;
+SPATTN_API spattn_status spattn_bsa_plan_create(const spattn_tensor *block_mask, int64_t bx,
+                                                int64_t by, int64_t Sq, int64_t Skv, int64_t Nkv,
+                                                const spattn_options *opt,
+                                                spattn_bsa_plan **plan);
+SPATTN_API void spattn_bsa_plan_destroy(spattn_bsa_plan *plan);
+SPATTN_API spattn_status spattn_bsa_fwd_plan(const spattn_bsa_plan *plan, const spattn_tensor *q,
+                                             const spattn_tensor *k, const spattn_tensor *v,
+                                             double scale, const spattn_tensor *o,
+                                             const spattn_tensor *lse, const spattn_options *opt);
+SPATTN_API spattn_status spattn_bsa_bwd_plan(const spattn_bsa_plan *plan, const spattn_tensor *q,
+                                             const spattn_tensor *k, const spattn_tensor *v,
+                                             const spattn_tensor *o, const spattn_tensor *dout,
+                                             const spattn_tensor *lse, double scale,
+                                             const spattn_tensor *dq, const spattn_tensor *dk,
+                                             const spattn_tensor *dv, const spattn_options *opt);
+SPATTN_API spattn_status spattn_bsa_plan_workspace_size(const spattn_bsa_plan *plan,
+                                                        const spattn_tensor *q,
+                                                        const spattn_tensor *k,
+                                                        const spattn_tensor *v, int32_t backward,
+                                                        const spattn_options *opt, size_t *bytes);
+
+/*
  * Packed variable-length bsa (see spattn_varlen).  Shapes (T = token counts):
  *   q, o, dout, dq  [Tq, N, D]       k, v, dk, dv  [Tkv, Nkv, D]
  *   k, v with vl->block_table (forward only): [num_pages, page_size, Nkv, D]

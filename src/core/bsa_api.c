@@ -131,13 +131,15 @@ static spattn_status check_lse(const spattn_tensor *t, const spattn_bsa_problem 
     return spattn_check_same_device("lse", t, "q", p->q);
 }
 
-spattn_status spattn_bsa_fwd_ex(const spattn_tensor *q, const spattn_tensor *k,
-                                const spattn_tensor *v, const spattn_tensor *block_mask,
-                                int64_t bx, int64_t by, double scale, const spattn_tensor *o,
-                                const spattn_tensor *lse, const spattn_options *opt) {
+spattn_status spattn_bsa_fwd_planned(const spattn_tensor *q, const spattn_tensor *k,
+                                     const spattn_tensor *v, const spattn_tensor *block_mask,
+                                     int64_t bx, int64_t by, double scale, const spattn_tensor *o,
+                                     const spattn_tensor *lse, const spattn_options *opt,
+                                     const struct spattn_bsa_plan *plan) {
     spattn_clear_error();
     spattn_bsa_problem p = {0};
     TRY(check_inputs(q, k, v, block_mask, bx, by, scale, &p));
+    p.plan = plan;
     TRY(check_like_q("o", o, &p, 1));
     if (lse) TRY(check_lse(lse, &p, 1));
     const char *on[] = {"o", "lse"};
@@ -165,15 +167,24 @@ spattn_status spattn_bsa_fwd(const spattn_tensor *q, const spattn_tensor *k,
     return spattn_bsa_fwd_ex(q, k, v, block_mask, bx, by, scale, o, lse, NULL);
 }
 
-spattn_status spattn_bsa_bwd_ex(const spattn_tensor *q, const spattn_tensor *k,
-                                const spattn_tensor *v, const spattn_tensor *o,
-                                const spattn_tensor *dout, const spattn_tensor *lse,
-                                const spattn_tensor *block_mask, int64_t bx, int64_t by,
-                                double scale, const spattn_tensor *dq, const spattn_tensor *dk,
-                                const spattn_tensor *dv, const spattn_options *opt) {
+spattn_status spattn_bsa_fwd_ex(const spattn_tensor *q, const spattn_tensor *k,
+                                const spattn_tensor *v, const spattn_tensor *block_mask,
+                                int64_t bx, int64_t by, double scale, const spattn_tensor *o,
+                                const spattn_tensor *lse, const spattn_options *opt) {
+    return spattn_bsa_fwd_planned(q, k, v, block_mask, bx, by, scale, o, lse, opt, NULL);
+}
+
+spattn_status spattn_bsa_bwd_planned(const spattn_tensor *q, const spattn_tensor *k,
+                                     const spattn_tensor *v, const spattn_tensor *o,
+                                     const spattn_tensor *dout, const spattn_tensor *lse,
+                                     const spattn_tensor *block_mask, int64_t bx, int64_t by,
+                                     double scale, const spattn_tensor *dq, const spattn_tensor *dk,
+                                     const spattn_tensor *dv, const spattn_options *opt,
+                                     const struct spattn_bsa_plan *plan) {
     spattn_clear_error();
     spattn_bsa_problem p = {0};
     TRY(check_inputs(q, k, v, block_mask, bx, by, scale, &p));
+    p.plan = plan;
     TRY(check_like_q("o", o, &p, 0));
     TRY(check_like_q("dout", dout, &p, 0));
     TRY(check_lse(lse, &p, 0));
@@ -211,14 +222,33 @@ spattn_status spattn_bsa_bwd(const spattn_tensor *q, const spattn_tensor *k,
     return spattn_bsa_bwd_ex(q, k, v, o, dout, lse, block_mask, bx, by, scale, dq, dk, dv, NULL);
 }
 
+spattn_status spattn_bsa_bwd_ex(const spattn_tensor *q, const spattn_tensor *k,
+                                const spattn_tensor *v, const spattn_tensor *o,
+                                const spattn_tensor *dout, const spattn_tensor *lse,
+                                const spattn_tensor *block_mask, int64_t bx, int64_t by,
+                                double scale, const spattn_tensor *dq, const spattn_tensor *dk,
+                                const spattn_tensor *dv, const spattn_options *opt) {
+    return spattn_bsa_bwd_planned(q, k, v, o, dout, lse, block_mask, bx, by, scale, dq, dk, dv, opt,
+                                  NULL);
+}
+
 spattn_status spattn_bsa_workspace_size(const spattn_tensor *q, const spattn_tensor *k,
                                         const spattn_tensor *v, const spattn_tensor *block_mask,
                                         int64_t bx, int64_t by, int32_t backward,
                                         const spattn_options *opt, size_t *bytes) {
+    return spattn_bsa_workspace_planned(q, k, v, block_mask, bx, by, backward, opt, bytes, NULL);
+}
+
+spattn_status spattn_bsa_workspace_planned(const spattn_tensor *q, const spattn_tensor *k,
+                                           const spattn_tensor *v, const spattn_tensor *block_mask,
+                                           int64_t bx, int64_t by, int32_t backward,
+                                           const spattn_options *opt, size_t *bytes,
+                                           const struct spattn_bsa_plan *plan) {
     spattn_clear_error();
     if (!bytes) return spattn_set_error(SPATTN_STATUS_NULL_POINTER, "bytes: out-pointer is NULL");
     spattn_bsa_problem p = {0};
     TRY(check_inputs(q, k, v, block_mask, bx, by, 0.0, &p));
+    p.plan = plan;
     spattn_exec ex;
     int use_cuda;
     TRY(spattn_resolve_exec(opt, q, &ex, &use_cuda));

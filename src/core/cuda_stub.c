@@ -12,6 +12,10 @@ size_t spattn_cuda_sfa_workspace(const spattn_sfa_problem *p, int backward) { (v
 spattn_status spattn_cuda_sfa_check_indices(const spattn_sfa_problem *p, const spattn_exec *ex) { (void)p; (void)ex; return NO_CUDA(); }
 spattn_status spattn_cuda_sfa_fwd(const spattn_sfa_problem *p, const spattn_exec *ex) { (void)p; (void)ex; return NO_CUDA(); }
 spattn_status spattn_cuda_sfa_bwd(const spattn_sfa_problem *p, const spattn_exec *ex) { (void)p; (void)ex; return NO_CUDA(); }
+spattn_status spattn_cuda_bsa_plan_make(struct spattn_bsa_plan *plan, const spattn_tensor *mask, const spattn_exec *ex) {
+    (void)plan; (void)mask; (void)ex; return NO_CUDA();
+}
+void spattn_cuda_bsa_plan_free(struct spattn_bsa_plan *plan) { (void)plan; }
 spattn_status spattn_cuda_ref_bsa_fwd(const spattn_bsa_problem *p, const spattn_exec *ex, float *o, float *lse) {
     (void)p; (void)ex; (void)o; (void)lse; return NO_CUDA();
 }

@@ -50,7 +50,18 @@ typedef struct spattn_bsa_problem {
     /* _varlen calls: tensors packed [T, N, D] (k, v may be pages), B = sequences, Sq / Skv =
      * max_seqlen_q / kv, nbx / nby of the mask; backends must go through seqs.h. */
     const struct spattn_seqs *seqs;
+    /* _plan calls: the plan (mask = its copy); NULL otherwise.  Backends may use its schedules. */
+    const struct spattn_bsa_plan *plan;
 } spattn_bsa_problem;
+
+/* A bsa plan (src/core/bsa_plan.c): shapes, an owned contiguous copy of the block mask on the
+ * plan's device, and the backend's schedules (CUDA: src/cuda/bsa_plan.cu; CPU: none). */
+struct spattn_bsa_plan {
+    int32_t device_type, device_id;
+    int64_t B, N, Nkv, Sq, Skv, bx, by, nbx, nby;
+    spattn_tensor mask;  /* [B, N, nbx, nby] contiguous, owned */
+    void *cuda;          /* backend part, owned */
+};
 
 typedef struct spattn_sfa_problem {
     const spattn_tensor *q, *q_rope, *k, *k_rope, *v, *idx, *o, *lse, *dout;
@@ -88,6 +99,11 @@ size_t spattn_cuda_sfa_workspace(const spattn_sfa_problem *p, int backward);
 spattn_status spattn_cuda_sfa_check_indices(const spattn_sfa_problem *p, const spattn_exec *ex);
 spattn_status spattn_cuda_sfa_fwd(const spattn_sfa_problem *p, const spattn_exec *ex);
 spattn_status spattn_cuda_sfa_bwd(const spattn_sfa_problem *p, const spattn_exec *ex);
+/* Fills plan->mask (a device copy of `mask`) and plan->cuda (schedules) on ex->stream, then
+ * synchronizes it; frees what it made on failure.  _free releases both (NULL-safe). */
+spattn_status spattn_cuda_bsa_plan_make(struct spattn_bsa_plan *plan, const spattn_tensor *mask,
+                                        const spattn_exec *ex);
+void spattn_cuda_bsa_plan_free(struct spattn_bsa_plan *plan);
 
 /* Deliberately simple CUDA reference kernels: the golden of `spattn verify --backend cuda`
  * (independent of the fast kernels; fp32 accumulation, no tiling tricks).  They read the
@@ -104,6 +120,25 @@ spattn_status spattn_cuda_ref_sfa_fwd(const spattn_sfa_problem *p, const spattn_
 spattn_status spattn_cuda_ref_sfa_bwd(const spattn_sfa_problem *p, const spattn_exec *ex,
                                       float *dq, float *dq_rope, float *dk, float *dk_rope,
                                       float *dv);
+
+/* The bsa entry points with an optional plan (bsa_api.c; plan == NULL: the plain calls). */
+spattn_status spattn_bsa_fwd_planned(const spattn_tensor *q, const spattn_tensor *k,
+                                     const spattn_tensor *v, const spattn_tensor *block_mask,
+                                     int64_t bx, int64_t by, double scale, const spattn_tensor *o,
+                                     const spattn_tensor *lse, const spattn_options *opt,
+                                     const struct spattn_bsa_plan *plan);
+spattn_status spattn_bsa_bwd_planned(const spattn_tensor *q, const spattn_tensor *k,
+                                     const spattn_tensor *v, const spattn_tensor *o,
+                                     const spattn_tensor *dout, const spattn_tensor *lse,
+                                     const spattn_tensor *block_mask, int64_t bx, int64_t by,
+                                     double scale, const spattn_tensor *dq, const spattn_tensor *dk,
+                                     const spattn_tensor *dv, const spattn_options *opt,
+                                     const struct spattn_bsa_plan *plan);
+spattn_status spattn_bsa_workspace_planned(const spattn_tensor *q, const spattn_tensor *k,
+                                           const spattn_tensor *v, const spattn_tensor *block_mask,
+                                           int64_t bx, int64_t by, int32_t backward,
+                                           const spattn_options *opt, size_t *bytes,
+                                           const struct spattn_bsa_plan *plan);
 
 /* ---- tensor helpers (src/core/tensor.c) -------------------------------------------------- */
 /* Element offset of a multi-index. */

@@ -9,6 +9,7 @@
 
 #include "../core/internal.h"
 #include "bsa_launch.h"
+#include "bsa_plan.h"
 
 namespace {
 
@@ -87,6 +88,25 @@ int dq_cfg(const spattn_bsa_problem *p) {
     return bsa_dq_choose(bsa_dpad(p->D), p->bx, p->by);
 }
 
+// Schedules of the call's plan (NULL when none, or when built for other tile sizes).
+const bsa_plan_cuda *plan_of(const spattn_bsa_problem *p) {
+    return p->plan ? static_cast<const bsa_plan_cuda *>(p->plan->cuda) : nullptr;
+}
+const bsa_sched *plan_fwd(const spattn_bsa_problem *p) {
+    const bsa_plan_cuda *c = plan_of(p);
+    const bsa_fwd90_tile t = bsa_fwd90_tile_for(bsa_dpad(p->D));
+    return c && c->fwd_bm == t.bm && c->fwd_bn == t.bn ? &c->fwd : nullptr;
+}
+const bsa_sched *plan_dq(const spattn_bsa_problem *p, int cfg) {
+    const bsa_plan_cuda *c = plan_of(p);
+    return c && c->dq_cfg == cfg ? &c->dq : nullptr;
+}
+const bsa_sched *plan_kv(const spattn_bsa_problem *p) {
+    const bsa_plan_cuda *c = plan_of(p);
+    const bsa_tile t = bsa_dkdv_tile(bsa_dpad(p->D));
+    return c && c->kv_bm == t.bm && c->kv_bn == t.bn ? &c->kv : nullptr;
+}
+
 // Workspace layout: offsets of each piece and the total (exact bytes).
 struct Layout {
     size_t off[6];
@@ -113,8 +133,10 @@ Layout layout(const spattn_bsa_problem *p, int backward) {
             const bsa_fwd90_tile t = bsa_fwd90_tile_for(dp);
             const size_t nq = (size_t)p->B * p->N * ((p->Sq + t.bm - 1) / t.bm);
             const size_t nk = (size_t)((p->Skv + t.bn - 1) / t.bn);
-            sz[0] = nq * 4;
-            sz[1] = nq * nk * 4;
+            if (!plan_fwd(p)) {
+                sz[0] = nq * 4;
+                sz[1] = nq * nk * 4;
+            }
         } else {
             const bsa_tile tq = bsa_dq_tile(dp, dq_cfg(p)), tk = bsa_dkdv_tile(dp);
             const size_t nq = (size_t)p->B * p->N * ((p->Sq + tq.bm - 1) / tq.bm);
@@ -123,10 +145,14 @@ Layout layout(const spattn_bsa_problem *p, int backward) {
             const size_t ke = (size_t)(p->N / p->Nkv) * ((p->Sq + tk.bm - 1) / tk.bm);
             sz[0] = rows * 4;  // delta
             sz[1] = rows * 4;  // lse2
-            sz[2] = nq * 4;
-            sz[3] = nq * nk * 4;
-            sz[4] = kr * 4;
-            sz[5] = kr * ke * 4;
+            if (!plan_dq(p, dq_cfg(p))) {
+                sz[2] = nq * 4;
+                sz[3] = nq * nk * 4;
+            }
+            if (!plan_kv(p)) {
+                sz[4] = kr * 4;
+                sz[5] = kr * ke * 4;
+            }
         }
     }
     size_t o = 0;
@@ -283,11 +309,15 @@ extern "C" spattn_status spattn_cuda_bsa_fwd(const spattn_bsa_problem *pb, const
     bsa_tmaps tm;
     if (!make_tmap(&tm.q, pb->q, t.bm) || !make_tmap(&tm.k, pb->k, t.bn) || !make_tmap(&tm.v, pb->v, t.bn))
         return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "bsa cuda: cuTensorMapEncodeTiled failed for q, k or v");
-    int *cnt = reinterpret_cast<int *>(ws.base + L.off[0]), *list = reinterpret_cast<int *>(ws.base + L.off[1]);
-    if ((e = spattn_bsa_launch_sched_q(&p, t.bm, t.bn, cnt, list, st)) != cudaSuccess) return fail(e, "schedule");
-    p.sq.cnt = cnt;
-    p.sq.list = list;
-    p.sq.stride = (p.Skv + t.bn - 1) / t.bn;
+    if (const bsa_sched *ps = plan_fwd(pb)) {
+        p.sq = *ps;
+    } else {
+        int *cnt = reinterpret_cast<int *>(ws.base + L.off[0]), *list = reinterpret_cast<int *>(ws.base + L.off[1]);
+        if ((e = spattn_bsa_launch_sched_q(&p, t.bm, t.bn, cnt, list, st)) != cudaSuccess) return fail(e, "schedule");
+        p.sq.cnt = cnt;
+        p.sq.list = list;
+        p.sq.stride = (p.Skv + t.bn - 1) / t.bn;
+    }
     if ((e = spattn_bsa_launch_fwd(&p, &tm, dp, bf16, st)) != cudaSuccess) return fail(e, "forward kernel");
     return SPATTN_STATUS_SUCCESS;
 }
@@ -317,17 +347,25 @@ extern "C" spattn_status spattn_cuda_bsa_bwd(const spattn_bsa_problem *pb, const
     const int qcfg = dq_cfg(pb);
     const bsa_tile tq = bsa_dq_tile(dp, qcfg), tk = bsa_dkdv_tile(dp);
     if ((e = spattn_bsa_launch_delta(&p, bf16, delta, lse2, st)) != cudaSuccess) return fail(e, "delta kernel");
-    if ((e = spattn_bsa_launch_sched_q(&p, tq.bm, tq.bn, qcnt, qlist, st)) != cudaSuccess) return fail(e, "schedule");
-    if ((e = spattn_bsa_launch_sched_k(&p, tk.bm, tk.bn, kcnt, klist, st)) != cudaSuccess) return fail(e, "schedule");
     p.lse2 = lse2;
     p.delta = delta;
-    p.sq.cnt = qcnt;
-    p.sq.list = qlist;
-    p.sq.stride = (p.Skv + tq.bn - 1) / tq.bn;
     p.nqt = (p.Sq + tk.bm - 1) / tk.bm;
-    p.sk.cnt = kcnt;
-    p.sk.list = klist;
-    p.sk.stride = p.G * p.nqt;
+    if (const bsa_sched *ps = plan_dq(pb, qcfg)) {
+        p.sq = *ps;
+    } else {
+        if ((e = spattn_bsa_launch_sched_q(&p, tq.bm, tq.bn, qcnt, qlist, st)) != cudaSuccess) return fail(e, "schedule");
+        p.sq.cnt = qcnt;
+        p.sq.list = qlist;
+        p.sq.stride = (p.Skv + tq.bn - 1) / tq.bn;
+    }
+    if (const bsa_sched *ps = plan_kv(pb)) {
+        p.sk = *ps;
+    } else {
+        if ((e = spattn_bsa_launch_sched_k(&p, tk.bm, tk.bn, kcnt, klist, st)) != cudaSuccess) return fail(e, "schedule");
+        p.sk.cnt = kcnt;
+        p.sk.list = klist;
+        p.sk.stride = p.G * p.nqt;
+    }
     if ((e = spattn_bsa_launch_dkdv(&p, dp, bf16, st)) != cudaSuccess) return fail(e, "dK/dV kernel");
     if ((e = spattn_bsa_launch_dq(&p, dp, bf16, qcfg, st)) != cudaSuccess) return fail(e, "dQ kernel");
     return SPATTN_STATUS_SUCCESS;

@@ -1,0 +1,116 @@
+// Building and freeing the device part of a bsa plan (see bsa_plan.h and spattn.h): a
+// contiguous copy of the block mask, then the forward, dQ and dK/dV schedules built from it by
+// the schedule kernels (bsa_sched.cu), all in one device allocation.
+#include <stdlib.h>
+
+#include "../core/internal.h"
+#include "bsa_launch.h"
+#include "bsa_plan.h"
+
+namespace {
+
+__global__ void copy_mask_kernel(bsa_mask_view src, uint8_t *dst, int N, long long nbx, long long nby,
+                                 long long total) {
+    for (long long x = blockIdx.x * (long long)blockDim.x + threadIdx.x; x < total;
+         x += (long long)gridDim.x * blockDim.x) {
+        const long long c = x % nby, r = (x / nby) % nbx, bn = x / (nby * nbx);
+        dst[x] = src.p[(bn / N) * src.s0 + (bn % N) * src.s1 + r * src.s2 + c * src.s3];
+    }
+}
+
+size_t up(size_t x) { return (x + 255) / 256 * 256; }
+
+spattn_status fail(cudaError_t e, const char *what) {
+    cudaGetLastError();
+    return spattn_set_error(e == cudaErrorMemoryAllocation ? SPATTN_STATUS_OUT_OF_MEMORY : SPATTN_STATUS_CUDA_ERROR,
+                            "bsa plan: %s: %s", what, cudaGetErrorString(e));
+}
+
+}  // namespace
+
+extern "C" spattn_status spattn_cuda_bsa_plan_make(spattn_bsa_plan *pl, const spattn_tensor *mask,
+                                                   const spattn_exec *ex) {
+    cudaStream_t st = (cudaStream_t)ex->stream;
+    bsa_params p = {};
+    p.B = (int)pl->B;
+    p.N = (int)pl->N;
+    p.Nkv = (int)pl->Nkv;
+    p.G = (int)(pl->N / pl->Nkv);
+    p.Sq = (int)pl->Sq;
+    p.Skv = (int)pl->Skv;
+    p.bx = (int)(pl->bx < pl->Sq ? pl->bx : pl->Sq);  // as bsa_host.cu: a block wider than S covers it
+    p.by = (int)(pl->by < pl->Skv ? pl->by : pl->Skv);
+    p.nbx = (int)pl->nbx;
+    p.nby = (int)pl->nby;
+
+    bsa_plan_cuda *c = static_cast<bsa_plan_cuda *>(calloc(1, sizeof(bsa_plan_cuda)));
+    if (!c) return spattn_set_error(SPATTN_STATUS_OUT_OF_MEMORY, "bsa plan: out of host memory");
+    const bsa_fwd90_tile tf = bsa_fwd90_tile_for(128);
+    c->fwd_bm = tf.bm;
+    c->fwd_bn = tf.bn;
+    c->dq_cfg = bsa_dq_choose(128, p.bx, p.by);
+    const bsa_tile tq = bsa_dq_tile(128, c->dq_cfg), tk = bsa_dkdv_tile(128);
+    c->kv_bm = tk.bm;
+    c->kv_bn = tk.bn;
+    const size_t BN = (size_t)p.B * p.N;
+    const size_t f_rows = BN * ((p.Sq + tf.bm - 1) / tf.bm), f_w = (p.Skv + tf.bn - 1) / tf.bn;
+    const size_t q_rows = BN * ((p.Sq + tq.bm - 1) / tq.bm), q_w = (p.Skv + tq.bn - 1) / tq.bn;
+    const int kv_nqt = (p.Sq + tk.bm - 1) / tk.bm;
+    const size_t k_rows = (size_t)p.B * p.Nkv * ((p.Skv + tk.bn - 1) / tk.bn), k_w = (size_t)p.G * kv_nqt;
+    const size_t mask_bytes = BN * (size_t)p.nbx * p.nby;
+    size_t off[7], total = 0;
+    const size_t sz[7] = {mask_bytes, f_rows * 4, f_rows * f_w * 4, q_rows * 4, q_rows * q_w * 4, k_rows * 4,
+                          k_rows * k_w * 4};
+    for (int i = 0; i < 7; i++) {
+        off[i] = total;
+        total += up(sz[i]);
+    }
+    cudaError_t e = cudaMalloc(&c->buf, total);
+    if (e != cudaSuccess) {
+        free(c);
+        return fail(e, "cudaMalloc");
+    }
+    char *base = static_cast<char *>(c->buf);
+    uint8_t *m = reinterpret_cast<uint8_t *>(base + off[0]);
+    bsa_mask_view src = {static_cast<const uint8_t *>(mask->data), mask->strides[0], mask->strides[1],
+                         mask->strides[2], mask->strides[3]};
+    const long long blocks = ((long long)mask_bytes + 255) / 256;
+    copy_mask_kernel<<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0, st>>>(src, m, p.N, p.nbx, p.nby,
+                                                                                 (long long)mask_bytes);
+    p.mask = bsa_mask_view{m, (long long)p.N * p.nbx * p.nby, (long long)p.nbx * p.nby, p.nby, 1};
+    c->fwd = bsa_sched{reinterpret_cast<int *>(base + off[1]), reinterpret_cast<int *>(base + off[2]), (int)f_w};
+    c->dq = bsa_sched{reinterpret_cast<int *>(base + off[3]), reinterpret_cast<int *>(base + off[4]), (int)q_w};
+    c->kv = bsa_sched{reinterpret_cast<int *>(base + off[5]), reinterpret_cast<int *>(base + off[6]), (int)k_w};
+    if ((e = cudaGetLastError()) == cudaSuccess)
+        e = spattn_bsa_launch_sched_q(&p, tf.bm, tf.bn, const_cast<int *>(c->fwd.cnt), const_cast<int *>(c->fwd.list), st);
+    if (e == cudaSuccess)
+        e = spattn_bsa_launch_sched_q(&p, tq.bm, tq.bn, const_cast<int *>(c->dq.cnt), const_cast<int *>(c->dq.list), st);
+    if (e == cudaSuccess)
+        e = spattn_bsa_launch_sched_k(&p, tk.bm, tk.bn, const_cast<int *>(c->kv.cnt), const_cast<int *>(c->kv.list), st);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(st);
+    if (e != cudaSuccess) {
+        cudaFree(c->buf);
+        free(c);
+        return fail(e, "building the schedules");
+    }
+    pl->mask = spattn_tensor{};
+    pl->mask.data = m;
+    pl->mask.device_type = SPATTN_DEVICE_CUDA;
+    pl->mask.device_id = mask->device_id;
+    pl->mask.dtype = SPATTN_DTYPE_U8;
+    pl->mask.ndim = 4;
+    const int64_t shp[4] = {pl->B, pl->N, pl->nbx, pl->nby};
+    for (int i = 0; i < 4; i++) pl->mask.shape[i] = shp[i];
+    pl->mask.strides[3] = 1;
+    for (int i = 2; i >= 0; i--) pl->mask.strides[i] = pl->mask.strides[i + 1] * shp[i + 1];
+    pl->cuda = c;
+    return SPATTN_STATUS_SUCCESS;
+}
+
+extern "C" void spattn_cuda_bsa_plan_free(spattn_bsa_plan *pl) {
+    if (!pl || !pl->cuda) return;
+    bsa_plan_cuda *c = static_cast<bsa_plan_cuda *>(pl->cuda);
+    cudaFree(c->buf);
+    free(c);
+    pl->cuda = nullptr;
+}
