@@ -8,8 +8,9 @@ r-th of W contiguous chunks.  ``shard``/``unshard``/``shard_positions`` convert.
 
 Operators (autograd, torch.compile(fullgraph=True) keeps one graph):
 
-* ``sparse_flash_attention`` (sfa, BSND): all-gathers the key shards (k, k_rope, v) with
-  ``spattn::cp_gather_seq`` (backward: fp32 reduce-scatter of dK/dV), runs the ordinary sfa op
+* ``sparse_flash_attention`` (sfa, BSND): all-gathers the key shards (k, k_rope, v side by side
+  in one buffer, one collective) with ``spattn::cp_gather_seq`` (backward: fp32 reduce-scatter
+  of dK/dV), runs the ordinary sfa op
   per local chunk against the keys up to that chunk (causal limits stay global), ``indices``
   hold GLOBAL key (block) positions.
 * ``block_sparse_attention`` (bsa, BNSD), the GLOBAL block mask on every rank:
@@ -216,9 +217,15 @@ def sparse_flash_attention(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Te
     sbs = int(sparse_block_size)
     scale_arg = _lib.scale_arg(scale)
     idx = _ops.as_indices(indices)
-    kf = cp_gather_seq(k, 1, load_balance, name)
-    kr = cp_gather_seq(k_rope, 1, load_balance, name) if k_rope is not None else None
-    vf = cp_gather_seq(v, 1, load_balance, name) if v is not None else None
+    # one all-gather for the whole key side: [k | k_rope | v] along the last dimension (the sfa
+    # op takes the column views of the gathered buffer without copies)
+    parts = [x for x in (k, k_rope, v) if x is not None]
+    cols = [x.shape[-1] for x in parts]
+    kall = cp_gather_seq(parts[0] if len(parts) == 1 else torch.cat(parts, -1), 1, load_balance, name)
+    views = list(torch.split(kall, cols, -1))
+    kf = views.pop(0)
+    kr = views.pop(0) if k_rope is not None else None
+    vf = views.pop(0) if v is not None else None
     if not causal:
         o, lse = torch.ops.spattn.sfa_fwd(q, kf, idx, vf, q_rope, kr, sbs, _lib.SFA_MODE_NONE, scale_arg)
     else:
