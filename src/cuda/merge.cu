@@ -87,6 +87,7 @@ __global__ void merge_kernel(MergeArgs a) {
             }
             store_f(a.o, a.o_dtype, bo + d * a.o_strides[nd], x);
         }
+        __syncwarp();  // every lane has read lse1/lse2 of this row (lse may be lse1 in place)
         if (a.lse && lane == 0) a.lse[row_off(a, a.lse_strides, r)] = out_lse;
     }
 }
