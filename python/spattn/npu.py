@@ -1,9 +1,13 @@
 """Drop-in wrappers with torch_npu's names, argument names and return structure.
 
 Conventions (differences from torch_npu are errors, never silent):
-  * Layouts: bsa "BNSD" and "TND"; sfa "BSND" and "TND" (q and kv layouts must match).
-    PageAttention (block_table, layout_kv="PA_BSND"), pre_tokens/next_tokens other than the
-    default and sparse_mode other than 0/3 raise NotImplementedError naming the argument.
+  * Layouts: bsa "BNSD" and "TND"; sfa "BSND" and "TND" (q and kv layouts must match), and
+    PageAttention for the sfa forward (block_table with layout_kv="PA_BSND": key/value
+    [num_blocks, block_size, N2, D], query BSND (all rows) or TND).  TND and PA_BSND run as one
+    packed variable-length library call (spattn_*_varlen: no loop over sequences, the lengths
+    stay on their device); BNSD/BSND with shorter actual lengths run per batch.
+    pre_tokens/next_tokens other than the default and sparse_mode other than 0/3 raise
+    NotImplementedError naming the argument.
   * actual_seq_lengths*: bsa takes per-batch lengths (list or tensor); sfa takes per-batch
     lengths for BSND and prefix sums for TND (as torch_npu).  BNSD/BSND rows past a batch's
     length get O = 0, LSE = -inf and zero gradients.
@@ -25,6 +29,7 @@ import torch
 
 from . import _lib
 from . import _ops  # noqa: F401  (registers torch.ops.spattn.*)
+from . import _varlen_ops  # noqa: F401  (registers torch.ops.spattn.*_varlen)
 
 Tensor = torch.Tensor
 _MAX64 = 2 ** 63 - 1
@@ -107,6 +112,19 @@ def _segments(kind: str, batch: int, lens_q: Optional[List[int]], lens_k: Option
     return segs
 
 
+def _cu(name: str, x, device: torch.device, prefix: bool) -> Tensor:
+    """int32 prefix sums [B+1] on ``device`` from per-batch lengths (prefix=False) or torch_npu's
+    prefix sums without the leading 0 (prefix=True).  A tensor stays on its device: no host
+    read; the library checks the values (non-decreasing, within the token counts)."""
+    if x is None:
+        raise ValueError(f"{name} is required with the TND / PA_BSND layouts")
+    t = x if isinstance(x, torch.Tensor) else torch.tensor([int(v) for v in x], dtype=torch.int64)
+    t = t.reshape(-1).to(device=device, dtype=torch.int64)
+    if not prefix:
+        t = torch.cumsum(t, 0)
+    return torch.cat([t.new_zeros(1), t]).to(torch.int32)
+
+
 def _is_full(segs, full_q: int, full_k: int) -> bool:
     return all(lq == full_q and lk == full_k for _, _, lq, _, lk in segs)
 
@@ -152,13 +170,18 @@ def npu_block_sparse_attention(query: Tensor, key: Tensor, value: Tensor, block_
     mask = _ops.as_mask(block_sparse_mask)
     scale = float(scale_value)
     bnsd = q_input_layout == "BNSD"
-    kind = "BNSD" if bnsd else "TND_BNSD"
-    full_q = query.shape[2] if bnsd else query.shape[0]
-    full_k = key.shape[2] if bnsd else key.shape[0]
-    batch = query.shape[0] if bnsd else len(_ints("actual_seq_lengths", actual_seq_lengths) or [])
-    segs = _segments(kind, batch, _ints("actual_seq_lengths", actual_seq_lengths),
+    if not bnsd:  # TND: one packed variable-length call
+        cq = _cu("actual_seq_lengths", actual_seq_lengths, query.device, False)
+        ck = _cu("actual_seq_lengths_kv", actual_seq_lengths_kv, query.device, False)
+        o, lse = torch.ops.spattn.bsa_fwd_varlen(query, key, value, mask, cq, ck, mask.shape[-2] * bx,
+                                                 mask.shape[-1] * by, None, bx, by, scale)
+        softmax_lse = lse.unsqueeze(-1) if softmax_lse_flag else lse.new_empty(0)
+        return o, softmax_lse
+    kind = "BNSD"
+    full_q, full_k = query.shape[2], key.shape[2]
+    segs = _segments(kind, query.shape[0], _ints("actual_seq_lengths", actual_seq_lengths),
                      _ints("actual_seq_lengths_kv", actual_seq_lengths_kv), full_q, full_k, False)
-    if bnsd and _is_full(segs, full_q, full_k):
+    if _is_full(segs, full_q, full_k):
         o, lse = torch.ops.spattn.bsa_fwd(query, key, value, mask, bx, by, scale)
     else:
         os_, ls_ = [], []
@@ -193,13 +216,17 @@ def npu_block_sparse_attention_backward(d_out: Tensor, query: Tensor, key: Tenso
     lse = softmax_lse.squeeze(-1) if softmax_lse.dim() == query.dim() and softmax_lse.shape[-1] == 1 \
         else softmax_lse
     bnsd = q_input_layout == "BNSD"
-    kind = "BNSD" if bnsd else "TND_BNSD"
-    full_q = query.shape[2] if bnsd else query.shape[0]
-    full_k = key.shape[2] if bnsd else key.shape[0]
-    batch = query.shape[0] if bnsd else len(_ints("actual_seq_lengths", actual_seq_lengths) or [])
-    segs = _segments(kind, batch, _ints("actual_seq_lengths", actual_seq_lengths),
+    if not bnsd:  # TND: one packed variable-length call
+        cq = _cu("actual_seq_lengths", actual_seq_lengths, query.device, False)
+        ck = _cu("actual_seq_lengths_kv", actual_seq_lengths_kv, query.device, False)
+        return tuple(torch.ops.spattn.bsa_bwd_varlen(query, key, value, mask, cq, ck, mask.shape[-2] * bx,
+                                                     mask.shape[-1] * by, attention_out, d_out, lse, bx,
+                                                     by, scale))
+    kind = "BNSD"
+    full_q, full_k = query.shape[2], key.shape[2]
+    segs = _segments(kind, query.shape[0], _ints("actual_seq_lengths", actual_seq_lengths),
                      _ints("actual_seq_lengths_kv", actual_seq_lengths_kv), full_q, full_k, False)
-    if bnsd and _is_full(segs, full_q, full_k):
+    if _is_full(segs, full_q, full_k):
         return tuple(torch.ops.spattn.bsa_bwd(query, key, value, mask, attention_out, d_out, lse, bx, by,
                                               scale))
     dqs, dks, dvs = [], [], []
@@ -225,11 +252,9 @@ def npu_block_sparse_attention_backward(d_out: Tensor, query: Tensor, key: Tenso
 # ----------------------------------------------------------------------------------------------
 def _sfa_common(layout_query: str, layout_kv: str, sparse_mode: int, pre_tokens: int, next_tokens: int,
                 attention_mode: int, query_rope, key_rope) -> Tuple[str, int]:
-    if layout_kv == "PA_BSND":
-        raise NotImplementedError("layout_kv='PA_BSND' (PageAttention) is not supported by spattn")
     if layout_query not in ("BSND", "TND"):
         raise ValueError(f"layout_query: must be 'BSND' or 'TND', got {layout_query!r}")
-    if layout_kv != layout_query:
+    if layout_kv != layout_query and layout_kv != "PA_BSND":
         raise ValueError(f"layout_kv: must equal layout_query ({layout_query!r}), got {layout_kv!r}")
     if sparse_mode not in (0, 3):
         raise NotImplementedError(f"sparse_mode={sparse_mode}: only 0 (none) and 3 (right-down causal) "
@@ -274,15 +299,39 @@ def npu_sparse_flash_attention(query: Tensor, key: Tensor, value: Tensor, sparse
                                attention_mode: int = 0,
                                return_softmax_lse: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
     """torch_npu.npu_sparse_flash_attention -> (attention_out, softmax_max, softmax_sum); differentiable."""
-    if block_table is not None:
-        raise NotImplementedError("block_table (PageAttention) is not supported by spattn")
+    if (block_table is not None) != (layout_kv == "PA_BSND"):
+        raise ValueError("block_table and layout_kv='PA_BSND' (PageAttention) go together")
     kind, mode = _sfa_common(layout_query, layout_kv, sparse_mode, pre_tokens, next_tokens, attention_mode,
                              query_rope, key_rope)
     idx = _ops.as_indices(sparse_indices)
     sbs, scale = int(sparse_block_size), float(scale_value)
     shared = value is key
-    segs, full_q, full_k = _sfa_segs(kind, query, key, actual_seq_lengths_query, actual_seq_lengths_kv)
-    if kind == "BSND" and _is_full(segs, full_q, full_k):
+    if kind == "TND" or block_table is not None:  # one packed variable-length (paged) call
+        dev = query.device
+        q, qr, ix = query, query_rope, idx
+        if kind == "BSND":  # PageAttention with BSND queries: every row of every batch
+            if actual_seq_lengths_query is not None:
+                raise NotImplementedError("actual_seq_lengths_query with layout_query='BSND' and "
+                                          "block_table: use layout_query='TND'")
+            b_, s1 = query.shape[0], query.shape[1]
+            q, ix = query.flatten(0, 1), idx.flatten(0, 1)
+            qr = None if query_rope is None else query_rope.flatten(0, 1)
+            cq = (torch.arange(b_ + 1, device=dev, dtype=torch.int32) * s1)
+        else:
+            cq = _cu("actual_seq_lengths_query", actual_seq_lengths_query, dev, True)
+        # kv: prefix sums with TND; per-batch lengths with pages (as torch_npu)
+        ck = _cu("actual_seq_lengths_kv", actual_seq_lengths_kv, dev, block_table is None)
+        mk = block_table.shape[-1] * key.shape[1] if block_table is not None else key.shape[0]
+        o, lse = torch.ops.spattn.sfa_fwd_varlen(q, key, ix, None if shared else value, qr, key_rope,
+                                                 cq, ck, q.shape[0], mk, block_table, sbs, mode, scale)
+        if kind == "BSND":
+            o, lse = o.unflatten(0, (b_, s1)), lse.unflatten(0, (b_, s1))
+        segs = None
+    else:
+        segs, full_q, full_k = _sfa_segs(kind, query, key, actual_seq_lengths_query, actual_seq_lengths_kv)
+    if segs is None:
+        pass
+    elif kind == "BSND" and _is_full(segs, full_q, full_k):
         o, lse = torch.ops.spattn.sfa_fwd(query, key, idx, None if shared else value, query_rope, key_rope,
                                           sbs, mode, scale)
     else:
@@ -341,8 +390,16 @@ def npu_sparse_flash_attention_grad(query: Tensor, key: Tensor, value: Tensor, s
             raise ValueError(f"softmax_max: expected [N2, T1, N1/N2], got {tuple(softmax_max.shape)}")
         n2, t1, g = lse4.shape
         lse = lse4.permute(1, 0, 2).reshape(t1, n2 * g)
+    if kind == "TND":  # one packed variable-length call
+        cq = _cu("actual_seq_qlen", actual_seq_qlen, query.device, True)
+        ck = _cu("actual_seq_kvlen", actual_seq_kvlen, query.device, True)
+        dq, dk, dv, dqr, dkr = torch.ops.spattn.sfa_bwd_varlen(
+            query, key, idx, value, query_rope, key_rope, cq, ck, query.shape[0], key.shape[0], None,
+            out, d_out, lse, sbs, mode, scale)
+        return (dq, dk, dv, dqr if query_rope is not None else query.new_empty(0),
+                dkr if key_rope is not None else key.new_empty(0))
     segs, full_q, full_k = _sfa_segs(kind, query, key, actual_seq_qlen, actual_seq_kvlen)
-    if kind == "BSND" and _is_full(segs, full_q, full_k):
+    if _is_full(segs, full_q, full_k):
         dq, dk, dv, dqr, dkr = torch.ops.spattn.sfa_bwd(query, key, idx, value, query_rope, key_rope, out, d_out,
                                                         lse, sbs, mode, scale)
     else:

@@ -1,0 +1,205 @@
+"""torch.library custom ops of the packed variable-length / paged forms (namespace ``spattn``).
+
+  spattn::bsa_fwd_varlen(q, k, v, block_mask, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                         max_seqlen_k, block_table?, bx, by, scale) -> (o, lse)
+  spattn::bsa_bwd_varlen(q, k, v, block_mask, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                         max_seqlen_k, o, dout, lse, bx, by, scale) -> (dq, dk, dv)
+  spattn::sfa_fwd_varlen(q, k, indices, v?, q_rope?, k_rope?, cu_seqlens_q, cu_seqlens_k,
+                         max_seqlen_q, max_seqlen_k, block_table?, sbs, mode, scale) -> (o, lse)
+  spattn::sfa_bwd_varlen(..., block_table?, o, dout, lse, sbs, mode, scale)
+      -> (dq, dk, dv, dq_rope, dk_rope)   (absent gradients are empty tensors)
+
+Packed tensors [T, N, D] (k/v pages [num_pages, page_size, Nkv, D] with block_table), LSE
+[T, N].  The prefix sums stay where they are (int64 ones are converted to int32 on their
+device): no host synchronisation.  Output rows past cu_seqlens_q[B] are 0 (LSE -inf).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from . import _ops, _varlen
+from ._ops import _check_devices, _desc, _opts, as_indices, as_mask
+
+_fake_check_devices = getattr(_ops, "_fake_check_devices", _check_devices)
+
+Tensor = torch.Tensor
+
+
+def _i32(t: Optional[Tensor]) -> Optional[Tensor]:
+    if t is None or t.dtype == torch.int32 or t.dtype.is_floating_point:
+        return t  # int32 already, or a dtype the library rejects with a clear message
+    return t.to(torch.int32)
+
+
+def _vl(cq: Tensor, ck: Tensor, max_q: int, max_k: int, bt: Optional[Tensor]):
+    d = (_desc("cu_seqlens_q", cq), _desc("cu_seqlens_k", ck), _desc("block_table", bt))
+    return _varlen.varlen(d[0], d[1], max_q, max_k, d[2]), d  # keep the descriptors alive
+
+
+def _lse_like(q: Tensor) -> Tensor:
+    return torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
+
+
+# ----------------------------------------------------------------------------------------------
+# bsa
+# ----------------------------------------------------------------------------------------------
+@torch.library.custom_op("spattn::bsa_fwd_varlen", mutates_args=())
+def bsa_fwd_varlen(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, cu_seqlens_q: Tensor,
+                   cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                   block_table: Optional[Tensor], bx: int, by: int,
+                   scale: float) -> Tuple[Tensor, Tensor]:
+    m, cq, ck, bt = as_mask(block_mask), _i32(cu_seqlens_q), _i32(cu_seqlens_k), _i32(block_table)
+    dev = _check_devices([("q", q), ("k", k), ("v", v), ("block_mask", m), ("cu_seqlens_q", cq),
+                          ("cu_seqlens_k", ck), ("block_table", bt)])
+    o, lse = torch.zeros_like(q, memory_format=torch.contiguous_format), _lse_like(q)
+    vl, keep = _vl(cq, ck, max_seqlen_q, max_seqlen_k, bt)
+    _varlen.bsa_fwd(_desc("q", q), _desc("k", k), _desc("v", v), _desc("block_mask", m), bx, by,
+                    scale, vl, _desc("o", o), _desc("lse", lse), _opts(dev))
+    del keep
+    return o, lse
+
+
+@bsa_fwd_varlen.register_fake
+def _(q, k, v, block_mask, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table,
+      bx, by, scale):
+    _fake_check_devices([("q", q), ("k", k), ("v", v), ("block_mask", block_mask),
+                         ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
+                         ("block_table", block_table)])
+    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("spattn::bsa_bwd_varlen", mutates_args=())
+def bsa_bwd_varlen(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, cu_seqlens_q: Tensor,
+                   cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int, o: Tensor,
+                   dout: Tensor, lse: Tensor, bx: int, by: int,
+                   scale: float) -> Tuple[Tensor, Tensor, Tensor]:
+    m, cq, ck = as_mask(block_mask), _i32(cu_seqlens_q), _i32(cu_seqlens_k)
+    dev = _check_devices([("q", q), ("k", k), ("v", v), ("block_mask", m), ("cu_seqlens_q", cq),
+                          ("cu_seqlens_k", ck), ("o", o), ("dout", dout), ("lse", lse)])
+    cf = torch.contiguous_format
+    dq = torch.zeros_like(q, memory_format=cf)
+    dk, dv = torch.empty_like(k, memory_format=cf), torch.empty_like(v, memory_format=cf)
+    vl, keep = _vl(cq, ck, max_seqlen_q, max_seqlen_k, None)
+    _varlen.bsa_bwd(_desc("q", q), _desc("k", k), _desc("v", v), _desc("o", o), _desc("dout", dout),
+                    _desc("lse", lse), _desc("block_mask", m), bx, by, scale, vl, _desc("dq", dq),
+                    _desc("dk", dk), _desc("dv", dv), _opts(dev))
+    del keep
+    return dq, dk, dv
+
+
+@bsa_bwd_varlen.register_fake
+def _(q, k, v, block_mask, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, o, dout, lse,
+      bx, by, scale):
+    _fake_check_devices([("q", q), ("k", k), ("v", v), ("block_mask", block_mask), ("o", o),
+                         ("dout", dout), ("lse", lse)])
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _bsa_setup(ctx, inputs, output):
+    q, k, v, block_mask, cq, ck, mq, mk, bt, bx, by, scale = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, block_mask, cq, ck, o, lse)
+    ctx.args = (mq, mk, bx, by, scale)
+    ctx.paged = bt is not None
+    ctx.mark_non_differentiable(lse)
+
+
+def _bsa_backward(ctx, grad_o, grad_lse):
+    if ctx.paged:
+        raise NotImplementedError("spattn: bsa with block_table (paged K/V) is forward-only")
+    q, k, v, block_mask, cq, ck, o, lse = ctx.saved_tensors
+    mq, mk, bx, by, scale = ctx.args
+    dq, dk, dv = bsa_bwd_varlen(q, k, v, block_mask, cq, ck, mq, mk, o, grad_o, lse, bx, by, scale)
+    return (dq, dk, dv) + (None,) * 9
+
+
+bsa_fwd_varlen.register_autograd(_bsa_backward, setup_context=_bsa_setup)
+
+
+# ----------------------------------------------------------------------------------------------
+# sfa
+# ----------------------------------------------------------------------------------------------
+@torch.library.custom_op("spattn::sfa_fwd_varlen", mutates_args=())
+def sfa_fwd_varlen(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Tensor],
+                   q_rope: Optional[Tensor], k_rope: Optional[Tensor], cu_seqlens_q: Tensor,
+                   cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                   block_table: Optional[Tensor], sbs: int, mode: int,
+                   scale: float) -> Tuple[Tensor, Tensor]:
+    idx, cq, ck, bt = as_indices(indices), _i32(cu_seqlens_q), _i32(cu_seqlens_k), _i32(block_table)
+    dev = _check_devices([("q", q), ("k", k), ("indices", idx), ("v", v), ("q_rope", q_rope),
+                          ("k_rope", k_rope), ("cu_seqlens_q", cq), ("cu_seqlens_k", ck),
+                          ("block_table", bt)])
+    o, lse = torch.zeros_like(q, memory_format=torch.contiguous_format), _lse_like(q)
+    vl, keep = _vl(cq, ck, max_seqlen_q, max_seqlen_k, bt)
+    _varlen.sfa_fwd(_desc("q", q), _desc("q_rope", q_rope), _desc("k", k), _desc("k_rope", k_rope),
+                    _desc("v", v), _desc("indices", idx), sbs, mode, scale, vl, _desc("o", o),
+                    _desc("lse", lse), _opts(dev))
+    del keep
+    return o, lse
+
+
+@sfa_fwd_varlen.register_fake
+def _(q, k, indices, v, q_rope, k_rope, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+      block_table, sbs, mode, scale):
+    _fake_check_devices([("q", q), ("k", k), ("indices", indices), ("v", v), ("q_rope", q_rope),
+                         ("k_rope", k_rope), ("block_table", block_table)])
+    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("spattn::sfa_bwd_varlen", mutates_args=())
+def sfa_bwd_varlen(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Tensor],
+                   q_rope: Optional[Tensor], k_rope: Optional[Tensor], cu_seqlens_q: Tensor,
+                   cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                   block_table: Optional[Tensor], o: Tensor, dout: Tensor, lse: Tensor, sbs: int,
+                   mode: int, scale: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    idx, cq, ck, bt = as_indices(indices), _i32(cu_seqlens_q), _i32(cu_seqlens_k), _i32(block_table)
+    dev = _check_devices([("q", q), ("k", k), ("indices", idx), ("v", v), ("q_rope", q_rope),
+                          ("k_rope", k_rope), ("cu_seqlens_q", cq), ("cu_seqlens_k", ck),
+                          ("block_table", bt), ("o", o), ("dout", dout), ("lse", lse)])
+    cf = torch.contiguous_format
+    dq = torch.zeros_like(q, memory_format=cf)
+    dk = torch.empty_like(k, memory_format=cf)
+    dv = torch.empty_like(v, memory_format=cf) if v is not None else None
+    dqr = torch.zeros_like(q_rope, memory_format=cf) if q_rope is not None else None
+    dkr = torch.empty_like(k_rope, memory_format=cf) if k_rope is not None else None
+    vl, keep = _vl(cq, ck, max_seqlen_q, max_seqlen_k, bt)
+    _varlen.sfa_bwd(_desc("q", q), _desc("q_rope", q_rope), _desc("k", k), _desc("k_rope", k_rope),
+                    _desc("v", v), _desc("o", o), _desc("dout", dout), _desc("lse", lse),
+                    _desc("indices", idx), sbs, mode, scale, vl, _desc("dq", dq),
+                    _desc("dq_rope", dqr), _desc("dk", dk), _desc("dk_rope", dkr), _desc("dv", dv),
+                    _opts(dev))
+    del keep
+    empty = q.new_empty(0)
+    return (dq, dk, dv if dv is not None else empty, dqr if dqr is not None else empty.clone(),
+            dkr if dkr is not None else empty.clone())
+
+
+@sfa_bwd_varlen.register_fake
+def _(q, k, indices, v, q_rope, k_rope, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+      block_table, o, dout, lse, sbs, mode, scale):
+    def like(t):
+        return t.new_empty(t.shape) if t is not None else q.new_empty(0)
+    return like(q), like(k), like(v), like(q_rope), like(k_rope)
+
+
+def _sfa_setup(ctx, inputs, output):
+    q, k, indices, v, q_rope, k_rope, cq, ck, mq, mk, bt, sbs, mode, scale = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, indices, v, q_rope, k_rope, cq, ck, bt, o, lse)
+    ctx.args = (mq, mk, sbs, mode, scale)
+    ctx.has_v, ctx.has_rope = v is not None, q_rope is not None
+    ctx.mark_non_differentiable(lse)
+
+
+def _sfa_backward(ctx, grad_o, grad_lse):
+    q, k, indices, v, q_rope, k_rope, cq, ck, bt, o, lse = ctx.saved_tensors
+    mq, mk, sbs, mode, scale = ctx.args
+    dq, dk, dv, dqr, dkr = sfa_bwd_varlen(q, k, indices, v, q_rope, k_rope, cq, ck, mq, mk, bt, o,
+                                          grad_o, lse, sbs, mode, scale)
+    return (dq, dk, None, dv if ctx.has_v else None, dqr if ctx.has_rope else None,
+            dkr if ctx.has_rope else None) + (None,) * 8
+
+
+sfa_fwd_varlen.register_autograd(_sfa_backward, setup_context=_sfa_setup)
