@@ -23,8 +23,7 @@
  *     makes the O columns it reaches NaN; a +inf score makes O and LSE NaN (exp(inf - inf));
  *     a -inf score acts as a masked pair (all -inf: a row with no key).  The backward
  *     propagates them the same way (a NaN row gives NaN dQ and NaN dK, dV rows of the keys it
- *     attends).  Only the CPU bsa kernels with bx or by < 16 may also turn unattended rows
- *     (keys) of the same 64-token tile NaN -- never a wrong finite value.
+ *     attends).  Values a row does not attend never affect it.
  *   - Results are deterministic by default: the same inputs give bitwise the same outputs for
  *     any CPU thread count and any launch.
  *   - Outputs must not overlap any input or each other (error SPATTN_STATUS_ALIASING); inputs
