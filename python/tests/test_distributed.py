@@ -5,6 +5,7 @@ result within the eco criterion; the ring's step skipping; torch.compile(fullgra
 processes.  Skipped (with the reason printed) where torch or torch.distributed is absent."""
 from __future__ import annotations
 
+import datetime
 import os
 import pickle
 import socket
@@ -242,7 +243,8 @@ def _worker(rank, world, port, outdir, parts):
         os.environ["MASTER_ADDR"] = "127.0.0.1"
         os.environ["MASTER_PORT"] = str(port)
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        # a hang (a mismatched point-to-point step) fails after 3 minutes instead of gloo's 30
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=180))
         import spattn
         import spattn.distributed as cpd
         if "bsa" in parts:
