@@ -5,7 +5,8 @@
  *   - stride-0 (broadcast) k / v of huge logical size (Skv, S2 ~ 2^33): the forward visits
  *     only the attended keys, at offsets beyond 2^32, and counts them right (LSE);
  *   - bx, by far beyond S (2^40, 2^62, INT64_MAX): fast, no overflow, same bits as bx = S;
- *   - scales that overflow fp32 are rejected before any write.
+ *   - scales that overflow fp32 are rejected before any write;
+ *   - batch strides of 2^32 elements on every tensor, forward and backward (bsa, sfa).
  * Build: part of ctest (cmake --build build && ctest --test-dir build -R test_limits).
  */
 #define _DEFAULT_SOURCE /* mmap flags, alarm */
@@ -247,6 +248,116 @@ static void scales(void) {
     TU_CHECK(st == SPATTN_STATUS_SUCCESS, "bsa scale FLT_MAX: status %d (%s)", st, spattn_last_error());
 }
 
+/* ---- batch offsets beyond 2^32 elements, forward and backward ---------------------------- */
+/* Every float tensor (inputs and outputs) gets batch stride 2^32 elements in its own sparse
+ * mapping: batch 1 lives 16 GiB after batch 0 (a 32-bit offset would alias it onto batch 0).
+ * The results must be bitwise those of contiguous copies. */
+#define FAR ((int64_t)1 << 32)
+typedef struct far_t {
+    void *map;
+    size_t bytes;
+    spattn_tensor t;  /* the far view */
+    float *dense;     /* contiguous copy (fp32) */
+    spattn_tensor td; /* view of dense */
+} far_t;
+
+static int far_make(far_t *f, const int64_t *shape, int nd, tu_rng *r) {
+    int64_t inner = 1, st[4];
+    for (int d = 1; d < nd; d++) inner *= shape[d];
+    st[nd - 1] = 1;
+    for (int d = nd - 2; d >= 1; d--) st[d] = st[d + 1] * shape[d + 1];
+    st[0] = FAR;
+    f->bytes = (size_t)(FAR * (shape[0] - 1) + inner) * 4;
+    f->map = mmap(NULL, f->bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                  -1, 0);
+    if (f->map == MAP_FAILED) return 0;
+    f->t = spattn_tensor_make(f->map, SPATTN_DTYPE_F32, nd, shape, st);
+    f->dense = malloc((size_t)(shape[0] * inner) * 4);
+    f->td = spattn_tensor_make(f->dense, SPATTN_DTYPE_F32, nd, shape, NULL);
+    for (int64_t b = 0; b < shape[0]; b++)
+        for (int64_t e = 0; e < inner; e++) {
+            float x = r ? (float)(tu_uniform(r) - 0.5) : 0.0f;
+            f->dense[b * inner + e] = x;
+            ((float *)f->map)[b * FAR + e] = x;
+        }
+    return 1;
+}
+/* 1 when the far view holds bitwise the values of the dense copy */
+static int far_same(const far_t *f) {
+    int64_t inner = 1;
+    for (int d = 1; d < f->t.ndim; d++) inner *= f->t.shape[d];
+    for (int64_t b = 0; b < f->t.shape[0]; b++)
+        if (memcmp((float *)f->map + b * FAR, f->dense + b * inner, (size_t)inner * 4)) return 0;
+    return 1;
+}
+static void far_free(far_t *f) {
+    munmap(f->map, f->bytes);
+    free(f->dense);
+}
+
+static void bsa_far_batches(void) {
+    enum { N = 2, NKV = 1, S = 40, D = 16, BX = 16, BY = 8 };
+    const int64_t nbx = (S + BX - 1) / BX, nby = (S + BY - 1) / BY;
+    int64_t sq[4] = {2, N, S, D}, skv[4] = {2, NKV, S, D}, sl[3] = {2, N, S}, sm[4] = {2, N, nbx, nby};
+    tu_rng r;
+    tu_seed(&r, 77);
+    far_t q, k, v, dout, o, lse, dq, dk, dv;
+    int ok = far_make(&q, sq, 4, &r) && far_make(&k, skv, 4, &r) && far_make(&v, skv, 4, &r) &&
+             far_make(&dout, sq, 4, &r) && far_make(&o, sq, 4, NULL) && far_make(&lse, sl, 3, NULL) &&
+             far_make(&dq, sq, 4, NULL) && far_make(&dk, skv, 4, NULL) && far_make(&dv, skv, 4, NULL);
+    if (!ok) {
+        printf("bsa far batches: cannot reserve the address space, skipped\n");
+        return;
+    }
+    uint8_t mask[2 * N * 3 * 5];
+    for (size_t e = 0; e < sizeof mask; e++) mask[e] = tu_uniform(&r) < 0.6;
+    spattn_tensor tm = spattn_tensor_make(mask, SPATTN_DTYPE_U8, 4, sm, NULL);
+    for (int far = 0; far < 2; far++) {
+#define T(x) (far ? &x.t : &x.td)
+        spattn_status st = spattn_bsa_fwd(T(q), T(k), T(v), &tm, BX, BY, 0.0, T(o), T(lse));
+        TU_CHECK(st == SPATTN_STATUS_SUCCESS, "bsa far=%d fwd: %s", far, spattn_last_error());
+        st = spattn_bsa_bwd(T(q), T(k), T(v), T(o), T(dout), T(lse), &tm, BX, BY, 0.0, T(dq), T(dk),
+                            T(dv));
+        TU_CHECK(st == SPATTN_STATUS_SUCCESS, "bsa far=%d bwd: %s", far, spattn_last_error());
+#undef T
+    }
+    TU_CHECK(far_same(&o) && far_same(&lse) && far_same(&dq) && far_same(&dk) && far_same(&dv),
+             "bsa with batch stride 2^32: results differ from contiguous copies");
+    far_t *all[] = {&q, &k, &v, &dout, &o, &lse, &dq, &dk, &dv};
+    for (int i = 0; i < 9; i++) far_free(all[i]);
+}
+
+static void sfa_far_batches(void) {
+    enum { S1 = 6, S2 = 24, N1 = 4, N2 = 1, D = 16, K = 5 };
+    int64_t sq[4] = {2, S1, N1, D}, sk[4] = {2, S2, N2, D}, sl[3] = {2, S1, N1}, si[4] = {2, S1, N2, K};
+    tu_rng r;
+    tu_seed(&r, 78);
+    far_t q, k, dout, o, lse, dq, dk;
+    int ok = far_make(&q, sq, 4, &r) && far_make(&k, sk, 4, &r) && far_make(&dout, sq, 4, &r) &&
+             far_make(&o, sq, 4, NULL) && far_make(&lse, sl, 3, NULL) && far_make(&dq, sq, 4, NULL) &&
+             far_make(&dk, sk, 4, NULL);
+    if (!ok) {
+        printf("sfa far batches: cannot reserve the address space, skipped\n");
+        return;
+    }
+    int32_t idx[2 * S1 * N2 * K];
+    for (int e = 0; e < 2 * S1 * N2 * K; e++) idx[e] = tu_uniform(&r) < 0.2 ? -1 : (int32_t)tu_range(&r, 0, S2 - 1);
+    spattn_tensor ti = spattn_tensor_make(idx, SPATTN_DTYPE_I32, 4, si, NULL);
+    for (int far = 0; far < 2; far++) {
+#define T(x) (far ? &x.t : &x.td)
+        spattn_status st = spattn_sfa_fwd(T(q), NULL, T(k), NULL, NULL, &ti, 1, 3, 0.0, T(o), T(lse));
+        TU_CHECK(st == SPATTN_STATUS_SUCCESS, "sfa far=%d fwd: %s", far, spattn_last_error());
+        st = spattn_sfa_bwd(T(q), NULL, T(k), NULL, NULL, T(o), T(dout), T(lse), &ti, 1, 3, 0.0, T(dq),
+                            NULL, T(dk), NULL, NULL);
+        TU_CHECK(st == SPATTN_STATUS_SUCCESS, "sfa far=%d bwd: %s", far, spattn_last_error());
+#undef T
+    }
+    TU_CHECK(far_same(&o) && far_same(&lse) && far_same(&dq) && far_same(&dk),
+             "sfa with batch stride 2^32: results differ from contiguous copies");
+    far_t *all[] = {&q, &k, &dout, &o, &lse, &dq, &dk};
+    for (int i = 0; i < 7; i++) far_free(all[i]);
+}
+
 int main(void) {
     alarm(600); /* a regression to the old tiling would hang for minutes: fail instead */
     scales();
@@ -255,5 +366,7 @@ int main(void) {
     sfa_broadcast_huge();
     sfa_big_s2(((int64_t)1 << 31) + 4, 2, 1 << 30);  /* key 2^31: was negative (SIGSEGV) */
     sfa_big_s2(((int64_t)1 << 32) + 4, 4, 1 << 30);  /* key 2^32: was key 0 (wrong output) */
+    bsa_far_batches();
+    sfa_far_batches();
     return tu_summary("test_limits");
 }

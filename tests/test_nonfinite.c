@@ -219,9 +219,10 @@ static void sfa_case(int where, float val, int shared, uint64_t seed) {
 int main(void) {
     const float vals[3] = {NAN, INFINITY, -INFINITY};
     uint64_t seed = 1;
+    const int reps = getenv("SPATTN_TEST_QUICK") ? 1 : 2; /* quick: fewer seeds, every case kind */
     for (int w = 0; w < WHERE_COUNT; w++)
         for (int c = 0; c < 3; c++) {
-            for (int rep = 0; rep < 2; rep++, seed++) {
+            for (int rep = 0; rep < reps; rep++, seed++) {
                 bsa_case(w, vals[c], 16, seed);
                 bsa_case(w, vals[c], 32, seed);
                 bsa_case(w, vals[c], 8, seed); /* small blocks: several mask blocks per tile */
