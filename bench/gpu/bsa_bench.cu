@@ -1,7 +1,10 @@
 // Block-sparse attention on the GPU over the public case suite (cases/bsa.cases): for every
 // case, verify ours (the public API, fast kernels) against the CUDA reference kernels with the
 // eco criterion (cases/README.md), then time forward and backward with CUDA events around the
-// whole call (schedule building included), L2 flushed before every repeat, median of `reps`.
+// whole call, L2 flushed before every repeat, median of `reps`: "fwd"/"bwd" with a reused plan
+// (spattn_bsa_plan_create once, caller workspace: the kernels alone), "fwd_call"/"bwd_call"
+// through the plain entry points (schedules built and workspace allocated in every call).  The
+// plan's outputs must be bitwise equal to the plain calls'.
 // Writes one JSON line per case pass to the --json file and each case's block mask to
 // <maskdir>/<case>.u8 (so that the peer script times the very same masks); prints a table.
 // Usage: bsa_bench [cases/bsa.cases] [--json out.json] [--masks dir] [--reps N] [--case substr]
@@ -212,7 +215,8 @@ int main(int argc, char **argv) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    printf("%-28s %6s %9s %9s %9s %9s  %s\n", "case", "dens", "fwd_ms", "fwd_TF", "bwd_ms", "bwd_TF", "verify");
+    printf("%-28s %6s %9s %9s %9s %9s %9s %9s  %s\n", "case", "dens", "fwd_ms", "fwd_TF", "bwd_ms", "bwd_TF",
+           "fwdcall", "bwdcall", "verify");
     for (const Case &c : cases) {
         if (only && !strstr(c.name.c_str(), only)) continue;
         const int nbx = (c.Sq + c.bx - 1) / c.bx, nby = (c.Skv + c.by - 1) / c.by, dt = c.dt;
@@ -263,6 +267,42 @@ int main(int argc, char **argv) {
             nfail++;
             continue;
         }
+        // the plan path: same bits as the plain calls
+        spattn_bsa_plan *plan = NULL;
+        void *pws = NULL;
+        spattn_options popt = opt;
+        {
+            std::vector<char> o_ref(nq * es), dq_ref(nq * es), dk_ref(nk * es), dv_ref(nk * es);
+            CK(cudaMemcpy(o_ref.data(), o, nq * es, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(dq_ref.data(), dq, nq * es, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(dk_ref.data(), dk, nk * es, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(dv_ref.data(), dv, nk * es, cudaMemcpyDeviceToHost));
+            size_t w0 = 0, w1 = 0;
+            spattn_status s = spattn_bsa_plan_create(&tm, c.bx, c.by, c.Sq, c.Skv, c.Nkv, &opt, &plan);
+            if (!s) s = spattn_bsa_plan_workspace_size(plan, &tq, &tk, &tv, 0, &opt, &w0);
+            if (!s) s = spattn_bsa_plan_workspace_size(plan, &tq, &tk, &tv, 1, &opt, &w1);
+            if (s) { printf("%-28s PLAN ERROR %d %s\n", c.name.c_str(), s, spattn_last_error()); exit(1); }
+            popt.workspace_size = std::max(w0, w1);
+            if (popt.workspace_size) CK(cudaMalloc(&pws, popt.workspace_size));
+            popt.workspace = pws;
+            CK(cudaMemset(o, 0xff, nq * es)); CK(cudaMemset(dq, 0xff, nq * es));
+            CK(cudaMemset(dk, 0xff, nk * es)); CK(cudaMemset(dv, 0xff, nk * es));
+            s = spattn_bsa_fwd_plan(plan, &tq, &tk, &tv, 0.0, &to, &tl, &popt);
+            if (!s) s = spattn_bsa_bwd_plan(plan, &tq, &tk, &tv, &to, &tdo, &tl, 0.0, &tdq, &tdk, &tdv, &popt);
+            CK(cudaStreamSynchronize(st));
+            if (s) { printf("%-28s PLAN CALL ERROR %d %s\n", c.name.c_str(), s, spattn_last_error()); exit(1); }
+            std::vector<char> x(nq * es), y(nk * es);
+            bool same = true;
+            CK(cudaMemcpy(x.data(), o, nq * es, cudaMemcpyDeviceToHost)); same &= x == o_ref;
+            CK(cudaMemcpy(x.data(), dq, nq * es, cudaMemcpyDeviceToHost)); same &= x == dq_ref;
+            CK(cudaMemcpy(y.data(), dk, nk * es, cudaMemcpyDeviceToHost)); same &= y == dk_ref;
+            CK(cudaMemcpy(y.data(), dv, nk * es, cudaMemcpyDeviceToHost)); same &= y == dv_ref;
+            if (!same) { printf("%-28s FAIL: plan outputs differ from the plain calls\n", c.name.c_str()); nfail++; }
+        }
+        auto fwd_p = [&]() { return spattn_bsa_fwd_plan(plan, &tq, &tk, &tv, 0.0, &to, &tl, &popt); };
+        auto bwd_p = [&]() {
+            return spattn_bsa_bwd_plan(plan, &tq, &tk, &tv, &to, &tdo, &tl, 0.0, &tdq, &tdk, &tdv, &popt);
+        };
         std::string vres = "skipped";
         if (verify) {
             spattn_bsa_problem p = {};
@@ -294,14 +334,14 @@ int main(int argc, char **argv) {
             }
             cudaFree(go); cudaFree(gl); cudaFree(gq); cudaFree(gk); cudaFree(gv);
         }
-        double med[2] = {NAN, NAN};
-        for (int pass = 0; pass < 2; pass++) {
-            if (!(passes >> pass & 1)) continue;
+        double med[4] = {NAN, NAN, NAN, NAN};  // fwd plan, bwd plan, fwd plain call, bwd plain call
+        for (int pass = 0; pass < 4; pass++) {
+            if (!(passes >> (pass & 1) & 1)) continue;
             std::vector<float> ts;
             for (int r = 0; r < reps + 2; r++) {
                 CK(cudaMemsetAsync(flush, r & 0xff, flush_bytes, st));
                 CK(cudaEventRecord(e0, st));
-                spattn_status s = pass ? bwd() : fwd();
+                spattn_status s = pass == 0 ? fwd_p() : pass == 1 ? bwd_p() : pass == 2 ? fwd() : bwd();
                 CK(cudaEventRecord(e1, st));
                 CK(cudaEventSynchronize(e1));
                 if (s) { fprintf(stderr, "timing call failed: %s\n", spattn_last_error()); exit(1); }
@@ -315,18 +355,23 @@ int main(int argc, char **argv) {
         const double ff = 4.0 * c.D * pairs, fb = 10.0 * c.D * pairs;
         const double tf = ff / (med[0] * 1e-3) / 1e12, tb = fb / (med[1] * 1e-3) / 1e12;
         const double dens = pairs / ((double)c.B * c.N * c.Sq * c.Skv);
-        printf("%-28s %6.3f %9.4f %9.1f %9.4f %9.1f  %s\n", c.name.c_str(), dens, med[0], tf, med[1], tb, vres.c_str());
+        printf("%-28s %6.3f %9.4f %9.1f %9.4f %9.1f %9.4f %9.4f  %s\n", c.name.c_str(), dens, med[0], tf, med[1], tb,
+               med[2], med[3], vres.c_str());
         fflush(stdout);
-        for (int pass = 0; pass < 2; pass++) {
-            if (!(passes >> pass & 1)) continue;
+        static const char *const pname[4] = {"fwd", "bwd", "fwd_call", "bwd_call"};
+        for (int pass = 0; pass < 4; pass++) {
+            if (!(passes >> (pass & 1) & 1)) continue;
+            const double fl = pass & 1 ? fb : ff;
             char t[400];
             snprintf(t, sizeof t,
                      "  {\"case\": \"%s\", \"pass\": \"%s\", \"median_ms\": %.6f, \"tflops\": %.3f, "
                      "\"flops\": %.6g, \"pairs\": %.0f, \"verify\": \"%s\"}",
-                     c.name.c_str(), pass ? "bwd" : "fwd", med[pass], pass ? tb : tf, pass ? fb : ff, pairs,
+                     c.name.c_str(), pname[pass], med[pass], fl / (med[pass] * 1e-3) / 1e12, fl, pairs,
                      vres.substr(0, 4).c_str());
             entries.push_back(t);
         }
+        spattn_bsa_plan_destroy(plan);
+        if (pws) cudaFree(pws);
         cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(dO); cudaFree(o); cudaFree(dq); cudaFree(dk); cudaFree(dv);
         cudaFree(m); cudaFree(lse);
     }

@@ -191,11 +191,24 @@ __global__ void __launch_bounds__(384, 1)
         }
     };
 
+    // Ping-pong: the two consumer warpgroups take turns issuing their GEMMs (named barrier
+    // 1 + cw: "my turn"), so one's softmax runs while the other's GEMMs occupy the tensor
+    // cores.  Every issue point syncs on its own barrier and arrives on the other's; warpgroup
+    // 1 opens with an arrival for warpgroup 0 and skips its last one, so the counts match.
+    const int n_issue = cnt + 1;
+    int issue_no = 0;
+    auto my_turn = [&]() { hop::bar_sync(1 + cw, 256); };
+    auto your_turn = [&]() {
+        if (cw == 0 || ++issue_no < n_issue) hop::bar_arrive(2 - cw, 256);
+    };
     if (cnt > 0) {
+        if (cw == 1) hop::bar_arrive(1, 256);
         hop::mbar_wait(barQ, 0);
         float a0, a1;
         hop::mbar_wait(fullK, 0);
+        my_turn();
         issue_qk(0);
+        your_turn();
         hop::wgmma_wait<0>();
         hop::reg_fence(s);
         hop::mbar_arrive(emptyK);
@@ -204,9 +217,11 @@ __global__ void __launch_bounds__(384, 1)
         for (int it = 1; it < cnt; it++) {
             const int sk = it % ST, sv = (it - 1) % ST;
             hop::mbar_wait(fullK + sk, (it / ST) & 1);
-            issue_qk(sk);
             hop::mbar_wait(fullV + sv, ((it - 1) / ST) & 1);
+            my_turn();
+            issue_qk(sk);
             issue_pv(sv);
+            your_turn();
             hop::wgmma_wait<1>();  // S_it is ready; P V of the previous tile still runs
             hop::reg_fence(s);
             hop::mbar_arrive(emptyK + sk);
@@ -220,7 +235,9 @@ __global__ void __launch_bounds__(384, 1)
         }
         const int sv = (cnt - 1) % ST;
         hop::mbar_wait(fullV + sv, ((cnt - 1) / ST) & 1);
+        my_turn();
         issue_pv(sv);
+        your_turn();
         hop::wgmma_wait<0>();
         hop::reg_fence(o);
         hop::reg_fence(pa);

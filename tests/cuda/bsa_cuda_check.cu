@@ -14,7 +14,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "core/internal.h"
@@ -347,6 +349,114 @@ static void run_shape(const Shape &s, bool check_ref_kernels) {
     fflush(stdout);
 }
 
+// A plan reused by forward + backward, captured with a caller workspace into a CUDA graph and
+// replayed: bitwise the results of the plain calls, on every replay (poisoned in between).
+static void check_plan_graph(const Shape &s) {
+    char tag[160];
+    snprintf(tag, sizeof tag, "plan+graph B%d N%d Nkv%d Sq%d Skv%d D%d bx%d by%d %s", s.B, s.N, s.Nkv, s.Sq, s.Skv,
+             s.D, s.bx, s.by, spattn_dtype_name((spattn_dtype)s.dt));
+    const int dt = s.dt, D = s.D, nbx = (s.Sq + s.bx - 1) / s.bx, nby = (s.Skv + s.by - 1) / s.by;
+    const size_t nq = (size_t)s.B * s.N * s.Sq * D, nk = (size_t)s.B * s.Nkv * s.Skv * D, nrow = (size_t)s.B * s.N * s.Sq;
+    const size_t bq = nq * esz(dt), bk = nk * esz(dt);
+    std::vector<char> hq(bq), hk(bk), hv(bk), hd(bq);
+    for (size_t i = 0; i < nq; i++) store_dt(hq.data(), i, (float)nrand(), dt), store_dt(hd.data(), i, (float)nrand(), dt);
+    for (size_t i = 0; i < nk; i++) store_dt(hk.data(), i, (float)nrand(), dt), store_dt(hv.data(), i, (float)nrand(), dt);
+    std::vector<uint8_t> mask((size_t)s.B * s.N * nbx * nby);
+    for (auto &m : mask) m = urand() < s.density;
+    void *q, *k, *v, *d, *m, *o, *l, *gq, *gk, *gv;
+    CK(cudaMalloc(&q, bq)); CK(cudaMalloc(&k, bk)); CK(cudaMalloc(&v, bk)); CK(cudaMalloc(&d, bq));
+    CK(cudaMalloc(&m, mask.size())); CK(cudaMalloc(&o, bq)); CK(cudaMalloc(&l, nrow * 4));
+    CK(cudaMalloc(&gq, bq)); CK(cudaMalloc(&gk, bk)); CK(cudaMalloc(&gv, bk));
+    CK(cudaMemcpy(q, hq.data(), bq, cudaMemcpyHostToDevice)); CK(cudaMemcpy(k, hk.data(), bk, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(v, hv.data(), bk, cudaMemcpyHostToDevice)); CK(cudaMemcpy(d, hd.data(), bq, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(m, mask.data(), mask.size(), cudaMemcpyHostToDevice));
+    const int64_t shq[4] = {s.B, s.N, s.Sq, D}, shk[4] = {s.B, s.Nkv, s.Skv, D}, shm[4] = {s.B, s.N, nbx, nby},
+                  shl[3] = {s.B, s.N, s.Sq};
+    spattn_tensor tq = dev_tensor(q, dt, 4, shq, NULL), tk = dev_tensor(k, dt, 4, shk, NULL),
+                  tv = dev_tensor(v, dt, 4, shk, NULL), tdo = dev_tensor(d, dt, 4, shq, NULL),
+                  tm = dev_tensor(m, SPATTN_DTYPE_U8, 4, shm, NULL), to = dev_tensor(o, dt, 4, shq, NULL),
+                  tl = dev_tensor(l, SPATTN_DTYPE_F32, 3, shl, NULL), tgq = dev_tensor(gq, dt, 4, shq, NULL),
+                  tgk = dev_tensor(gk, dt, 4, shk, NULL), tgv = dev_tensor(gv, dt, 4, shk, NULL);
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    spattn_options opt;
+    spattn_options_init(&opt);
+    opt.cuda_stream = st;
+    bool ok = true;
+    auto fail = [&](const char *what) {
+        printf("FAIL %s: %s %s\n", tag, what, spattn_last_error());
+        ok = false;
+    };
+    auto grab = [&](std::vector<char> &out) {
+        CK(cudaStreamSynchronize(st));
+        out.resize(3 * bq + 2 * bk + nrow * 4);
+        char *p = out.data();
+        CK(cudaMemcpy(p, o, bq, cudaMemcpyDeviceToHost)); p += bq;
+        CK(cudaMemcpy(p, l, nrow * 4, cudaMemcpyDeviceToHost)); p += nrow * 4;
+        CK(cudaMemcpy(p, gq, bq, cudaMemcpyDeviceToHost)); p += bq;
+        CK(cudaMemcpy(p, gk, bk, cudaMemcpyDeviceToHost)); p += bk;
+        CK(cudaMemcpy(p, gv, bk, cudaMemcpyDeviceToHost));
+        out.resize(out.size() - bq);
+    };
+    auto poison = [&]() {
+        CK(cudaMemsetAsync(o, 0xff, bq, st)); CK(cudaMemsetAsync(l, 0xff, nrow * 4, st));
+        CK(cudaMemsetAsync(gq, 0xff, bq, st)); CK(cudaMemsetAsync(gk, 0xff, bk, st)); CK(cudaMemsetAsync(gv, 0xff, bk, st));
+    };
+    std::vector<char> want, got;
+    if (spattn_bsa_fwd_ex(&tq, &tk, &tv, &tm, s.bx, s.by, 0.0, &to, &tl, &opt) ||
+        spattn_bsa_bwd_ex(&tq, &tk, &tv, &to, &tdo, &tl, &tm, s.bx, s.by, 0.0, &tgq, &tgk, &tgv, &opt))
+        fail("plain calls");
+    grab(want);
+    spattn_bsa_plan *plan = NULL;
+    size_t w0 = 0, w1 = 0;
+    void *ws = NULL;
+    if (ok && spattn_bsa_plan_create(&tm, s.bx, s.by, s.Sq, s.Skv, s.Nkv, &opt, &plan)) fail("plan_create");
+    CK(cudaMemsetAsync(m, 0, mask.size(), st));  // the plan holds its own copy of the mask
+    if (ok && (spattn_bsa_plan_workspace_size(plan, &tq, &tk, &tv, 0, &opt, &w0) ||
+               spattn_bsa_plan_workspace_size(plan, &tq, &tk, &tv, 1, &opt, &w1)))
+        fail("plan_workspace_size");
+    opt.workspace_size = std::max(w0, w1);
+    if (opt.workspace_size) CK(cudaMalloc(&ws, opt.workspace_size));
+    opt.workspace = ws;
+    if (ok) {
+        poison();
+        if (spattn_bsa_fwd_plan(plan, &tq, &tk, &tv, 0.0, &to, &tl, &opt) ||
+            spattn_bsa_bwd_plan(plan, &tq, &tk, &tv, &to, &tdo, &tl, 0.0, &tgq, &tgk, &tgv, &opt))
+            fail("plan calls");
+        grab(got);
+        if (ok && got != want) fail("plan outputs differ from the plain calls");
+    }
+    if (ok) {
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+        spattn_status s1 = spattn_bsa_fwd_plan(plan, &tq, &tk, &tv, 0.0, &to, &tl, &opt);
+        spattn_status s2 = s1 ? s1 : spattn_bsa_bwd_plan(plan, &tq, &tk, &tv, &to, &tdo, &tl, 0.0, &tgq, &tgk, &tgv, &opt);
+        CK(cudaStreamEndCapture(st, &g));
+        if (s1 || s2) fail("calls under graph capture");
+        CK(cudaGraphInstantiate(&ge, g, 0));
+        for (int rep = 0; ok && rep < 3; rep++) {
+            poison();
+            CK(cudaGraphLaunch(ge, st));
+            grab(got);
+            if (got != want) fail("graph replay differs from the plain calls");
+        }
+        CK(cudaGraphExecDestroy(ge));
+        CK(cudaGraphDestroy(g));
+    }
+    spattn_bsa_plan_destroy(plan);
+    if (ws) cudaFree(ws);
+    void *all[] = {q, k, v, d, m, o, l, gq, gk, gv};
+    for (void *p : all) cudaFree(p);
+    CK(cudaStreamDestroy(st));
+    if (ok) {
+        g_pass++;
+        printf("ok  %s\n", tag);
+    } else {
+        g_fail++;
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--probe")) return spattn_cuda_available() ? 0 : 1;
     if (!spattn_cuda_available()) {
@@ -372,7 +482,31 @@ int main(int argc, char **argv) {
         v.push_back({1, 2, 1, 70, 90, 192, 16, 16, F16, 0.6, 1, 0, 1});    // D 192 -> simple path
         v.push_back({1, 2, 1, 70, 90, 64, 16, 32, F32, 0.6, 1, 1, 0});     // fp32 -> simple path
     }
+    if (!quick) {  // random shapes (fast path and fallbacks), a fresh draw each run unless seeded
+        const char *seed = getenv("SPATTN_TEST_SEED");
+        g_rng = seed ? strtoull(seed, NULL, 0) : (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull + 1;
+        printf("random shapes: seed %llu (SPATTN_TEST_SEED replays)\n", (unsigned long long)g_rng);
+        for (int i = 0; i < 24; i++) {
+            Shape r;
+            r.B = 1 + (int)(urand() * 2);
+            r.Nkv = 1 + (int)(urand() * 2);
+            r.N = r.Nkv * (1 + (int)(urand() * 3));
+            r.Sq = i == 0 ? 1 : 1 + (int)(urand() * 400);
+            r.Skv = i == 1 ? 1 : 1 + (int)(urand() * 400);
+            r.D = urand() < 0.5 ? 64 : 128;
+            r.bx = 1 + (int)(urand() * (urand() < 0.5 ? 40 : 200));
+            r.by = 1 + (int)(urand() * (urand() < 0.5 ? 40 : 200));
+            r.dt = urand() < 0.5 ? F16 : BF;
+            r.density = urand();
+            r.empty_rows = urand() < 0.3;
+            r.strided = urand() < 0.3;
+            r.use_ws = urand() < 0.3;
+            v.push_back(r);
+        }
+    }
     for (auto &s : v) run_shape(s, true);
+    check_plan_graph({2, 4, 2, 300, 260, 128, 48, 80, F16, 0.5, 0, 0, 0});
+    if (!quick) check_plan_graph({1, 3, 1, 200, 333, 64, 16, 128, BF, 0.3, 0, 0, 0});
     printf("bsa_cuda_check: %d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
 }

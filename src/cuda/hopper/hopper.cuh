@@ -54,6 +54,8 @@ template <int R> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile
 
 // Named barrier `id` (1..15; 0 is __syncthreads) over `n` threads.
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+// Arrives at named barrier `id` (counted towards `n`) without waiting.
+__device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 
 // ---- mbarrier -----------------------------------------------------------------------------
 __device__ __forceinline__ void mbar_init(uint64_t *b, uint32_t count) { ptx::mbarrier_init(b, count); }
