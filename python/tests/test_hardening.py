@@ -173,6 +173,23 @@ class TestNonFinite(unittest.TestCase):
         self.assertTrue(np.isfinite(lse).all())
         self.assertEqual(int(np.isnan(o).sum()), 2)   # 2 heads x column 4 of query 2
 
+    def test_numpy_fp16_keeps_nan_and_inf(self):
+        q, k, v, m = (x.astype(np.float16) if x.dtype == np.float32 else x for x in bsa_inputs(seed=9))
+        q[0, 1, 5, 0] = np.nan
+        v[0, 0, 3, 2] = np.inf            # key 3 of head 0: attended by rows 0..15 and 32..47
+        o, lse = spattn.bsa_forward(q, k, v, m, block_size=16)
+        self.assertTrue(np.isnan(o[0, 1, 5]).all() and np.isnan(lse[0, 1, 5]))
+        self.assertTrue(np.isposinf(o[0, 0, :16, 2]).all() and np.isposinf(o[0, 0, 32:, 2]).all())
+        self.assertTrue((o[0, 0, 16:32] == 0).all() and np.isfinite(lse[0, 0, :16]).all())
+
+    @needs_torch
+    def test_torch_bf16_nan(self):
+        q, k, v, m = (torch.from_numpy(x) for x in bsa_inputs(seed=11))
+        q, k, v = (x.to(torch.bfloat16) for x in (q, k, v))
+        k[0, 1, 40, 0] = float("nan")     # key 40 of head 1: block column 2, attended by all rows
+        o = spattn.block_sparse_attention(q, k, v, m, 16)
+        self.assertTrue(torch.isnan(o[0, 1]).all() and torch.isfinite(o[0, 0]).all())
+
     @needs_torch
     def test_torch_autograd_nan(self):
         q, k, v, m = (torch.from_numpy(x) for x in bsa_inputs(seed=7))
