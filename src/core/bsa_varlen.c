@@ -57,7 +57,9 @@ static spattn_status check_inputs(const spattn_tensor *q, const spattn_tensor *k
                                 (long long)D);
     TRY(spattn_seqs_check_shapes(vl, q, Tq, paged ? 0 : k->shape[0], paged,
                                  paged ? k->shape[0] : 0, paged ? k->shape[1] : 0, s));
-    int64_t B = s->B, nbx = (s->max_q + bx - 1) / bx, nby = (s->max_kv + by - 1) / by;
+    /* ceil without max + bx - 1, which overflows for bx near INT64_MAX */
+    int64_t B = s->B, nbx = s->max_q / bx + (s->max_q % bx != 0);
+    int64_t nby = s->max_kv / by + (s->max_kv % by != 0);
     TRY(spattn_check_dim("block_mask", mask, 0, "B", B, "sequences of cu_seqlens_q"));
     TRY(spattn_check_dim("block_mask", mask, 1, "N", N, "N of q"));
     TRY(spattn_check_dim("block_mask", mask, 2, "ceil(max_seqlen_q/bx)", nbx, "ceil(max_seqlen_q/bx)"));
@@ -79,8 +81,10 @@ static spattn_status check_inputs(const spattn_tensor *q, const spattn_tensor *k
     p->Sq = s->max_q;
     p->Skv = s->max_kv;
     p->D = D;
-    p->bx = bx;
-    p->by = by;
+    /* A block longer than every sequence is the whole sequence (as in bsa_api.c): clamped, so
+     * that the tiling neither overflows nor grows with bx or by. */
+    p->bx = bx < s->max_q ? bx : s->max_q;
+    p->by = by < s->max_kv ? by : s->max_kv;
     p->nbx = nbx;
     p->nby = nby;
     p->scale = scale == 0.0 ? (float)(1.0 / sqrt((double)D)) : (float)scale;

@@ -75,7 +75,8 @@ spattn_status spattn_seqs_check_shapes(const spattn_varlen *vl, const spattn_ten
         TRY(spattn_check_dim("block_table", bt, 0, "B", B, "sequences of cu_seqlens_q"));
         TRY(spattn_check_strides("block_table", bt));
         TRY(spattn_check_same_device("block_table", bt, "q", q));
-        if (num_pages * page_size > INT32_MAX)
+        int64_t rows;
+        if (__builtin_mul_overflow(num_pages, page_size, &rows) || rows > INT32_MAX)
             return spattn_set_error(SPATTN_STATUS_BAD_SHAPE,
                                     "k: num_pages * page_size = %lld * %lld must stay below 2^31",
                                     (long long)num_pages, (long long)page_size);
