@@ -142,7 +142,8 @@ def _bsa_common(query: Tensor, key: Tensor, block_shape, q_input_layout: str, kv
                          f"got {kv_input_layout!r}")
     if block_shape is None or len(block_shape) < 2:
         raise ValueError(f"block_shape: expected [blockShapeX, blockShapeY], got {block_shape!r}")
-    bx, by = int(block_shape[0]), int(block_shape[1])
+    bx = _lib.int_arg("block_shape[0]", block_shape[0])  # 16.9 is an error, not 16
+    by = _lib.int_arg("block_shape[1]", block_shape[1])
     if bx <= 0 or by <= 0:
         raise ValueError(f"block_shape: values must be > 0, got {list(block_shape)}")
     nkv = key.shape[1] if q_input_layout == "BNSD" and key.dim() == 4 else \
@@ -304,7 +305,7 @@ def npu_sparse_flash_attention(query: Tensor, key: Tensor, value: Tensor, sparse
     kind, mode = _sfa_common(layout_query, layout_kv, sparse_mode, pre_tokens, next_tokens, attention_mode,
                              query_rope, key_rope)
     idx = _ops.as_indices(sparse_indices)
-    sbs, scale = int(sparse_block_size), float(scale_value)
+    sbs, scale = _lib.int_arg("sparse_block_size", sparse_block_size), float(scale_value)
     shared = value is key
     if kind == "TND" or block_table is not None:  # one packed variable-length (paged) call
         dev = query.device
@@ -378,7 +379,7 @@ def npu_sparse_flash_attention_grad(query: Tensor, key: Tensor, value: Tensor, s
     kind, mode = _sfa_common(layout, layout, sparse_mode, pre_tokens, next_tokens, attention_mode,
                              query_rope, key_rope)
     idx = _ops.as_indices(sparse_indices)
-    sbs, scale = int(sparse_block_size), float(scale_value)
+    sbs, scale = _lib.int_arg("sparse_block_size", sparse_block_size), float(scale_value)
     lse4 = (softmax_max.float() + torch.log(softmax_sum.float()))
     if kind == "BSND":
         if lse4.dim() != 4:

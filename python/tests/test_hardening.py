@@ -79,6 +79,11 @@ class TestIntegerArguments(unittest.TestCase):
         idx = torch.zeros(1, 4, 1, 2, dtype=torch.int32)
         self.assert_rejected(lambda: spattn.sparse_flash_attention(qs, ks, idx, sparse_block_size=2 ** 64),
                              101, "sparse_block_size")
+        self.assert_rejected(lambda: spattn.npu_block_sparse_attention(
+            q, q, q, m, [16.9, 16.9], q_input_layout="BNSD", kv_input_layout="BNSD",
+            num_key_value_heads=2), 101, "block_shape")
+        self.assert_rejected(lambda: spattn.npu_sparse_flash_attention(
+            qs, ks, ks, idx, 0.5, sparse_block_size=2.5, sparse_mode=0), 101, "sparse_block_size")
 
 
 @needs_torch
