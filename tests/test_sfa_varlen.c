@@ -8,7 +8,12 @@
  * (shuffled block table, page sizes 1 / 2 / 16, sometimes a page shared by two sequences)
  * against the reference and bitwise equal to the packed call.
  */
+#include "cpu/sfa_cpu.h" /* sfa_tile_bytes: a small budget forces several index chunks */
 #include "varlen_testkit.h"
+
+/* Several index chunks per row (small tile budget): the tiling of the max_seqlen plan then
+ * differs from a dense call's, so sequences are compared with the reference only. */
+static int g_chunked;
 
 typedef struct sv_case {
     int64_t B, N1, N2, D, Dr, K, sbs, maxl;
@@ -199,7 +204,7 @@ static void one_case(const sv_case *c, tu_rng *r) {
     check_ref(&in, &o2, &rs, kd, vd, qd, gd, desc, "packed");
 
     /* one dense call per sequence (queries and keys present): bitwise the same rows */
-    for (int64_t b = 0; b < B; b++) {
+    for (int64_t b = 0; b < B && !g_chunked; b++) {
         int64_t Lq = cuq[b + 1] - cuq[b], Lk = cuk[b + 1] - cuk[b];
         if (Lq == 0 || Lk == 0) continue;
         spattn_tensor q = cols(&in.qc, 0, D), qr = cols(&in.qc, D, c->Dr);
@@ -317,5 +322,16 @@ int main(void) {
     }
     sv_case one = {3, 2, 1, 8, 8, 2, 1, 1, 3, 1, SPATTN_DTYPE_F32}; /* S = 1 everywhere */
     one_case(&one, &r);
+    /* backward in several index chunks per row (E < K), packed and paged */
+    const size_t budget0 = sfa_tile_bytes;
+    sfa_tile_bytes = 2048;
+    g_chunked = 1;
+    for (int i = 0; i < (quick ? 3 : 8); i++) {
+        sv_case c = {tu_range(&r, 1, 4), 4, 2, 16, 8, 12, (int64_t[]){1, 4}[tu_range(&r, 0, 1)],
+                     tu_range(&r, 8, 48), 3, (int32_t)tu_range(&r, 0, 1), SPATTN_DTYPE_F32};
+        one_case(&c, &r);
+    }
+    g_chunked = 0;
+    sfa_tile_bytes = budget0;
     return tu_summary("test_sfa_varlen");
 }
