@@ -27,6 +27,7 @@ struct bsa_sched {
     const int *cnt;
     const int *list;
     int stride;
+    const int *order;  // forward: rows heaviest first (a permutation of the rows; launch order only)
 };
 
 struct bsa_mask_view {

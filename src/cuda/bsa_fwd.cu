@@ -2,10 +2,14 @@
 //   - one CTA per (query tile of 128 rows, head, batch), 3 warpgroups: warpgroup 0 is the
 //     producer (one thread issues TMA loads; registers lowered with setmaxnreg), warpgroups 1
 //     and 2 are consumers, 64 query rows each (registers raised);
-//   - Q (128 x DP) is loaded once by TMA; K and V tiles (BN x DP) of the CTA's schedule (the
-//     key tiles its query tile hits, each marked full or partial, built on the device by
-//     bsa_sched.cu) stream through a STAGES-deep ring of shared-memory buffers completed on
-//     mbarriers (full: TMA bytes landed; empty: all 256 consumer threads are done with it);
+//   - Q (128 x DP) is loaded once by TMA; K and V tiles (BN x DP) stream through a STAGES-deep
+//     ring of shared-memory buffers completed on mbarriers (full: TMA bytes landed; empty: all
+//     256 consumer threads are done with it);
+//   - a K/V tile is packed from BN / U key chunks of U keys (U = 16..128, bsa_fwd90_chunk: the
+//     largest that divides the mask's block width): the CTA's schedule (bsa_sched.cu, at chunk
+//     width U) lists the chunks its query tile attends, each full or partial, and consecutive
+//     groups of BN / U of them form the tiles, so fine masks never pay for whole 128 x 128
+//     tiles of mostly masked blocks; the last tile is padded with a repeated, masked chunk;
 //   - S = Q K^T is a wgmma with both operands in shared memory (K-major, 128-byte swizzle),
 //     O += P V a wgmma with P from registers and V read MN-major from shared memory;
 //   - the softmax of tile j overlaps the P V product of tile j - 1: S_j is issued, then
@@ -16,6 +20,7 @@
 // The online softmax runs in base 2 with fp32 accumulation; rows that attend nothing get O = 0
 // and LSE = -inf.
 #include <math.h>
+#include <stdlib.h>
 
 #include "bsa_common.cuh"
 #include "bsa_launch.h"
@@ -35,7 +40,7 @@ template <int DP> struct FwdCfg {
 template <int DP, typename T>
 __global__ void __launch_bounds__(384, 1)
     bsa_fwd90_kernel(const bsa_params p, const __grid_constant__ CUtensorMap tmq,
-                     const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv) {
+                     const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv, const int lu) {
     using C = FwdCfg<DP>;
     constexpr int BM = C::BM, BN = C::BN, ST = C::ST, NBOX = C::NBOX;
     extern __shared__ unsigned char smem_raw[];
@@ -44,11 +49,17 @@ __global__ void __launch_bounds__(384, 1)
     uint64_t *barQ = reinterpret_cast<uint64_t *>(sm + C::OFF_BAR);
     uint64_t *fullK = barQ + 1, *fullV = fullK + ST, *emptyK = fullV + ST, *emptyV = emptyK + ST;
 
-    const int m = gridDim.x - 1 - blockIdx.x, n = blockIdx.y, b = blockIdx.z;  // heavy (late) tiles first
+    // one CTA per schedule row (b, n, query tile m), launched heaviest first (p.sq.order)
+    const int nqt = (p.Sq + BM - 1) / BM;
+    const long long row_id = p.sq.order ? p.sq.order[blockIdx.x] : (long long)blockIdx.x;
+    const int m = (int)(row_id % nqt), n = (int)((row_id / nqt) % p.N), b = (int)(row_id / ((long long)nqt * p.N));
     const int hk = n / p.G;
-    const long long row_id = ((long long)b * p.N + n) * gridDim.x + m;
-    const int cnt = p.sq.cnt[row_id];
-    const int *lst = p.sq.list + row_id * p.sq.stride;
+    const int cnt = p.sq.cnt[row_id];                 // attended key chunks of U = 2^lu keys
+    // entries {chunk * 2 + partial, row bits} (bsa_sched_fwd_kernel)
+    const int2 *lst = reinterpret_cast<const int2 *>(p.sq.list) + row_id * p.sq.stride;
+    const int U = 1 << lu, G = BN >> lu;               // chunks per tile
+    const int ntiles = (cnt + G - 1) >> (7 - lu);
+    static_assert(BN == 128, "tiles of 128 keys (G = 128 / U)");
     const int r0 = m * BM;
     const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
 
@@ -66,26 +77,34 @@ __global__ void __launch_bounds__(384, 1)
 
     if (wg == 0) {  // ---------------------------------------------------------------- producer
         hop::setmaxnreg_dec<24>();
-        if (tid == 0 && cnt > 0) {
+        if (tid == 0 && ntiles > 0) {
             hop::tma_prefetch_desc(&tmq);
             hop::tma_prefetch_desc(&tmk);
             hop::tma_prefetch_desc(&tmv);
             hop::mbar_expect_tx(barQ, C::Q_BYTES);
 #pragma unroll
             for (int x = 0; x < NBOX; x++) hop::tma_load_4d(sQ + x * BM * 128, &tmq, x * 64, r0, n, b, barQ);
-            for (int it = 0; it < cnt; it++) {
-                const int t = lst[it] >> 1, s = it % ST;
+            for (int it = 0; it < ntiles; it++) {
+                const int s = it % ST;
                 const uint32_t par = ((it / ST) & 1) ^ 1;
                 hop::mbar_wait(emptyK + s, par);
                 hop::mbar_expect_tx(fullK + s, C::KV_BYTES);
+                for (int gi = 0; gi < G; gi++) {  // padding slots repeat the last chunk (masked)
+                    const int key = (lst[min(it * G + gi, cnt - 1)].x >> 1) << lu;
 #pragma unroll
-                for (int x = 0; x < NBOX; x++)
-                    hop::tma_load_4d(sK + s * C::KV_BYTES + x * BN * 128, &tmk, x * 64, t * BN, hk, b, fullK + s);
+                    for (int x = 0; x < NBOX; x++)
+                        hop::tma_load_4d(sK + s * C::KV_BYTES + x * BN * 128 + gi * U * 128, &tmk, x * 64, key, hk, b,
+                                         fullK + s);
+                }
                 hop::mbar_wait(emptyV + s, par);
                 hop::mbar_expect_tx(fullV + s, C::KV_BYTES);
+                for (int gi = 0; gi < G; gi++) {
+                    const int key = (lst[min(it * G + gi, cnt - 1)].x >> 1) << lu;
 #pragma unroll
-                for (int x = 0; x < NBOX; x++)
-                    hop::tma_load_4d(sV + s * C::KV_BYTES + x * BN * 128, &tmv, x * 64, t * BN, hk, b, fullV + s);
+                    for (int x = 0; x < NBOX; x++)
+                        hop::tma_load_4d(sV + s * C::KV_BYTES + x * BN * 128 + gi * U * 128, &tmv, x * 64, key, hk, b,
+                                         fullV + s);
+                }
             }
         }
         return;
@@ -96,6 +115,9 @@ __global__ void __launch_bounds__(384, 1)
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int i_lo = r0 + cw * 64 + warp * 16 + g;  // this thread's two rows: i_lo, i_lo + 8
     const float sl2 = p.scale_log2;
+    const bool rowbits = bsa_fwd90_rowbits(p.bx, p.by, U);
+    // block rows of this thread's two rows relative to the tile's first (< 32 when rowbits)
+    const int rl0 = min(i_lo / p.bx - r0 / p.bx, 31), rl1 = min((i_lo + 8) / p.bx - r0 / p.bx, 31);
 
     float o[DP / 2], s[BN / 2];
     uint32_t pa[BN / 16][4];
@@ -128,24 +150,47 @@ __global__ void __launch_bounds__(384, 1)
     };
     // Scales S, applies the token mask of a partial tile, updates the running max and sums;
     // leaves exp2 values in s and returns the rescale factors of O.
-    auto softmax = [&](int e, float &a0, float &a1) {
-        const int t = e >> 1;
+    auto softmax = [&](int it, float &a0, float &a1) {
+        const int e0 = it * G;
+        bool part = e0 + G > cnt;  // padded tile
+        for (int gi = 0; gi < G && !part; gi++) part = lst[e0 + gi].x & 1;
 #pragma unroll
         for (int i = 0; i < BN / 2; i++) s[i] *= sl2;
-        if (e & 1) {
-            const uint8_t *mb = p.mask.p + (long long)b * p.mask.s0 + (long long)n * p.mask.s1;
-            const uint8_t *mr0 = mb + (long long)min(bsa_div(i_lo, p.bx, p.inv_bx), p.nbx - 1) * p.mask.s2;
-            const uint8_t *mr1 = mb + (long long)min(bsa_div(i_lo + 8, p.bx, p.inv_bx), p.nbx - 1) * p.mask.s2;
+        if (part) {
+            if (rowbits) {  // the schedule's row bits: no mask reads
 #pragma unroll
-            for (int jj = 0; jj < BN / 8; jj++)
+                for (int jj = 0; jj < BN / 8; jj++) {
+                    const int e = e0 + ((jj * 8) >> lu);  // the chunk of these 8 columns (U >= 16)
+                    const bool valid = e < cnt;
+                    const int2 en = valid ? lst[e] : make_int2(0, 0);
+                    const int key0 = (en.x >> 1) << lu;
+                    const bool ok0 = (en.y >> rl0) & 1, ok1 = (en.y >> rl1) & 1;
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int j = t * BN + jj * 8 + 2 * c + h;
-                    const bool okc = j < p.Skv;
-                    const long long cb = (long long)min(bsa_div(j, p.by, p.inv_by), p.nby - 1) * p.mask.s3;
-                    if (!(okc && __ldg(mr0 + cb))) s[4 * jj + h] = -INFINITY;
-                    if (!(okc && __ldg(mr1 + cb))) s[4 * jj + 2 + h] = -INFINITY;
+                    for (int h = 0; h < 2; h++) {
+                        const bool okc = key0 + ((jj * 8 + 2 * c + h) & (U - 1)) < p.Skv;
+                        if (!(ok0 && okc)) s[4 * jj + h] = -INFINITY;
+                        if (!(ok1 && okc)) s[4 * jj + 2 + h] = -INFINITY;
+                    }
                 }
+            } else {  // per token: mask[i / bx][j / by]
+                const uint8_t *mb = p.mask.p + (long long)b * p.mask.s0 + (long long)n * p.mask.s1;
+                const uint8_t *mr0 = mb + (long long)min(bsa_div(i_lo, p.bx, p.inv_bx), p.nbx - 1) * p.mask.s2;
+                const uint8_t *mr1 = mb + (long long)min(bsa_div(i_lo + 8, p.bx, p.inv_bx), p.nbx - 1) * p.mask.s2;
+#pragma unroll
+                for (int jj = 0; jj < BN / 8; jj++) {
+                    const int e = e0 + ((jj * 8) >> lu);
+                    const bool valid = e < cnt;
+                    const int key0 = valid ? (lst[e].x >> 1) << lu : 0;
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int j = key0 + ((jj * 8 + 2 * c + h) & (U - 1));
+                        const bool okc = valid && j < p.Skv;
+                        const long long cb = (long long)min(bsa_div(j, p.by, p.inv_by), p.nby - 1) * p.mask.s3;
+                        if (!(okc && __ldg(mr0 + cb))) s[4 * jj + h] = -INFINITY;
+                        if (!(okc && __ldg(mr1 + cb))) s[4 * jj + 2 + h] = -INFINITY;
+                    }
+                }
+            }
         }
         float n0 = mx0, n1 = mx1;
 #pragma unroll
@@ -195,13 +240,13 @@ __global__ void __launch_bounds__(384, 1)
     // 1 + cw: "my turn"), so one's softmax runs while the other's GEMMs occupy the tensor
     // cores.  Every issue point syncs on its own barrier and arrives on the other's; warpgroup
     // 1 opens with an arrival for warpgroup 0 and skips its last one, so the counts match.
-    const int n_issue = cnt + 1;
+    const int n_issue = ntiles + 1;
     int issue_no = 0;
     auto my_turn = [&]() { hop::bar_sync(1 + cw, 256); };
     auto your_turn = [&]() {
         if (cw == 0 || ++issue_no < n_issue) hop::bar_arrive(2 - cw, 256);
     };
-    if (cnt > 0) {
+    if (ntiles > 0) {
         if (cw == 1) hop::bar_arrive(1, 256);
         hop::mbar_wait(barQ, 0);
         float a0, a1;
@@ -212,9 +257,9 @@ __global__ void __launch_bounds__(384, 1)
         hop::wgmma_wait<0>();
         hop::reg_fence(s);
         hop::mbar_arrive(emptyK);
-        softmax(lst[0], a0, a1);
+        softmax(0, a0, a1);
         to_pa();
-        for (int it = 1; it < cnt; it++) {
+        for (int it = 1; it < ntiles; it++) {
             const int sk = it % ST, sv = (it - 1) % ST;
             hop::mbar_wait(fullK + sk, (it / ST) & 1);
             hop::mbar_wait(fullV + sv, ((it - 1) / ST) & 1);
@@ -225,7 +270,7 @@ __global__ void __launch_bounds__(384, 1)
             hop::wgmma_wait<1>();  // S_it is ready; P V of the previous tile still runs
             hop::reg_fence(s);
             hop::mbar_arrive(emptyK + sk);
-            softmax(lst[it], a0, a1);
+            softmax(it, a0, a1);
             hop::wgmma_wait<0>();
             hop::reg_fence(o);
             hop::reg_fence(pa);
@@ -233,8 +278,8 @@ __global__ void __launch_bounds__(384, 1)
             rescale(a0, a1);
             to_pa();
         }
-        const int sv = (cnt - 1) % ST;
-        hop::mbar_wait(fullV + sv, ((cnt - 1) / ST) & 1);
+        const int sv = (ntiles - 1) % ST;
+        hop::mbar_wait(fullV + sv, ((ntiles - 1) / ST) & 1);
         my_turn();
         issue_pv(sv);
         your_turn();
@@ -279,20 +324,21 @@ __global__ void __launch_bounds__(384, 1)
 }
 
 template <int DP, typename T>
-cudaError_t launch(const bsa_params &p, const bsa_tmaps &tm, cudaStream_t st) {
+cudaError_t launch(const bsa_params &p, const bsa_tmaps &tm, int lu, cudaStream_t st) {
     using C = FwdCfg<DP>;
     static unsigned long long done = 0;
     cudaError_t e = bsa_set_smem(bsa_fwd90_kernel<DP, T>, C::SMEM, &done);
     if (e != cudaSuccess) return e;
-    dim3 grid((p.Sq + C::BM - 1) / C::BM, p.N, p.B);
-    bsa_fwd90_kernel<DP, T><<<grid, 384, C::SMEM, st>>>(p, tm.q, tm.k, tm.v);
+    dim3 grid((unsigned)((long long)((p.Sq + C::BM - 1) / C::BM) * p.N * p.B));
+    bsa_fwd90_kernel<DP, T><<<grid, 384, C::SMEM, st>>>(p, tm.q, tm.k, tm.v, lu);
     return cudaGetLastError();
 }
 
 }  // namespace
 
-extern "C" cudaError_t spattn_bsa_launch_fwd(const bsa_params *p, const bsa_tmaps *tm, int dp, int bf16,
+extern "C" cudaError_t spattn_bsa_launch_fwd(const bsa_params *p, const bsa_tmaps *tm, int dp, int bf16, int chunk,
                                              cudaStream_t st) {
-    if (dp == 64) return bf16 ? launch<64, __nv_bfloat16>(*p, *tm, st) : launch<64, __half>(*p, *tm, st);
-    return bf16 ? launch<128, __nv_bfloat16>(*p, *tm, st) : launch<128, __half>(*p, *tm, st);
+    const int lu = chunk == 16 ? 4 : chunk == 32 ? 5 : chunk == 64 ? 6 : 7;
+    if (dp == 64) return bf16 ? launch<64, __nv_bfloat16>(*p, *tm, lu, st) : launch<64, __half>(*p, *tm, lu, st);
+    return bf16 ? launch<128, __nv_bfloat16>(*p, *tm, lu, st) : launch<128, __half>(*p, *tm, lu, st);
 }

@@ -95,7 +95,7 @@ const bsa_plan_cuda *plan_of(const spattn_bsa_problem *p) {
 const bsa_sched *plan_fwd(const spattn_bsa_problem *p) {
     const bsa_plan_cuda *c = plan_of(p);
     const bsa_fwd90_tile t = bsa_fwd90_tile_for(bsa_dpad(p->D));
-    return c && c->fwd_bm == t.bm && c->fwd_bn == t.bn ? &c->fwd : nullptr;
+    return c && c->fwd_bm == t.bm && c->fwd_bn == bsa_fwd90_chunk(p->by) ? &c->fwd : nullptr;
 }
 const bsa_sched *plan_dq(const spattn_bsa_problem *p, int cfg) {
     const bsa_plan_cuda *c = plan_of(p);
@@ -131,11 +131,13 @@ Layout layout(const spattn_bsa_problem *p, int backward) {
         const int dp = bsa_dpad(p->D);
         if (!backward) {
             const bsa_fwd90_tile t = bsa_fwd90_tile_for(dp);
+            const int u = bsa_fwd90_chunk(p->by);
             const size_t nq = (size_t)p->B * p->N * ((p->Sq + t.bm - 1) / t.bm);
-            const size_t nk = (size_t)((p->Skv + t.bn - 1) / t.bn);
+            const size_t nk = (size_t)((p->Skv + u - 1) / u);
             if (!plan_fwd(p)) {
                 sz[0] = nq * 4;
-                sz[1] = nq * nk * 4;
+                sz[1] = nq * nk * 8;  // int2 entries
+                sz[2] = nq * 4;       // launch order
             }
         } else {
             const bsa_tile tq = bsa_dq_tile(dp, dq_cfg(p)), tk = bsa_dkdv_tile(dp);
@@ -306,19 +308,27 @@ extern "C" spattn_status spattn_cuda_bsa_fwd(const spattn_bsa_problem *pb, const
     const int dp = bsa_dpad(pb->D), bf16 = pb->dtype == SPATTN_DTYPE_BF16;
     bsa_params p = params(pb);
     const bsa_fwd90_tile t = bsa_fwd90_tile_for(dp);
+    const int u = bsa_fwd90_chunk(pb->by);
+    if (pb->B * pb->N * ((pb->Sq + t.bm - 1) / t.bm) > 0x7fffffffll)
+        return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED, "bsa cuda: B * N * ceil(Sq / %d) must be < 2^31", t.bm);
     bsa_tmaps tm;
-    if (!make_tmap(&tm.q, pb->q, t.bm) || !make_tmap(&tm.k, pb->k, t.bn) || !make_tmap(&tm.v, pb->v, t.bn))
+    if (!make_tmap(&tm.q, pb->q, t.bm) || !make_tmap(&tm.k, pb->k, u) || !make_tmap(&tm.v, pb->v, u))
         return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "bsa cuda: cuTensorMapEncodeTiled failed for q, k or v");
     if (const bsa_sched *ps = plan_fwd(pb)) {
         p.sq = *ps;
     } else {
         int *cnt = reinterpret_cast<int *>(ws.base + L.off[0]), *list = reinterpret_cast<int *>(ws.base + L.off[1]);
-        if ((e = spattn_bsa_launch_sched_q(&p, t.bm, t.bn, cnt, list, st)) != cudaSuccess) return fail(e, "schedule");
+        int *order = reinterpret_cast<int *>(ws.base + L.off[2]);
+        const long long rows = (long long)p.B * p.N * ((p.Sq + t.bm - 1) / t.bm);
+        if ((e = spattn_bsa_launch_sched_fwd(&p, t.bm, u, cnt, reinterpret_cast<int2 *>(list), st)) != cudaSuccess)
+            return fail(e, "schedule");
+        if ((e = spattn_bsa_launch_order(cnt, rows, 128 / u, order, st)) != cudaSuccess) return fail(e, "order");
         p.sq.cnt = cnt;
         p.sq.list = list;
-        p.sq.stride = (p.Skv + t.bn - 1) / t.bn;
+        p.sq.stride = (p.Skv + u - 1) / u;
+        p.sq.order = order;
     }
-    if ((e = spattn_bsa_launch_fwd(&p, &tm, dp, bf16, st)) != cudaSuccess) return fail(e, "forward kernel");
+    if ((e = spattn_bsa_launch_fwd(&p, &tm, dp, bf16, u, st)) != cudaSuccess) return fail(e, "forward kernel");
     return SPATTN_STATUS_SUCCESS;
 }
 

@@ -15,13 +15,21 @@ cudaError_t spattn_bsa_launch_sched_q(const bsa_params *p, int bm, int bn, int *
 // Key-major schedule (for dK/dV): per (b, kv head, key tile of bn) the (group head, query tile
 // of bm) pairs that hit it: cnt [B*Nkv*nkt], list [B*Nkv*nkt][G*nqt].
 cudaError_t spattn_bsa_launch_sched_k(const bsa_params *p, int bm, int bn, int *cnt, int *list, cudaStream_t st);
+// Forward schedule (query tiles of bm rows, key chunks of u keys): cnt [B*N*nqt], list
+// [B*N*nqt][ceil(Skv/u)] of int2 {chunk * 2 + partial, row bits} (bsa_sched.cu).
+cudaError_t spattn_bsa_launch_sched_fwd(const bsa_params *p, int bm, int u, int *cnt, int2 *list, cudaStream_t st);
+// Forward launch order (bsa_sched.cu): order [rows] lists the rows of a query-major schedule by
+// decreasing ceil(cnt / per_tile).  rows < 2^31.
+cudaError_t spattn_bsa_launch_order(const int *cnt, long long rows, int per_tile, int *order, cudaStream_t st);
 // TMA descriptors of the forward's Q, K, V (4-d [B, H, S, D] maps, 64-column boxes of
-// bsa_fwd90_tile_for(dp).bm rows for Q and .bn rows for K, V; 128-byte swizzle).
+// bsa_fwd90_tile_for(dp).bm rows for Q and `chunk` rows for K, V; 128-byte swizzle).
 struct bsa_tmaps {
     CUtensorMap q, k, v;
 };
-// Hopper forward (bsa_fwd.cu); p->sq is the query-major schedule at bsa_fwd90_tile_for(dp).
-cudaError_t spattn_bsa_launch_fwd(const bsa_params *p, const bsa_tmaps *tm, int dp, int bf16, cudaStream_t st);
+// Hopper forward (bsa_fwd.cu); p->sq is the query-major schedule of query tiles of
+// bsa_fwd90_tile_for(dp).bm rows and key chunks of `chunk` = bsa_fwd90_chunk(by) keys.
+cudaError_t spattn_bsa_launch_fwd(const bsa_params *p, const bsa_tmaps *tm, int dp, int bf16, int chunk,
+                                  cudaStream_t st);
 // Delta = rowsum(dO * O) and lse2 = lse * log2(e) (+inf on empty rows), both [B*N*Sq].
 cudaError_t spattn_bsa_launch_delta(const bsa_params *p, int bf16, float *delta, float *lse2, cudaStream_t st);
 // cfg: bsa_dq_tile(dp, cfg).

@@ -47,21 +47,21 @@ extern "C" spattn_status spattn_cuda_bsa_plan_make(spattn_bsa_plan *pl, const sp
     if (!c) return spattn_set_error(SPATTN_STATUS_OUT_OF_MEMORY, "bsa plan: out of host memory");
     const bsa_fwd90_tile tf = bsa_fwd90_tile_for(128);
     c->fwd_bm = tf.bm;
-    c->fwd_bn = tf.bn;
+    c->fwd_bn = bsa_fwd90_chunk(p.by);  // key chunk width of the packed forward tiles
     c->dq_cfg = bsa_dq_choose(128, p.bx, p.by);
     const bsa_tile tq = bsa_dq_tile(128, c->dq_cfg), tk = bsa_dkdv_tile(128);
     c->kv_bm = tk.bm;
     c->kv_bn = tk.bn;
     const size_t BN = (size_t)p.B * p.N;
-    const size_t f_rows = BN * ((p.Sq + tf.bm - 1) / tf.bm), f_w = (p.Skv + tf.bn - 1) / tf.bn;
+    const size_t f_rows = BN * ((p.Sq + tf.bm - 1) / tf.bm), f_w = (p.Skv + c->fwd_bn - 1) / c->fwd_bn;
     const size_t q_rows = BN * ((p.Sq + tq.bm - 1) / tq.bm), q_w = (p.Skv + tq.bn - 1) / tq.bn;
     const int kv_nqt = (p.Sq + tk.bm - 1) / tk.bm;
     const size_t k_rows = (size_t)p.B * p.Nkv * ((p.Skv + tk.bn - 1) / tk.bn), k_w = (size_t)p.G * kv_nqt;
     const size_t mask_bytes = BN * (size_t)p.nbx * p.nby;
-    size_t off[7], total = 0;
-    const size_t sz[7] = {mask_bytes, f_rows * 4, f_rows * f_w * 4, q_rows * 4, q_rows * q_w * 4, k_rows * 4,
-                          k_rows * k_w * 4};
-    for (int i = 0; i < 7; i++) {
+    size_t off[8], total = 0;
+    const size_t sz[8] = {mask_bytes, f_rows * 4, f_rows * f_w * 8, q_rows * 4, q_rows * q_w * 4, k_rows * 4,
+                          k_rows * k_w * 4, f_rows * 4};
+    for (int i = 0; i < 8; i++) {
         off[i] = total;
         total += up(sz[i]);
     }
@@ -78,11 +78,14 @@ extern "C" spattn_status spattn_cuda_bsa_plan_make(spattn_bsa_plan *pl, const sp
     copy_mask_kernel<<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0, st>>>(src, m, p.N, p.nbx, p.nby,
                                                                                  (long long)mask_bytes);
     p.mask = bsa_mask_view{m, (long long)p.N * p.nbx * p.nby, (long long)p.nbx * p.nby, p.nby, 1};
-    c->fwd = bsa_sched{reinterpret_cast<int *>(base + off[1]), reinterpret_cast<int *>(base + off[2]), (int)f_w};
-    c->dq = bsa_sched{reinterpret_cast<int *>(base + off[3]), reinterpret_cast<int *>(base + off[4]), (int)q_w};
-    c->kv = bsa_sched{reinterpret_cast<int *>(base + off[5]), reinterpret_cast<int *>(base + off[6]), (int)k_w};
+    int *order = reinterpret_cast<int *>(base + off[7]);
+    c->fwd = bsa_sched{reinterpret_cast<int *>(base + off[1]), reinterpret_cast<int *>(base + off[2]), (int)f_w, order};
+    c->dq = bsa_sched{reinterpret_cast<int *>(base + off[3]), reinterpret_cast<int *>(base + off[4]), (int)q_w, nullptr};
+    c->kv = bsa_sched{reinterpret_cast<int *>(base + off[5]), reinterpret_cast<int *>(base + off[6]), (int)k_w, nullptr};
     if ((e = cudaGetLastError()) == cudaSuccess)
-        e = spattn_bsa_launch_sched_q(&p, tf.bm, tf.bn, const_cast<int *>(c->fwd.cnt), const_cast<int *>(c->fwd.list), st);
+        e = spattn_bsa_launch_sched_fwd(&p, tf.bm, c->fwd_bn, const_cast<int *>(c->fwd.cnt),
+                                        reinterpret_cast<int2 *>(const_cast<int *>(c->fwd.list)), st);
+    if (e == cudaSuccess) e = spattn_bsa_launch_order(c->fwd.cnt, (long long)f_rows, tf.bn / c->fwd_bn, order, st);
     if (e == cudaSuccess)
         e = spattn_bsa_launch_sched_q(&p, tq.bm, tq.bn, const_cast<int *>(c->dq.cnt), const_cast<int *>(c->dq.list), st);
     if (e == cudaSuccess)

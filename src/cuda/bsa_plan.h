@@ -8,7 +8,7 @@
 
 struct bsa_plan_cuda {
     void *buf;            // one device allocation holding every list below
-    int fwd_bm, fwd_bn;   // forward: query-major at bsa_fwd90_tile_for
+    int fwd_bm, fwd_bn;   // forward: query-major, query tiles of fwd_bm, key chunks of fwd_bn
     bsa_sched fwd;
     int dq_cfg;           // dQ: query-major at bsa_dq_tile(dq_cfg)
     bsa_sched dq;

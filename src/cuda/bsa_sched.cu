@@ -2,6 +2,8 @@
 // mask (no token-level mask is ever materialized).  One warp per row of the schedule; each
 // lane classifies one tile (empty / full / partial) by reading the mask blocks the tile
 // overlaps, and a ballot compacts the non-empty tiles in order.
+#include <cub/block/block_scan.cuh>
+
 #include "bsa_launch.h"
 
 // Classifies the tile rows [r0, r1] x cols [c0, c1] (inclusive, clamped to the tensor) of
@@ -67,6 +69,52 @@ __global__ void bsa_sched_k_kernel(const bsa_params p, int bm, int bn, int nqt, 
     if (lane == 0) cnt[row] = out;
 }
 
+// Forward schedule: per (b, n, query tile of bm rows) the attended key chunks of u keys, as
+// int2 {chunk * 2 + partial, row bits}; with bsa_fwd90_rowbits, bit r of the row bits is the
+// mask bit of the tile's block row r0 / bx + r for the chunk's block column (one column: u
+// divides by), else 0 (the kernel reads the mask per token).  Edge chunks (past Skv) are partial.
+__global__ void bsa_sched_fwd_kernel(const bsa_params p, int bm, int u, int nqt, int nkt, int rowbits, int *cnt,
+                                     int2 *list) {
+    const int lane = threadIdx.x & 31;
+    const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= (long long)p.B * p.N * nqt) return;
+    const int m = (int)(row % nqt), bn_ = (int)(row / nqt), b = bn_ / p.N, n = bn_ % p.N;
+    const int r0 = m * bm, r1 = min(p.Sq, r0 + bm) - 1, rb0 = r0 / p.bx, rb1 = r1 / p.bx;
+    const unsigned all = rb1 - rb0 >= 31 ? 0xffffffffu : (2u << (rb1 - rb0)) - 1;
+    const uint8_t *mb = p.mask.p + (long long)b * p.mask.s0 + (long long)n * p.mask.s1;
+    int out = 0;
+    int2 *dst = list + row * nkt;
+    for (int t0 = 0; t0 < nkt; t0 += 32) {
+        const int t = t0 + lane;
+        int code = 0;
+        unsigned bits = 0;
+        if (t < nkt) {
+            const int c0 = t * u, c1 = min(p.Skv, c0 + u) - 1;
+            if (rowbits) {
+                const long long cb = (long long)(c0 / p.by) * p.mask.s3;
+                for (int rb = rb0; rb <= rb1; rb++) bits |= (unsigned)(__ldg(mb + (long long)rb * p.mask.s2 + cb) != 0) << (rb - rb0);
+                code = bits == 0 ? 0 : bits == all ? 1 : 2;
+            } else {
+                code = bsa_classify(p.mask, b, n, r0, r1, c0, c1, p.bx, p.by);
+            }
+            if (code == 1 && c0 + u > p.Skv) code = 2;
+        }
+        const unsigned bal = __ballot_sync(0xffffffffu, code != 0);
+        if (code) dst[out + __popc(bal & ((1u << lane) - 1))] = make_int2(t * 2 + (code == 2), (int)bits);
+        out += __popc(bal);
+    }
+    if (lane == 0) cnt[row] = out;
+}
+
+extern "C" cudaError_t spattn_bsa_launch_sched_fwd(const bsa_params *p, int bm, int u, int *cnt, int2 *list,
+                                                   cudaStream_t st) {
+    const int nqt = (p->Sq + bm - 1) / bm, nkt = (p->Skv + u - 1) / u;
+    const long long rows = (long long)p->B * p->N * nqt;
+    bsa_sched_fwd_kernel<<<(unsigned)((rows + 3) / 4), 128, 0, st>>>(*p, bm, u, nqt, nkt,
+                                                                     bsa_fwd90_rowbits(p->bx, p->by, u), cnt, list);
+    return cudaGetLastError();
+}
+
 extern "C" cudaError_t spattn_bsa_launch_sched_q(const bsa_params *p, int bm, int bn, int *cnt, int *list,
                                                  cudaStream_t st) {
     const int nqt = (p->Sq + bm - 1) / bm, nkt = (p->Skv + bn - 1) / bn;
@@ -80,5 +128,40 @@ extern "C" cudaError_t spattn_bsa_launch_sched_k(const bsa_params *p, int bm, in
     const int nqt = (p->Sq + bm - 1) / bm, nkt = (p->Skv + bn - 1) / bn;
     const long long rows = (long long)p->B * p->Nkv * nkt;
     bsa_sched_k_kernel<<<(unsigned)((rows + 3) / 4), 128, 0, st>>>(*p, bm, bn, nqt, nkt, cnt, list);
+    return cudaGetLastError();
+}
+
+// Launch order of the forward's CTAs: rows by decreasing tile count (ceil(cnt / per_tile)),
+// so that the longest rows start first and the short ones fill the tail.  A counting sort in
+// one CTA: histogram, scan, placement.  Placement within a bin uses atomics: the order of equal
+// rows varies, which changes nothing but the launch order (every row's result is computed by
+// one CTA alone).
+constexpr int kOrderBins = 4096, kOrderThreads = 1024;
+__global__ void __launch_bounds__(kOrderThreads) bsa_order_kernel(const int *cnt, long long rows, int per_tile,
+                                                                  int *order) {
+    using Scan = cub::BlockScan<int, kOrderThreads>;
+    __shared__ int hist[kOrderBins];
+    __shared__ typename Scan::TempStorage tmp;
+    constexpr int PER = kOrderBins / kOrderThreads;
+    for (int i = threadIdx.x; i < kOrderBins; i += kOrderThreads) hist[i] = 0;
+    __syncthreads();
+    auto bin = [&](long long r) {
+        const int t = (cnt[r] + per_tile - 1) / per_tile;
+        return kOrderBins - 1 - min(t, kOrderBins - 1);  // heaviest in bin 0
+    };
+    for (long long r = threadIdx.x; r < rows; r += kOrderThreads) atomicAdd(&hist[bin(r)], 1);
+    __syncthreads();
+    int v[PER];
+    for (int k = 0; k < PER; k++) v[k] = hist[threadIdx.x * PER + k];
+    Scan(tmp).ExclusiveSum(v, v);
+    __syncthreads();
+    for (int k = 0; k < PER; k++) hist[threadIdx.x * PER + k] = v[k];
+    __syncthreads();
+    for (long long r = threadIdx.x; r < rows; r += kOrderThreads) order[atomicAdd(&hist[bin(r)], 1)] = (int)r;
+}
+
+extern "C" cudaError_t spattn_bsa_launch_order(const int *cnt, long long rows, int per_tile, int *order,
+                                               cudaStream_t st) {
+    bsa_order_kernel<<<1, kOrderThreads, 0, st>>>(cnt, rows, per_tile, order);
     return cudaGetLastError();
 }

@@ -40,6 +40,20 @@ typedef struct bsa_fwd90_tile {
 BSA_HD bsa_fwd90_tile bsa_fwd90_tile_for(int dp) {
     return dp == 128 ? bsa_fwd90_tile{128, 128, 2} : bsa_fwd90_tile{128, 128, 3};
 }
+// Key chunk of the Hopper forward's packed K/V tiles: the largest of 128, 64, 32 dividing the
+// (clamped) mask block width by, or 16 when by is 16, so a chunk never straddles a mask block
+// column ("chunked": each chunk has one mask bit per block row).  Otherwise 128: plain aligned
+// tiles with a per-token mask on partial tiles.  Measured (H200): by = 80 as 16-key chunks ran
+// 0.73x of aligned 128-key tiles (causal 48 x 80), hence no 16-key chunks for by = 48, 80, ...
+BSA_HD int bsa_fwd90_chunk(long long by) {
+    return by % 128 == 0 ? 128 : by % 64 == 0 ? 64 : by % 32 == 0 ? 32 : by == 16 ? 16 : 128;
+}
+// 1 when the forward's schedule carries, per chunk, the mask bits of the query tile's block
+// rows (at most 32: bx >= 5 with 128-row tiles), so partial tiles need no mask reads; else the
+// kernel reads the mask per token.
+BSA_HD int bsa_fwd90_rowbits(long long bx, long long by, int chunk) {
+    return by % chunk == 0 && bx >= 5;
+}
 
 // dQ configurations: 0  4 warps x 16 rows, 64 x 64 (Q and dO stay in shared memory);
 //                    1  4 warps x 32 rows (2 row tiles per warp), 128 x 32.
