@@ -148,14 +148,16 @@ __global__ void __launch_bounds__(384, 1)
         }
         hop::wgmma_commit();
     };
-    // Scales S, applies the token mask of a partial tile, updates the running max and sums;
+    // Applies the token mask of a partial tile, updates the running max and sums (scaled);
     // leaves exp2 values in s and returns the rescale factors of O.
     auto softmax = [&](int it, float &a0, float &a1) {
         const int e0 = it * G;
         bool part = e0 + G > cnt;  // padded tile
         for (int gi = 0; gi < G && !part; gi++) part = lst[e0 + gi].x & 1;
+        if (!(sl2 > 0.f)) {  // a negative scale reverses the order: scale first (rare)
 #pragma unroll
-        for (int i = 0; i < BN / 2; i++) s[i] *= sl2;
+            for (int i = 0; i < BN / 2; i++) s[i] *= sl2;
+        }
         if (part) {
             if (rowbits) {  // the schedule's row bits: no mask reads
 #pragma unroll
@@ -192,16 +194,20 @@ __global__ void __launch_bounds__(384, 1)
                 }
             }
         }
-        float n0 = mx0, n1 = mx1;
+        // max of the raw scores, then the scale folded into one FFMA per exp2 (sc > 0 keeps the
+        // order); mx0/mx1 stay in scaled log2 units
+        const float sc = sl2 > 0.f ? sl2 : 1.f;
+        float t0 = -INFINITY, t1 = -INFINITY;
 #pragma unroll
         for (int jj = 0; jj < BN / 8; jj++) {
-            n0 = fmaxf(n0, fmaxf(s[4 * jj], s[4 * jj + 1]));
-            n1 = fmaxf(n1, fmaxf(s[4 * jj + 2], s[4 * jj + 3]));
+            t0 = fmaxf(t0, fmaxf(s[4 * jj], s[4 * jj + 1]));
+            t1 = fmaxf(t1, fmaxf(s[4 * jj + 2], s[4 * jj + 3]));
         }
-        n0 = fmaxf(n0, __shfl_xor_sync(0xffffffffu, n0, 1));
-        n0 = fmaxf(n0, __shfl_xor_sync(0xffffffffu, n0, 2));
-        n1 = fmaxf(n1, __shfl_xor_sync(0xffffffffu, n1, 1));
-        n1 = fmaxf(n1, __shfl_xor_sync(0xffffffffu, n1, 2));
+        t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, 1));
+        t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, 2));
+        t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, 1));
+        t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, 2));
+        const float n0 = fmaxf(mx0, t0 * sc), n1 = fmaxf(mx1, t1 * sc);
         const float u0 = n0 == -INFINITY ? 0.f : n0, u1 = n1 == -INFINITY ? 0.f : n1;
         a0 = bsa_exp2(mx0 - u0);
         a1 = bsa_exp2(mx1 - u1);
@@ -210,10 +216,10 @@ __global__ void __launch_bounds__(384, 1)
         float ls0 = 0.f, ls1 = 0.f;
 #pragma unroll
         for (int jj = 0; jj < BN / 8; jj++) {
-            s[4 * jj] = bsa_exp2(s[4 * jj] - u0);
-            s[4 * jj + 1] = bsa_exp2(s[4 * jj + 1] - u0);
-            s[4 * jj + 2] = bsa_exp2(s[4 * jj + 2] - u1);
-            s[4 * jj + 3] = bsa_exp2(s[4 * jj + 3] - u1);
+            s[4 * jj] = bsa_exp2(fmaf(s[4 * jj], sc, -u0));
+            s[4 * jj + 1] = bsa_exp2(fmaf(s[4 * jj + 1], sc, -u0));
+            s[4 * jj + 2] = bsa_exp2(fmaf(s[4 * jj + 2], sc, -u1));
+            s[4 * jj + 3] = bsa_exp2(fmaf(s[4 * jj + 3], sc, -u1));
             ls0 += s[4 * jj] + s[4 * jj + 1];
             ls1 += s[4 * jj + 2] + s[4 * jj + 3];
         }
