@@ -23,7 +23,9 @@
  *     makes the O columns it reaches NaN; a +inf score makes O and LSE NaN (exp(inf - inf));
  *     a -inf score acts as a masked pair (all -inf: a row with no key).  The backward
  *     propagates them the same way (a NaN row gives NaN dQ and NaN dK, dV rows of the keys it
- *     attends).  Values a row does not attend never affect it.
+ *     attends).  Values a row does not attend never affect it, with one exception on CUDA:
+ *     a non-finite v of a key that some rows of the same 128-row query tile attend and others
+ *     mask out also reaches the latter through 0 * NaN in the tensor-core product.
  *   - Results are deterministic by default: the same inputs give bitwise the same outputs for
  *     any CPU thread count and any launch.
  *   - Outputs must not overlap any input or each other (error SPATTN_STATUS_ALIASING); inputs

@@ -18,7 +18,9 @@
 //   - only partial tiles evaluate the token mask, from the block mask bits (mask[i/bx][j/by]);
 //     keys past Skv are masked there too (edge tiles are always partial).
 // The online softmax runs in base 2 with fp32 accumulation; rows that attend nothing get O = 0
-// and LSE = -inf.
+// and LSE = -inf.  Non-finite inputs follow spattn.h: a NaN (or +inf) score makes the row sum
+// NaN, hence O (NaN * 0) and LSE NaN; the running max ignores NaN (fmaxf), which is harmless
+// because every exp2 of a NaN score is NaN anyway.
 #include <math.h>
 #include <stdlib.h>
 
@@ -324,7 +326,7 @@ __global__ void __launch_bounds__(384, 1)
         if (p.lse && c == 0) {
             const float l = h ? l1 : l0, mxv = h ? mx1 : mx0;
             p.lse[(long long)b * p.lse_s0 + (long long)n * p.lse_s1 + (long long)i * p.lse_s2] =
-                l > 0.f ? (mxv + __log2f(l)) * BSA_LN2 : -INFINITY;
+                l > 0.f ? (mxv + __log2f(l)) * BSA_LN2 : l == 0.f ? -INFINITY : __int_as_float(0x7fc00000);
         }
     }
 }

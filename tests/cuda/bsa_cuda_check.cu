@@ -457,6 +457,80 @@ static void check_plan_graph(const Shape &s) {
     }
 }
 
+// Non-finite inputs (spattn.h): forward, fp16, S = 256, D = 64, mask blocks of 128 with block
+// (1, 0) off (rows 128..255 do not attend keys 0..127).  NaN in q row 5: row 5 O and LSE NaN;
+// NaN in k row 7: rows 0..127 NaN, rows 128..255 finite; then NaN in v[9][2] alone: column 2 of
+// rows 0..127 NaN, LSE finite, rows 128..255 finite; huge finite scores (q, k rows 200 at 6e4)
+// stay finite.  (Within one 128-row query tile a non-finite v of a key that some rows mask out
+// still reaches them through 0 * NaN in the tensor-core product: see spattn.h.)
+static void check_nonfinite() {
+    const int S = 256, D = 64, half = 128;
+    const size_t n = (size_t)S * D;
+    std::vector<__half> hq(n), hk(n), hv(n);
+    for (size_t i = 0; i < n; i++) {
+        hq[i] = __float2half((float)nrand());
+        hk[i] = __float2half((float)nrand());
+        hv[i] = __float2half((float)nrand());
+    }
+    const __half qnan = __float2half(NAN), big = __float2half(60000.f);
+    hq[5 * D + 3] = qnan;
+    hk[7 * D + 0] = qnan;
+    hv[9 * D + 2] = qnan;
+    for (int d = 0; d < D; d++) hq[200 * D + d] = big, hk[200 * D + d] = big;
+    uint8_t mask[4] = {1, 1, 0, 1};
+    void *q, *k, *v, *o, *l, *m;
+    CK(cudaMalloc(&q, n * 2)); CK(cudaMalloc(&k, n * 2)); CK(cudaMalloc(&v, n * 2)); CK(cudaMalloc(&o, n * 2));
+    CK(cudaMalloc(&l, S * 4)); CK(cudaMalloc(&m, 4));
+    CK(cudaMemcpy(q, hq.data(), n * 2, cudaMemcpyHostToDevice)); CK(cudaMemcpy(k, hk.data(), n * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(v, hv.data(), n * 2, cudaMemcpyHostToDevice)); CK(cudaMemcpy(m, mask, 4, cudaMemcpyHostToDevice));
+    CK(cudaMemset(o, 0x55, n * 2)); CK(cudaMemset(l, 0x55, S * 4));
+    const int64_t sq[4] = {1, 1, S, D}, sm[4] = {1, 1, 2, 2}, sl[3] = {1, 1, S};
+    spattn_tensor tq = dev_tensor(q, SPATTN_DTYPE_F16, 4, sq, NULL), tk = dev_tensor(k, SPATTN_DTYPE_F16, 4, sq, NULL),
+                  tv = dev_tensor(v, SPATTN_DTYPE_F16, 4, sq, NULL), to = dev_tensor(o, SPATTN_DTYPE_F16, 4, sq, NULL),
+                  tm = dev_tensor(m, SPATTN_DTYPE_U8, 4, sm, NULL), tl = dev_tensor(l, SPATTN_DTYPE_F32, 3, sl, NULL);
+    spattn_status st = spattn_bsa_fwd(&tq, &tk, &tv, &tm, half, half, 0.0, &to, &tl);
+    CK(cudaDeviceSynchronize());
+    std::vector<__half> ho(n);
+    std::vector<float> hl(S);
+    CK(cudaMemcpy(ho.data(), o, n * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hl.data(), l, S * 4, cudaMemcpyDeviceToHost));
+    int bad = st != SPATTN_STATUS_SUCCESS;
+    for (int i = 0; i < S && !bad; i++) {
+        const bool row_nan = i == 5 || i < half;  // q NaN row, or attends the NaN key 7
+        if ((bool)isnan(hl[i]) != row_nan) bad = 1, printf("  nonfinite: row %d LSE %g\n", i, hl[i]);
+        for (int d = 0; d < D && !bad; d++) {
+            const float x = __half2float(ho[(size_t)i * D + d]);
+            const bool want_nan = row_nan;  // v[9][2] NaN only reaches rows that are NaN already
+            if ((bool)isnan(x) != want_nan) bad = 1, printf("  nonfinite: O[%d][%d] = %g\n", i, d, x);
+        }
+    }
+    // v NaN alone: rows 0..127 get NaN in column 2 only, finite LSE
+    hq[5 * D + 3] = __float2half(0.f);
+    hk[7 * D + 0] = __float2half(0.f);
+    CK(cudaMemcpy(q, hq.data(), n * 2, cudaMemcpyHostToDevice)); CK(cudaMemcpy(k, hk.data(), n * 2, cudaMemcpyHostToDevice));
+    st = spattn_bsa_fwd(&tq, &tk, &tv, &tm, half, half, 0.0, &to, &tl);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(ho.data(), o, n * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hl.data(), l, S * 4, cudaMemcpyDeviceToHost));
+    bad |= st != SPATTN_STATUS_SUCCESS;
+    for (int i = 0; i < S && !bad; i++) {
+        if (isnan(hl[i])) bad = 1, printf("  nonfinite (v): row %d LSE NaN\n", i);
+        for (int d = 0; d < D && !bad; d++) {
+            const bool want_nan = i < half && d == 2;
+            if ((bool)isnan(__half2float(ho[(size_t)i * D + d])) != want_nan) bad = 1, printf("  nonfinite (v): O[%d][%d]\n", i, d);
+        }
+    }
+    void *all[] = {q, k, v, o, l, m};
+    for (void *p : all) cudaFree(p);
+    if (bad) {
+        g_fail++;
+        printf("FAIL nonfinite inputs (forward)\n");
+    } else {
+        g_pass++;
+        printf("ok  nonfinite inputs (forward)\n");
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--probe")) return spattn_cuda_available() ? 0 : 1;
     if (!spattn_cuda_available()) {
@@ -506,6 +580,7 @@ int main(int argc, char **argv) {
     }
     for (auto &s : v) run_shape(s, true);
     check_plan_graph({2, 4, 2, 300, 260, 128, 48, 80, F16, 0.5, 0, 0, 0});
+    check_nonfinite();
     if (!quick) check_plan_graph({1, 3, 1, 200, 333, 64, 16, 128, BF, 0.3, 0, 0, 0});
     printf("bsa_cuda_check: %d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
