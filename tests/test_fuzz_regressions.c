@@ -101,7 +101,49 @@ static void fuzz_api_num_threads_limit(void) {
     TU_CHECK(st == SPATTN_STATUS_SUCCESS, "3 threads: %s", spattn_last_error());
 }
 
+/* fuzz_api_more: the varlen bsa entry points computed ceil(max_seqlen/bx) as
+ * (max_seqlen + bx - 1) / bx and kept bx unclamped: bx near INT64_MAX overflowed (UBSan: signed
+ * overflow in the CPU tiling).  Now a block longer than every sequence is the whole sequence,
+ * as in the dense call: the result equals the call with bx = max_seqlen_q, by = max_seqlen_kv. */
+static void fuzz_api_more_varlen_huge_block(void) {
+    enum { TQ = 8, TK = 10, D = 8 };
+    float q[TQ * D], k[TK * D], v[TK * D], o1[TQ * D], o2[TQ * D], l1[TQ], l2[TQ];
+    for (int i = 0; i < TQ * D; i++) q[i] = (float)((i * 7) % 11) / 11.0f;
+    for (int i = 0; i < TK * D; i++) k[i] = (float)((i * 5) % 13) / 13.0f, v[i] = (float)(i % 9) / 9.0f;
+    int32_t cuq[3] = {0, 3, 8}, cuk[3] = {0, 4, 10};
+    uint8_t mask[2] = {1, 1};
+    int64_t qs[3] = {TQ, 1, D}, ks[3] = {TK, 1, D}, ms[4] = {2, 1, 1, 1}, ls[2] = {TQ, 1}, cs[1] = {3};
+    spattn_tensor tq = spattn_tensor_make(q, SPATTN_DTYPE_F32, 3, qs, NULL);
+    spattn_tensor tk = spattn_tensor_make(k, SPATTN_DTYPE_F32, 3, ks, NULL);
+    spattn_tensor tv = spattn_tensor_make(v, SPATTN_DTYPE_F32, 3, ks, NULL);
+    spattn_tensor tm = spattn_tensor_make(mask, SPATTN_DTYPE_U8, 4, ms, NULL);
+    spattn_tensor to1 = spattn_tensor_make(o1, SPATTN_DTYPE_F32, 3, qs, NULL);
+    spattn_tensor to2 = spattn_tensor_make(o2, SPATTN_DTYPE_F32, 3, qs, NULL);
+    spattn_tensor tl1 = spattn_tensor_make(l1, SPATTN_DTYPE_F32, 2, ls, NULL);
+    spattn_tensor tl2 = spattn_tensor_make(l2, SPATTN_DTYPE_F32, 2, ls, NULL);
+    spattn_tensor tcq = spattn_tensor_make(cuq, SPATTN_DTYPE_I32, 1, cs, NULL);
+    spattn_tensor tck = spattn_tensor_make(cuk, SPATTN_DTYPE_I32, 1, cs, NULL);
+    spattn_varlen vl;
+    memset(&vl, 0, sizeof vl);
+    vl.cu_seqlens_q = &tcq;
+    vl.cu_seqlens_kv = &tck;
+    vl.max_seqlen_q = 5;
+    vl.max_seqlen_kv = 6;
+    spattn_status st = spattn_bsa_fwd_varlen(&tq, &tk, &tv, &tm, 5, 6, 0.0, &vl, &to1, &tl1, NULL);
+    TU_CHECK(st == SPATTN_STATUS_SUCCESS, "varlen bx = max_seqlen: %s", spattn_last_error());
+    st = spattn_bsa_fwd_varlen(&tq, &tk, &tv, &tm, INT64_MAX - 1, INT64_MAX, 0.0, &vl, &to2, &tl2, NULL);
+    TU_CHECK(st == SPATTN_STATUS_SUCCESS, "varlen bx near INT64_MAX: status %d (%s)", st,
+             spattn_last_error());
+    TU_CHECK(st != SPATTN_STATUS_SUCCESS || (!memcmp(o1, o2, sizeof o1) && !memcmp(l1, l2, sizeof l1)),
+             "varlen: a huge block differs from a block of max_seqlen");
+    size_t bytes = 0;
+    st = spattn_bsa_varlen_workspace_size(&tq, &tk, &tv, &tm, INT64_MAX, INT64_MAX, &vl, 1, NULL, &bytes);
+    TU_CHECK(st == SPATTN_STATUS_SUCCESS && bytes < ((size_t)1 << 30),
+             "varlen workspace, huge blocks: status %d, %zu bytes", st, bytes);
+}
+
 int main(void) {
+    fuzz_api_more_varlen_huge_block();
     fuzz_api_num_threads_limit();
     fuzz_api_tensor_make_stride_overflow();
     fuzz_api_options_deterministic_reserved();

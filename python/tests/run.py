@@ -48,11 +48,19 @@ def main(argv) -> int:
         print("max errors (|actual - golden|):")
         for key in sorted(metrics.RECORDED):
             print(f"  {key}: {metrics.RECORDED[key]:.3g}")
+    missing = []
+    if os.environ.get("SPATTN_REQUIRE_TORCH") == "1":
+        # python/run_tests.sh installed torch and hypothesis: a skip for lack of them is a failure
+        missing = [why for _, why in result.skipped if "not importable" in why]
+        if importlib.util.find_spec("torch") is None:
+            missing.append("torch not importable")
+        for why in sorted(set(missing)):
+            print(f"FAILED (SPATTN_REQUIRE_TORCH=1): {why}")
     n_pass = result.testsRun - len(failed) - len(skipped - failed)
     extra = f", {sub_skips} subtests skipped" if sub_skips else ""
     print(f"{n_pass} passed, {len(failed)} failed, {len(skipped - failed)} skipped{extra} "
           f"({result.testsRun} tests, {dt:.1f} s)")
-    return 0 if result.wasSuccessful() else 1
+    return 0 if result.wasSuccessful() and not missing else 1
 
 
 if __name__ == "__main__":
