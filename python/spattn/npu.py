@@ -327,32 +327,29 @@ def npu_sparse_flash_attention(query: Tensor, key: Tensor, value: Tensor, sparse
                                                  cq, ck, q.shape[0], mk, block_table, sbs, mode, scale)
         if kind == "BSND":
             o, lse = o.unflatten(0, (b_, s1)), lse.unflatten(0, (b_, s1))
-        segs = None
-    else:
+    else:  # BSND with per-batch lengths: one dense call per batch
         segs, full_q, full_k = _sfa_segs(kind, query, key, actual_seq_lengths_query, actual_seq_lengths_kv)
-    if segs is None:
-        pass
-    elif kind == "BSND" and _is_full(segs, full_q, full_k):
-        o, lse = torch.ops.spattn.sfa_fwd(query, key, idx, None if shared else value, query_rope, key_rope,
-                                          sbs, mode, scale)
-    else:
-        os_, ls_ = [], []
-        for b, qs, lq, ks, lk in segs:
-            q_b = _take(query, kind, b, qs, lq)
-            if lq == 0 or lk == 0:
-                os_.append(torch.zeros_like(q_b))
-                ls_.append(torch.full(q_b.shape[:-1], float("-inf"), device=query.device))
-                continue
-            k_b = _take(key, kind, b, ks, lk)
-            o_b, l_b = torch.ops.spattn.sfa_fwd(
-                q_b, k_b, _seg_indices(idx, kind, b, qs, lq, lk, full_k, sbs),
-                None if shared else _take(value, kind, b, ks, lk),
-                None if query_rope is None else _take(query_rope, kind, b, qs, lq),
-                None if key_rope is None else _take(key_rope, kind, b, ks, lk), sbs, mode, scale)
-            os_.append(o_b)
-            ls_.append(l_b)
-        o = _put(os_, kind, full_q, 0.0)
-        lse = _put(ls_, kind, full_q, float("-inf"))
+        if kind == "BSND" and _is_full(segs, full_q, full_k):
+            o, lse = torch.ops.spattn.sfa_fwd(query, key, idx, None if shared else value, query_rope, key_rope,
+                                              sbs, mode, scale)
+        else:
+            os_, ls_ = [], []
+            for b, qs, lq, ks, lk in segs:
+                q_b = _take(query, kind, b, qs, lq)
+                if lq == 0 or lk == 0:
+                    os_.append(torch.zeros_like(q_b))
+                    ls_.append(torch.full(q_b.shape[:-1], float("-inf"), device=query.device))
+                    continue
+                k_b = _take(key, kind, b, ks, lk)
+                o_b, l_b = torch.ops.spattn.sfa_fwd(
+                    q_b, k_b, _seg_indices(idx, kind, b, qs, lq, lk, full_k, sbs),
+                    None if shared else _take(value, kind, b, ks, lk),
+                    None if query_rope is None else _take(query_rope, kind, b, qs, lq),
+                    None if key_rope is None else _take(key_rope, kind, b, ks, lk), sbs, mode, scale)
+                os_.append(o_b)
+                ls_.append(l_b)
+            o = _put(os_, kind, full_q, 0.0)
+            lse = _put(ls_, kind, full_q, float("-inf"))
     if not return_softmax_lse:
         return o, lse.new_empty(0), lse.new_empty(0)
     n2 = key.shape[-2]
