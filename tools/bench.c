@@ -81,10 +81,11 @@ static int run_all(sp_opts *o, const sp_case_list *cases, bset *ours) {
             if (!have_in) {
                 snprintf(r->msg, sizeof r->msg, "%s", err);
             } else if ((o->backend == SPATTN_BACKEND_CUDA
-                            ? sp_bench_cuda(c, &in, pass, o->warmup, o->repeats, ms, &status,
-                                            r->msg, sizeof r->msg)
-                            : sp_bench_cpu(c, &in, pass, o->warmup, o->repeats, o->threads, ms,
-                                           &status, r->msg, sizeof r->msg)) == 0) {
+                            ? sp_bench_cuda(c, &in, pass, o->warmup, o->repeats, !o->plan_per_call,
+                                            ms, &status, r->msg, sizeof r->msg)
+                            : sp_bench_cpu(c, &in, pass, o->warmup, o->repeats, o->threads,
+                                           !o->plan_per_call, ms, &status, r->msg,
+                                           sizeof r->msg)) == 0) {
                 r->ok = 1;
                 r->median_ms = median(ms, o->repeats);
                 r->min_ms = ms[0];
@@ -234,6 +235,7 @@ static int write_json(const sp_opts *o, const bset *ours) {
     sp_jw_int(&w, "warmup", o->warmup);
     sp_jw_int(&w, "repeats", o->repeats);
     sp_jw_str(&w, "timer", o->backend == SPATTN_BACKEND_CUDA ? "cuda_events_l2_flushed" : "wall_clock");
+    sp_jw_str(&w, "bsa_plan", o->plan_per_call ? "per_call" : "reused");
     sp_jw_arr(&w, "results");
     for (int i = 0; i < ours->n; i++) {
         const bres *r = &ours->v[i];

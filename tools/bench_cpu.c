@@ -2,12 +2,15 @@
  * working sets of the suite's cases are far larger than the caches). */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "call.h"
 #include "run.h"
 
 int sp_bench_cpu(const sp_case *c, const sp_inputs *in, int pass, int warmup, int repeats,
-                 int threads, double *ms, int *status, char *msg, size_t msglen) {
+                 int threads, int reuse_plan, double *ms, int *status, char *msg, size_t msglen) {
+    sp_tensors t;
+    memset(&t, 0, sizeof t);
     size_t bytes[SP_B_COUNT];
     sp_buffer_sizes(c, bytes);
     void *buf[SP_B_COUNT] = {in->q, in->k, in->v, in->dout, in->mask, in->idx};
@@ -21,7 +24,6 @@ int sp_bench_cpu(const sp_case *c, const sp_inputs *in, int pass, int warmup, in
             goto done;
         }
     }
-    sp_tensors t;
     sp_tensors_make(c, buf, SPATTN_DEVICE_CPU, &t);
     spattn_options opt;
     spattn_options_init(&opt);
@@ -29,7 +31,11 @@ int sp_bench_cpu(const sp_case *c, const sp_inputs *in, int pass, int warmup, in
     opt.num_threads = threads;
     spattn_status st = SPATTN_STATUS_SUCCESS;
     const char *what = pass == SP_PASS_FWD ? "forward" : "backward";
-    if (pass == SP_PASS_BWD) {
+    if (reuse_plan) {
+        st = sp_plan_make(c, &t, &opt);
+        if (st != SPATTN_STATUS_SUCCESS) what = "plan";
+    }
+    if (pass == SP_PASS_BWD && st == SPATTN_STATUS_SUCCESS) {
         st = sp_call_fwd(c, &t, &opt); /* O and LSE for the backward */
         if (st != SPATTN_STATUS_SUCCESS) what = "forward (before the backward)";
     }
@@ -45,6 +51,7 @@ int sp_bench_cpu(const sp_case *c, const sp_inputs *in, int pass, int warmup, in
     }
     rc = 0;
 done:
+    sp_plan_free(&t);
     for (int b = SP_B_O; b < SP_B_COUNT; b++) free(buf[b]);
     return rc;
 }

@@ -99,7 +99,20 @@ void sp_tensors_make(const sp_case *c, void *const buf[SP_B_COUNT], int32_t dev,
     t->lse = view(buf[SP_B_LSE], SPATTN_DTYPE_F32, dev, 3, sq, c->N1);
 }
 
+spattn_status sp_plan_make(const sp_case *c, sp_tensors *t, const spattn_options *opt) {
+    t->plan = NULL;
+    if (c->op != SP_OP_BSA) return SPATTN_STATUS_SUCCESS;
+    return spattn_bsa_plan_create(&t->mask, c->bx, c->by, c->Sq, c->Skv, c->Nkv, opt, &t->plan);
+}
+
+void sp_plan_free(sp_tensors *t) {
+    spattn_bsa_plan_destroy(t->plan);
+    t->plan = NULL;
+}
+
 spattn_status sp_call_fwd(const sp_case *c, const sp_tensors *t, const spattn_options *opt) {
+    if (c->op == SP_OP_BSA && t->plan)
+        return spattn_bsa_fwd_plan(t->plan, &t->q, &t->k, &t->v, 0.0, &t->o, &t->lse, opt);
     if (c->op == SP_OP_BSA)
         return spattn_bsa_fwd_ex(&t->q, &t->k, &t->v, &t->mask, c->bx, c->by, 0.0, &t->o, &t->lse,
                                  opt);
@@ -109,6 +122,9 @@ spattn_status sp_call_fwd(const sp_case *c, const sp_tensors *t, const spattn_op
 }
 
 spattn_status sp_call_bwd(const sp_case *c, const sp_tensors *t, const spattn_options *opt) {
+    if (c->op == SP_OP_BSA && t->plan)
+        return spattn_bsa_bwd_plan(t->plan, &t->q, &t->k, &t->v, &t->o, &t->dout, &t->lse, 0.0,
+                                   &t->dq, &t->dk, &t->dv, opt);
     if (c->op == SP_OP_BSA)
         return spattn_bsa_bwd_ex(&t->q, &t->k, &t->v, &t->o, &t->dout, &t->lse, &t->mask, c->bx,
                                  c->by, 0.0, &t->dq, &t->dk, &t->dv, opt);

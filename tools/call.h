@@ -22,10 +22,14 @@ void sp_buffer_sizes(const sp_case *c, size_t bytes[SP_B_COUNT]);
 typedef struct sp_tensors {
     spattn_tensor q, qr, k, kr, v, dout, mask, idx, o, lse, dq, dqr, dk, dkr, dv;
     int has_rope, has_v;
+    spattn_bsa_plan *plan; /* bsa: when set, the calls go through the plan (sp_plan_make) */
 } sp_tensors;
 
 void sp_tensors_make(const sp_case *c, void *const buf[SP_B_COUNT], int32_t device_type,
                      sp_tensors *t);
+/* bsa: makes t->plan from the case's mask (nothing for sfa); sp_plan_free releases it. */
+spattn_status sp_plan_make(const sp_case *c, sp_tensors *t, const spattn_options *opt);
+void sp_plan_free(sp_tensors *t);
 spattn_status sp_call_fwd(const sp_case *c, const sp_tensors *t, const spattn_options *opt);
 spattn_status sp_call_bwd(const sp_case *c, const sp_tensors *t, const spattn_options *opt);
 /* The softmax scale the operator uses by default (1/sqrt(D) or 1/sqrt(D+Dr)). */

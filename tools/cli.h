@@ -37,6 +37,8 @@ typedef struct sp_opts {
     const char *load_path; /* bench: our results from a JSON file instead of running */
     int quiet;
     double perturb; /* verify self-test: added to our outputs before the comparison */
+    int plan_per_call; /* bench, bsa: 0 = one plan per case reused by every timed call (default),
+                          1 = the plain calls (schedules built and workspace allocated per call) */
 } sp_opts;
 
 /* Loads the selected suites and applies filters and scaling.  Returns 0, or -1 with the

@@ -47,7 +47,10 @@ static void usage(FILE *f) {
 "  --warmup N          untimed calls first (default 2)\n"
 "  --compare FILE      a peer's bench JSON to put beside ours; repeatable\n"
 "  --svg FILE          grouped bar chart (TFLOP/s) of ours vs the peers\n"
-"  --load FILE         take our results from a bench JSON instead of running\n",
+"  --load FILE         take our results from a bench JSON instead of running\n"
+"  --plan reuse|call   bsa: one spattn_bsa_plan per case reused by every timed call\n"
+"                      (default; the kernels alone) or the plain calls (schedules built and\n"
+"                      workspace allocated in every call)\n",
             SP_CPU_DEFAULT_SCALE);
 }
 
@@ -97,7 +100,7 @@ int main(int argc, char **argv) {
     o.backend = SPATTN_BACKEND_AUTO;
     o.repeats = 10;
     o.warmup = 2;
-    int rc = SP_EXIT_USAGE, seen_timing = 0;
+    int rc = SP_EXIT_USAGE, seen_timing = 0, seen_plan = 0;
     for (int i = 2; i < argc; i++) {
         char *a = argv[i];
         if (a[0] != '-') { /* a suite file */
@@ -122,7 +125,7 @@ int main(int argc, char **argv) {
         static const char *const kWithValue[] = {
             "--suite", "--cases-dir", "--case", "--op", "--pass", "--dtype", "--backend", "--scale",
             "--threads", "--repeats", "--warmup", "--json", "--compare", "--svg", "--load",
-            "--perturb"};
+            "--perturb", "--plan"};
         int known = 0;
         for (size_t k = 0; k < sizeof kWithValue / sizeof kWithValue[0]; k++)
             known |= !strcmp(name, kWithValue[k]);
@@ -194,6 +197,11 @@ int main(int argc, char **argv) {
             o.svg_path = val;
         } else if (!strcmp(name, "--load")) {
             o.load_path = val;
+        } else if (!strcmp(name, "--plan")) {
+            if (strcmp(val, "reuse") && strcmp(val, "call"))
+                return bad("--plan: expected reuse or call, got '%s'%s", val, "");
+            o.plan_per_call = !strcmp(val, "call");
+            seen_plan = 1;
         }
     }
     if (strcmp(cmd, "verify") && o.perturb != 0.0)
@@ -203,6 +211,7 @@ int main(int argc, char **argv) {
     /* options a command would silently ignore are errors */
     if (strcmp(cmd, "bench") && seen_timing)
         return bad("--repeats and --warmup belong to 'spattn bench'%s%s", "", "");
+    if (strcmp(cmd, "bench") && seen_plan) return bad("--plan belongs to 'spattn bench'%s%s", "", "");
     if (!strcmp(cmd, "list") && o.json_path)
         return bad("--json belongs to 'spattn verify' and 'spattn bench'%s%s", "", "");
     /* output files are checked before the run, not after it (results would be lost); "a"

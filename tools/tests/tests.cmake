@@ -87,3 +87,11 @@ cli_test(cli_verify_repeats 2 "verify@--suite@${cli_tests}/tiny.cases@--repeats@
   MATCH "--repeats and --warmup belong to")
 cli_test(cli_empty_cases 2 "list@--suite@${cli_tests}/empty.cases"
   MATCH "empty.cases:0: the file holds no case" NOMATCH "no case matches")
+# bsa plans in bench: reused (default) and per call give a result each; bad values and use
+# outside bench are usage errors.
+cli_test(cli_bench_plan_call 0
+  "bench@--backend@cpu@--suite@${cli_tests}/tiny.cases@--case@tiny_bsa_(causal|window)@--repeats@2@--warmup@0@--plan@call@--json@${out}/bench_plan_call.json"
+  MATCH "tiny_bsa_causal +fwd@tiny_bsa_window +bwd"
+  CHECK_KIND bench CHECK_FILE ${out}/bench_plan_call.json)
+cli_test(cli_plan_bad_value 2 "bench@--plan@sometimes" MATCH "--plan: expected reuse or call")
+cli_test(cli_plan_not_bench 2 "verify@--plan@call" MATCH "--plan belongs to 'spattn bench'")
