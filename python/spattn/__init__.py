@@ -3,6 +3,8 @@
 NumPy (CPU): spattn.bsa_forward / bsa_backward / sfa_forward / sfa_backward.
 spattn.merge_attention_states (NumPy or torch) merges partial results by their LSE;
 spattn.distributed holds the context-parallel (torch.distributed) operators.
+spattn.create_block_mask makes a reusable bsa plan (spattn.BlockMask, NumPy or torch masks)
+that block_sparse_attention, bsa_forward and bsa_backward take in place of the raw mask.
 PyTorch (CPU and CUDA tensors, autograd, torch.compile): spattn.block_sparse_attention,
 spattn.sparse_flash_attention, and torch_npu-compatible wrappers spattn.npu_* (also in
 spattn.npu).  The PyTorch parts load when torch (>= 2.4) is importable.
@@ -17,6 +19,7 @@ from ._lib import (SpattnError, SpattnNotSupportedError, cpu_isa, cuda_available
 if importlib.util.find_spec("numpy") is not None:
     from .numpy_api import bsa_backward, bsa_forward, sfa_backward, sfa_forward  # noqa: F401
 from .merge import merge_attention_states  # noqa: F401,E402  (NumPy arrays or torch tensors)
+from .block_mask import BlockMask, create_block_mask  # noqa: F401,E402  (reusable bsa plans)
 
 __version__ = "0.1.0"
 

@@ -11,7 +11,9 @@ from typing import Optional, Tuple
 import numpy as np
 
 from . import _lib
+from . import block_mask as _block_mask
 from ._lib import SpattnError
+from .block_mask import BlockMask
 
 __all__ = ["bsa_forward", "bsa_backward", "sfa_forward", "sfa_backward"]
 
@@ -72,8 +74,16 @@ def bsa_forward(q, k, v, block_mask, block_size=(64, 64), scale: Optional[float]
                 num_threads: int = 0) -> Tuple[np.ndarray, np.ndarray]:
     """Block-sparse attention forward, BNSD.  Returns (o [B,N,Sq,D], lse [B,N,Sq] float32).
 
-    ``block_size`` is (bx, by) or one int; ``scale`` None means 1/sqrt(D).
+    ``block_size`` is (bx, by) or one int; ``scale`` None means 1/sqrt(D).  ``block_mask`` may be
+    a CPU spattn.BlockMask (spattn.create_block_mask; its block size is used, ``block_size``
+    ignored): a reusable plan, bitwise equal to the raw mask.
     """
+    if isinstance(block_mask, BlockMask):
+        q, k, v = _arr(q), _arr(k), _arr(v)
+        o, lse = _out(q.shape, q.dtype), _out(q.shape[:-1], np.float32)
+        _block_mask.fwd(block_mask, _desc("q", q), _desc("k", k), _desc("v", v), _lib.scale_arg(scale),
+                        _desc("o", o), _desc("lse", lse), _lib.options(num_threads=num_threads))
+        return o, lse
     q, k, v, m = _arr(q), _arr(k), _arr(v), _arr(block_mask)
     bx, by = _block_size(block_size)
     o = _out(q.shape, q.dtype)
@@ -85,7 +95,16 @@ def bsa_forward(q, k, v, block_mask, block_size=(64, 64), scale: Optional[float]
 
 def bsa_backward(q, k, v, block_mask, o, do, lse, block_size=(64, 64), scale: Optional[float] = None,
                  num_threads: int = 0) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Block-sparse attention backward.  Returns (dq, dk, dv) shaped like q, k, v."""
+    """Block-sparse attention backward.  Returns (dq, dk, dv) shaped like q, k, v.
+
+    ``block_mask`` may be a spattn.BlockMask, as for bsa_forward."""
+    if isinstance(block_mask, BlockMask):
+        q, k, v, o, do, lse = _arr(q), _arr(k), _arr(v), _arr(o), _arr(do), _arr(lse)
+        dq, dk, dv = _out(q.shape, q.dtype), _out(k.shape, k.dtype), _out(v.shape, v.dtype)
+        _block_mask.bwd(block_mask, _desc("q", q), _desc("k", k), _desc("v", v), _desc("o", o),
+                        _desc("dout", do), _desc("lse", lse), _lib.scale_arg(scale), _desc("dq", dq),
+                        _desc("dk", dk), _desc("dv", dv), _lib.options(num_threads=num_threads))
+        return dq, dk, dv
     q, k, v, m = _arr(q), _arr(k), _arr(v), _arr(block_mask)
     o, do, lse = _arr(o), _arr(do), _arr(lse)
     bx, by = _block_size(block_size)

@@ -7,6 +7,8 @@ import torch
 
 from . import _lib
 from . import _ops  # noqa: F401  (registers torch.ops.spattn.*)
+from . import _plan_ops  # noqa: F401  (registers torch.ops.spattn.bsa_*_plan)
+from .block_mask import BlockMask
 
 Tensor = torch.Tensor
 
@@ -17,7 +19,7 @@ def _pair(block_size: Union[int, Sequence[int]]) -> Tuple[int, int]:
     return _lib.block_size_pair(block_size)
 
 
-def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor,
+def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: Union[Tensor, BlockMask],
                            block_size: Union[int, Sequence[int]] = (64, 64), scale: Optional[float] = None,
                            return_lse: bool = False, *, cu_seqlens_q: Optional[Tensor] = None,
                            cu_seqlens_k: Optional[Tensor] = None, max_seqlen_q: Optional[int] = None,
@@ -29,12 +31,22 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor,
     None = 1/sqrt(D).  Returns o [B, N, Sq, D], or (o, lse [B, N, Sq] float32) with return_lse.
     Differentiable in q, k, v (lse is not differentiable).
 
+    block_mask may be a spattn.BlockMask (spattn.create_block_mask): a reusable plan that
+    carries the mask and its block size (block_size is then ignored); forward and backward use
+    it, bitwise equal to passing the raw mask.
+
     Packed variable-length batch (cases/README.md): with cu_seqlens_q / cu_seqlens_k (int32 or
     int64 prefix sums [B+1], on q's device) q is [Tq, N, D], k, v [Tkv, Nkv, D], block_mask
     [B, N, ceil(max_seqlen_q/bx), ceil(max_seqlen_k/by)] (block indices restart per sequence),
     lse [Tq, N]; max_seqlen_* default to the mask's extent (no host read).  block_table int32
     [B, max_pages] makes k, v pages [num_pages, page_size, Nkv, D] (forward only).  CPU only.
     """
+    if isinstance(block_mask, BlockMask):
+        if cu_seqlens_q is not None or cu_seqlens_k is not None or block_table is not None:
+            raise _lib.SpattnNotSupportedError(_lib.STATUS_NOT_SUPPORTED, "block_mask: a BlockMask (plan) "
+                                               "does not take a packed variable-length batch; pass the raw mask")
+        o, lse = torch.ops.spattn.bsa_fwd_plan(q, k, v, _plan_ops.plan_arg(block_mask), _lib.scale_arg(scale))
+        return (o, lse) if return_lse else o
     if cu_seqlens_q is not None or cu_seqlens_k is not None or block_table is not None:
         from . import _varlen_api
         return _varlen_api.bsa(q, k, v, block_mask, block_size, scale, return_lse, cu_seqlens_q,
