@@ -30,7 +30,10 @@ Tensor = torch.Tensor
 def _i32(t: Optional[Tensor]) -> Optional[Tensor]:
     if t is None or t.dtype == torch.int32 or t.dtype.is_floating_point:
         return t  # int32 already, or a dtype the library rejects with a clear message
-    return t.to(torch.int32)
+    # Saturate instead of wrapping (2**32 must not become 0): a saturated prefix sum or page id
+    # is out of range for any real tensor, so the library's validation rejects it, and no host
+    # synchronisation is needed for a range check.
+    return t.clamp(-2**31, 2**31 - 1).to(torch.int32)
 
 
 def _vl(cq: Tensor, ck: Tensor, max_q: int, max_k: int, bt: Optional[Tensor]):

@@ -66,6 +66,15 @@ class TestBsaVarlen(unittest.TestCase):
         return spattn.block_sparse_attention(q, k, v, self.m, (self.bx, self.by), return_lse=True,
                                              cu_seqlens_q=self.cq, cu_seqlens_k=self.ck, **kw)
 
+    def test_int64_prefix_sums_beyond_int32_rejected(self):
+        # 2**32 + 5 must not wrap to 5 (a valid-looking length): it saturates and is refused
+        cq = self.cq.to(torch.int64).clone()
+        cq[1:] += 2 ** 32
+        with self.assertRaises(spattn.SpattnError):
+            spattn.block_sparse_attention(self.q, self.k, self.v, self.m, (self.bx, self.by),
+                                          cu_seqlens_q=cq, cu_seqlens_k=self.ck,
+                                          max_seqlen_q=max(self.lq), max_seqlen_k=max(self.lk))
+
     def test_matches_dense_per_sequence(self):
         q, k, v = (x.clone().requires_grad_(True) for x in (self.q, self.k, self.v))
         o, lse = self.run_varlen(q, k, v, max_seqlen_q=max(self.lq), max_seqlen_k=max(self.lk))
