@@ -26,7 +26,7 @@ _Base: type = object
 if importlib.util.find_spec("torch") is not None:
     try:
         from torch._opaque_base import OpaqueBase as _Base  # type: ignore[no-redef]
-    except ImportError:  # older torch: _plan_ops.py passes the integer handle instead
+    except Exception:  # older (or broken) torch: _plan_ops.py passes the integer handle instead
         pass
 
 _declared = False

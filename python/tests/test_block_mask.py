@@ -263,6 +263,11 @@ class TestBlockMaskTorch(unittest.TestCase):
         for seed in range(2):                              # two plans of the same shapes
             with self.subTest(seed=seed):
                 self.check_bitwise(case, torch.float32, "cpu", seed, compile_fn=cf)
+        # the plan captured by the compiled function instead of passed to it
+        bm = spattn.create_block_mask(self.inputs(case)[4], (bx, by), (sq, skv), nkv)
+        closed_over = torch.compile(lambda q, k, v, _, return_lse: spattn.block_sparse_attention(
+            q, k, v, bm, return_lse=return_lse), fullgraph=True, backend=COMPILE_BACKEND)
+        self.check_bitwise(case, torch.float32, "cpu", 0, compile_fn=closed_over, bm=bm)
         from spattn import _plan_ops
         if _plan_ops.OPAQUE:  # torch >= 2.10: the plan is a graph input (older torch: a constant)
             self.assertEqual(cnt.frame_count, 1, "a second plan of the same shapes recompiled")
