@@ -56,7 +56,7 @@ echo "install: $(( $(date +%s) - t0 )) s"
 
 echo "== tests =="
 cd tests
-"$PY" run.py test_torch test_npu test_numpy > ../build/device_run.log 2>&1
+"$PY" run.py test_torch test_npu test_numpy test_block_mask > ../build/device_run.log 2>&1
 rc=$?
 grep -E "^(FAIL|ERROR):|Error:|error:" ../build/device_run.log | head -40
 sed -n '/== python test summary ==/,$p' ../build/device_run.log
