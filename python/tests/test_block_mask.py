@@ -285,9 +285,12 @@ class TestBlockMaskTorch(unittest.TestCase):
 
     @unittest.skipUnless(cuda_ok(), "no CUDA device (or libspattn built without CUDA)")
     def test_cuda(self):
-        case = CASES[1]
+        case = (2, 4, 2, 200, 300, 64, 48, 80, 0.5)         # GQA, odd blocks, partial edge blocks
         b, n, nkv, sq, skv, d, bx, by, _ = case
-        bm = self.check_bitwise(case, torch.bfloat16, "cuda", 0)
+        try:
+            bm = self.check_bitwise(case, torch.bfloat16, "cuda", 0)
+        except spattn.SpattnNotSupportedError as e:
+            self.skipTest(f"not supported by this build: {e.message}")
         self.assertTrue(bm.device.startswith("cuda"))
         _, _, _, _, m = self.inputs(case)                  # a CPU mask copied to the device
         bm2 = spattn.create_block_mask(m, (bx, by), (sq, skv), nkv, device="cuda")
