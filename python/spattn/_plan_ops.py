@@ -45,13 +45,29 @@ def _resolve(plan) -> BlockMask:
     return obj
 
 
+def _with_workspace(pl: BlockMask, q, k, v, backward: bool, dev: torch.device):
+    """(options, workspace tensor): on CUDA the workspace comes from torch's caching allocator,
+    so the library allocates nothing and the call can be captured in a CUDA graph."""
+    opt = _ops._opts(dev)
+    if dev.type != "cuda":
+        return opt, None
+    n = _bm.workspace_size(pl, q, k, v, backward, opt)
+    if n == 0:
+        return opt, None
+    ws = torch.empty(n, dtype=torch.uint8, device=dev)
+    opt.workspace, opt.workspace_size = ws.data_ptr(), n
+    return opt, ws
+
+
 def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, plan, scale: float) -> Tuple[Tensor, Tensor]:
     pl = _resolve(plan)
     dev = _ops._check_devices([("q", q), ("k", k), ("v", v)])
     o = _ops._empty_like_shape(q, q.shape)
     lse = _ops._empty_like_shape(q, q.shape[:-1], torch.float32)
-    _bm.fwd(pl, _ops._desc("q", q), _ops._desc("k", k), _ops._desc("v", v), scale, _ops._desc("o", o),
-            _ops._desc("lse", lse), _ops._opts(dev))
+    qd, kd, vd = _ops._desc("q", q), _ops._desc("k", k), _ops._desc("v", v)
+    opt, ws = _with_workspace(pl, qd, kd, vd, False, dev)
+    _bm.fwd(pl, qd, kd, vd, scale, _ops._desc("o", o), _ops._desc("lse", lse), opt)
+    del ws  # (stream-ordered: torch reuses it only after the kernels queued on this stream)
     return o, lse
 
 
@@ -63,8 +79,11 @@ def _bwd_impl(q: Tensor, k: Tensor, v: Tensor, plan, o: Tensor, dout: Tensor, ls
     dq, dk, dv = (torch.empty_like(q, memory_format=cf), torch.empty_like(k, memory_format=cf),
                   torch.empty_like(v, memory_format=cf))
     d = _ops._desc
-    _bm.bwd(pl, d("q", q), d("k", k), d("v", v), d("o", o), d("dout", dout), d("lse", lse), scale,
-            d("dq", dq), d("dk", dk), d("dv", dv), _ops._opts(dev))
+    qd, kd, vd = d("q", q), d("k", k), d("v", v)
+    opt, ws = _with_workspace(pl, qd, kd, vd, True, dev)
+    _bm.bwd(pl, qd, kd, vd, d("o", o), d("dout", dout), d("lse", lse), scale, d("dq", dq), d("dk", dk),
+            d("dv", dv), opt)
+    del ws
     return dq, dk, dv
 
 

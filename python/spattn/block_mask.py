@@ -238,3 +238,12 @@ def bwd(plan: BlockMask, q, k, v, o, dout, lse, scale: float, dq, dk, dv, opt: _
     r = _lib.ref
     _lib.check(plan_lib().spattn_bsa_bwd_plan(plan.ptr(), r(q), r(k), r(v), r(o), r(dout), r(lse), float(scale),
                                               r(dq), r(dk), r(dv), ctypes.byref(opt)))
+
+
+def workspace_size(plan: BlockMask, q, k, v, backward: bool, opt: _lib.SpattnOptions) -> int:
+    """Bytes of caller workspace a forward (backward=False) or backward with the plan needs."""
+    r = _lib.ref
+    n = ctypes.c_size_t()
+    _lib.check(plan_lib().spattn_bsa_plan_workspace_size(plan.ptr(), r(q), r(k), r(v), int(bool(backward)),
+                                                         ctypes.byref(opt), ctypes.byref(n)))
+    return int(n.value)

@@ -147,6 +147,21 @@ class TestBlockMaskNumpy(unittest.TestCase):
         self.assertEqual(cm.exception.status, 100)
         self.assertIn("closed", cm.exception.message)
 
+    def test_workspace_size(self):
+        from spattn import block_mask as bmod
+        from spattn.numpy_api import _desc
+        b, n, nkv, sq, skv, d, bx, by, _ = case = CASES[1]
+        q, k, v, _, m = self.inputs(case)
+        bm = spattn.create_block_mask(m, (bx, by), (sq, skv), nkv)
+        opt = spattn._lib.options()
+        for backward in (False, True):
+            size = bmod.workspace_size(bm, _desc("q", q), _desc("k", k), _desc("v", v), backward, opt)
+            self.assertIsInstance(size, int)
+            self.assertGreaterEqual(size, 0)
+        with self.assertRaises(spattn.SpattnError) as cm:
+            bmod.workspace_size(bm, _desc("q", q[:, :, 1:]), _desc("k", k), _desc("v", v), False, opt)
+        self.assertIn("Sq of the plan", cm.exception.message)
+
     def test_freed_on_gc(self):
         import weakref
         m = np.ones((1, 1, 2, 2), np.uint8)
@@ -297,6 +312,51 @@ class TestBlockMaskTorch(unittest.TestCase):
         self.check_bitwise(case, torch.float16, "cuda", 0, bm=bm2)
         cf = torch.compile(spattn.block_sparse_attention, fullgraph=True, backend=COMPILE_BACKEND)
         self.check_bitwise(case, torch.bfloat16, "cuda", 0, compile_fn=cf, bm=bm2)
+
+    @unittest.skipUnless(cuda_ok(), "no CUDA device (or libspattn built without CUDA)")
+    def test_cuda_graph_capture(self):
+        """Forward + backward with a reused plan captured in a CUDA graph (the ops take their
+        workspace from torch's allocator), replayed on new inputs: equal to eager."""
+        case = (1, 4, 2, 256, 384, 64, 64, 128, 0.5)
+        b, n, nkv, sq, skv, d, bx, by, _ = case
+        q, k, v, do, m = self.inputs(case, torch.bfloat16, "cuda", 0)
+        try:
+            bm = spattn.create_block_mask(m, (bx, by), (sq, skv), nkv)
+            spattn.block_sparse_attention(q, k, v, bm)
+        except spattn.SpattnNotSupportedError as e:
+            self.skipTest(f"not supported by this build: {e.message}")
+        sq_, sk_, sv_ = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
+        sdo = do.clone()
+
+        def step():
+            for x in (sq_, sk_, sv_):
+                x.grad = None
+            o = spattn.block_sparse_attention(sq_, sk_, sv_, bm)
+            o.backward(sdo)
+            return o
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):                      # warm-up outside the capture
+            for _ in range(2):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        for x in (sq_, sk_, sv_):
+            x.grad = None
+        with torch.cuda.graph(g):
+            so = step()
+        q2, k2, v2, do2, _ = self.inputs(case, torch.bfloat16, "cuda", 1)
+        with torch.no_grad():
+            for dst, src in ((sq_, q2), (sk_, k2), (sv_, v2), (sdo, do2)):
+                dst.copy_(src)
+        g.replay()
+        torch.cuda.synchronize()
+        ref = self.run_grad(lambda q, k, v: spattn.block_sparse_attention(q, k, v, bm, return_lse=True),
+                            q2, k2, v2, do2)
+        for name, a, e in (("o", so, ref[0]), ("dq", sq_.grad, ref[2]), ("dk", sk_.grad, ref[3]),
+                           ("dv", sv_.grad, ref[4])):
+            self.assertTrue(bitwise(a.detach(), e), f"{name} differs after replay")
 
 
 if __name__ == "__main__":
