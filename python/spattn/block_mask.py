@@ -207,8 +207,8 @@ def create_block_mask(block_mask, block_size: Union[int, Sequence[int]] = (64, 6
     ndim = len(keep.shape)
     shape = tuple(int(s) for s in keep.shape)
     if seq_lens is None:
-        sq = max(1, bx * shape[2]) if ndim == 4 and bx > 0 else 1
-        skv = max(1, by * shape[3]) if ndim == 4 and by > 0 else 1
+        sq = min(_lib.INT64_MAX, max(1, bx * shape[2])) if ndim == 4 and bx > 0 else 1
+        skv = min(_lib.INT64_MAX, max(1, by * shape[3])) if ndim == 4 and by > 0 else 1
     else:
         if not isinstance(seq_lens, (tuple, list)) or len(seq_lens) != 2:
             raise SpattnError(_lib.STATUS_INVALID_VALUE, f"seq_lens: expected (Sq, Skv), got {seq_lens!r}")
