@@ -61,6 +61,11 @@ __device__ float block_sum(float x, float *red) {
 
 constexpr int kThreads = 128;
 
+// Score arrays in shared memory are padded to whole 16-byte groups: the compiler reads them with
+// vector loads (LDS.96/128) and an array ending inside a group was read past its end
+// (compute-sanitizer memcheck, Skv = 333: issue 16 defect 10).
+__host__ __device__ inline int pad4(int n) { return (n + 3) & ~3; }
+
 // Scores of query row (b, n, i) into sp[] (-inf where masked); returns the row max.
 __device__ float row_scores(const RefP &p, int b, int n, int i, float *sp, float *red) {
     const int hk = n / p.G;
@@ -104,7 +109,7 @@ __global__ void ref_fwd_kernel(RefP p, float *o, float *lse) {
 // Per query row: LSE, P, dP, Delta = sum_j P dP, dS, dQ.  Saves LSE and Delta for the key pass.
 __global__ void ref_dq_kernel(RefP p, float *dq, float *lse_out, float *delta_out) {
     extern __shared__ float sp[];  // P [Skv], then dP [Skv]
-    float *sdp = sp + p.Skv;
+    float *sdp = sp + pad4(p.Skv);
     __shared__ float red[4];
     const int i = blockIdx.x, n = blockIdx.y, b = blockIdx.z, hk = n / p.G;
     const long long row = ((long long)b * p.N + n) * p.Sq + i;
@@ -148,7 +153,7 @@ __global__ void ref_dq_kernel(RefP p, float *dq, float *lse_out, float *delta_ou
 // sum of dS Q.
 __global__ void ref_dkdv_kernel(RefP p, const float *lse, const float *delta, float *dk, float *dv) {
     extern __shared__ float sp[];  // P [Sq], then dS [Sq]
-    float *sds = sp + p.Sq;
+    float *sds = sp + pad4(p.Sq);
     const int j = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
     const long long krow = ((long long)b * p.Nkv + hk) * p.Skv + j;
     float accv[2] = {0.f, 0.f}, acck[2] = {0.f, 0.f};  // D <= 256 = 2 * kThreads
@@ -235,7 +240,7 @@ extern "C" spattn_status spattn_cuda_ref_bsa_fwd(const spattn_bsa_problem *pb, c
                                                  float *lse) {
     cudaStream_t st = (cudaStream_t)ex->stream;
     RefP p = make(pb);
-    const size_t smem = (size_t)p.Skv * sizeof(float);
+    const size_t smem = (size_t)pad4(p.Skv) * sizeof(float);
     if (smem > kMaxSmem)
         return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED, "bsa cuda ref: Skv=%d exceeds the reference's limit %zu",
                                 p.Skv, kMaxSmem / sizeof(float));
@@ -251,7 +256,7 @@ extern "C" spattn_status spattn_cuda_ref_bsa_bwd(const spattn_bsa_problem *pb, c
                                                  float *dk, float *dv) {
     cudaStream_t st = (cudaStream_t)ex->stream;
     RefP p = make(pb);
-    const size_t smem_q = 2 * (size_t)p.Skv * sizeof(float), smem_k = 2 * (size_t)p.Sq * sizeof(float);
+    const size_t smem_q = 2 * (size_t)pad4(p.Skv) * sizeof(float), smem_k = 2 * (size_t)pad4(p.Sq) * sizeof(float);
     if (smem_q > kMaxSmem || smem_k > kMaxSmem)
         return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
                                 "bsa cuda ref: Sq=%d / Skv=%d exceed the reference's backward limit %zu", p.Sq,
