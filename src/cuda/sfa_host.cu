@@ -16,12 +16,17 @@ extern "C" cudaError_t spattn_sfa_fast_bwd_launch(const sfa::Params *p, int is_b
 
 namespace {
 
+// A failed call is cleared from the runtime's last-error slot (so the next call does not see it)
+// and an allocation failure is reported as SPATTN_STATUS_OUT_OF_MEMORY.
 #define CU_TRY(expr)                                                                            \
     do {                                                                                        \
         cudaError_t e_ = (expr);                                                                \
-        if (e_ != cudaSuccess)                                                                  \
-            return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "sfa cuda: %s failed: %s", #expr, \
-                                    cudaGetErrorString(e_));                                    \
+        if (e_ != cudaSuccess) {                                                                \
+            cudaGetLastError();                                                                 \
+            return spattn_set_error(e_ == cudaErrorMemoryAllocation ? SPATTN_STATUS_OUT_OF_MEMORY \
+                                                                    : SPATTN_STATUS_CUDA_ERROR, \
+                                    "sfa cuda: %s failed: %s", #expr, cudaGetErrorString(e_));  \
+        }                                                                                       \
     } while (0)
 
 // ---- index check ------------------------------------------------------------------------------
