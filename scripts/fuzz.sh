@@ -7,7 +7,8 @@
 #      inputs included), then fuzzes for SPATTN_FUZZ_SECONDS (default 30) from it.  A crash,
 #      a sanitizer report, a leak, a timeout (20 s per input) or a failed oracle fails the run;
 #      the input is left in build-fuzz/tests/fuzz/crash_<harness>_*.
-# Usage: scripts/fuzz.sh   (SPATTN_FUZZ_SECONDS=0 skips the stage)
+# Usage: scripts/fuzz.sh   (SPATTN_FUZZ_SECONDS=0 skips the stage; SPATTN_FUZZ_SEED: libFuzzer
+#        seed, default 1 so that CI is reproducible, 0 = random for exploration)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${SPATTN_FUZZ_SECONDS:-30}
@@ -41,6 +42,6 @@ fi
 
 echo "fuzz: $(clang --version | head -1); ${secs} s per harness"
 CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DSPATTN_CUDA=OFF -DSPATTN_FUZZ=ON \
-  -DSPATTN_FUZZ_SECONDS="$secs" >/dev/null
+  -DSPATTN_FUZZ_SECONDS="$secs" -DSPATTN_FUZZ_SEED="${SPATTN_FUZZ_SEED:-1}" >/dev/null
 cmake --build build-fuzz -j"$jobs" --target fuzz_api fuzz_api_more fuzz_cases fuzz_json
 ctest --test-dir build-fuzz -R '^fuzz_' --output-on-failure -j"$jobs"

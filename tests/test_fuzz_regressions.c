@@ -142,7 +142,33 @@ static void fuzz_api_more_varlen_huge_block(void) {
              "varlen workspace, huge blocks: status %d, %zu bytes", st, bytes);
 }
 
+/* fuzz_api (found by the CI fuzzing stage): a view whose lowest byte offset is exactly
+ * INT64_MIN (fp32, stride -2^61 on a dimension of 2) negated that offset in the
+ * address-space check (undefined behaviour); now BAD_STRIDE, nothing written. */
+static void fuzz_api_stride_int64_min(void) {
+    tiny_bsa p;
+    tiny_bsa_init(&p);
+    int64_t sh[4] = {2, 1, 8, 8}, st[4] = {-((int64_t)1 << 61), 64, 8, 1};
+    spattn_tensor q = spattn_tensor_make(p.q, SPATTN_DTYPE_F32, 4, sh, st);
+    int64_t s2[4] = {2, 1, 8, 8}, m2[4] = {2, 1, 1, 1};
+    uint8_t mask[2] = {1, 1};
+    spattn_tensor m = spattn_tensor_make(mask, SPATTN_DTYPE_U8, 4, m2, NULL);
+    float k[128] = {0}, o[128], lse[16];
+    for (int i = 0; i < 128; i++) o[i] = 42.0f;
+    spattn_tensor kk = spattn_tensor_make(k, SPATTN_DTYPE_F32, 4, s2, NULL);
+    spattn_tensor to = spattn_tensor_make(o, SPATTN_DTYPE_F32, 4, s2, NULL);
+    int64_t l3[3] = {2, 1, 8};
+    spattn_tensor tl = spattn_tensor_make(lse, SPATTN_DTYPE_F32, 3, l3, NULL);
+    spattn_status s = spattn_bsa_fwd(&q, &kk, &kk, &m, 8, 8, 0.0, &to, &tl);
+    TU_CHECK(s == SPATTN_STATUS_BAD_STRIDE, "stride reaching INT64_MIN bytes: status %d (%s)", s,
+             spattn_last_error());
+    int untouched = 1;
+    for (int i = 0; i < 128; i++) untouched &= o[i] == 42.0f;
+    TU_CHECK(untouched, "nothing written");
+}
+
 int main(void) {
+    fuzz_api_stride_int64_min();
     fuzz_api_more_varlen_huge_block();
     fuzz_api_num_threads_limit();
     fuzz_api_tensor_make_stride_overflow();

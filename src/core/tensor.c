@@ -132,7 +132,8 @@ spattn_status spattn_check_strides(const char *name, const spattn_tensor *t) {
                                 "%s: strides overflow 64-bit offsets (shape and strides describe "
                                 "more than 2^63 bytes)", name);
     uintptr_t base = (uintptr_t)t->data;
-    if ((blo < 0 && (uintptr_t)(-blo) > base) || (uintptr_t)bhi > UINTPTR_MAX - base)
+    /* the magnitude of blo in unsigned arithmetic: -blo overflows for INT64_MIN */
+    if ((blo < 0 && (uintptr_t)0 - (uintptr_t)blo > base) || (uintptr_t)bhi > UINTPTR_MAX - base)
         return spattn_set_error(SPATTN_STATUS_BAD_STRIDE,
                                 "%s: strides reach outside the address space from data=%p", name,
                                 t->data);
