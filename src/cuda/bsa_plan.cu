@@ -28,8 +28,22 @@ spattn_status fail(cudaError_t e, const char *what) {
 
 }  // namespace
 
+static spattn_status plan_make(spattn_bsa_plan *pl, const spattn_tensor *mask, const spattn_exec *ex);
+
+// The plan's memory and schedules live on the mask's device: that device is made current for
+// the build and the caller's current device restored afterwards.
 extern "C" spattn_status spattn_cuda_bsa_plan_make(spattn_bsa_plan *pl, const spattn_tensor *mask,
                                                    const spattn_exec *ex) {
+    int prev = 0;
+    cudaError_t e = cudaGetDevice(&prev);
+    if (e == cudaSuccess && prev != mask->device_id) e = cudaSetDevice(mask->device_id);
+    if (e != cudaSuccess) return fail(e, "selecting the mask's device");
+    const spattn_status s = plan_make(pl, mask, ex);
+    if (prev != mask->device_id) cudaSetDevice(prev);
+    return s;
+}
+
+static spattn_status plan_make(spattn_bsa_plan *pl, const spattn_tensor *mask, const spattn_exec *ex) {
     cudaStream_t st = (cudaStream_t)ex->stream;
     bsa_params p = {};
     p.B = (int)pl->B;
