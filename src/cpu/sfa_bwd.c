@@ -47,7 +47,7 @@ static void bwd_varlen(const sfa_plan *pl, const sfa_kernels *kn, char *ws, size
 #pragma omp parallel num_threads(pl->nt)
     {
         char *tb = ws + (size_t)omp_get_thread_num() * tbytes;
-        memset(tb + sfa_thread_layout_of(pl, 1).mark, 0, (size_t)p->S2); /* duplicate marks */
+        memset(tb + sfa_thread_layout_of(pl, 1).mark, 0, (size_t)pl->nmark); /* duplicate marks */
 #pragma omp for schedule(static)
         for (int64_t c = 0; c < nacc; c += 4096)
             memset(dkacc + c, 0, (size_t)(nacc - c < 4096 ? nacc - c : 4096) * sizeof(float));
@@ -113,7 +113,7 @@ spattn_status spattn_cpu_sfa_bwd(const spattn_sfa_problem *p, const spattn_exec 
 #pragma omp parallel num_threads(pl.nt)
     {
         char *tb = ws + (size_t)omp_get_thread_num() * tbytes;
-        memset(tb + sfa_thread_layout_of(&pl, 1).mark, 0, (size_t)S2); /* duplicate marks */
+        memset(tb + sfa_thread_layout_of(&pl, 1).mark, 0, (size_t)pl.nmark); /* duplicate marks */
 #pragma omp for schedule(static)
         for (int64_t c = 0; c < nacc; c += 4096)
             memset(dkacc + c, 0, (size_t)(nacc - c < 4096 ? nacc - c : 4096) * sizeof(float));

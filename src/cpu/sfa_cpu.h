@@ -44,6 +44,10 @@ typedef struct sfa_plan {
     int64_t nch;    /* chunks per row: ceil(K / E) */
     int64_t kc;     /* most expanded keys of one chunk: min(E, K) * min(sbs, S2) */
     int64_t ncol;   /* scatter units per kv group */
+    int64_t nmark;  /* bytes of the backward's per-thread duplicate marks, one per key position
+                       of one sequence: S2, or varlen min(max_seqlen_kv, Tkv) (a sequence's keys
+                       are < its length <= Tkv: packed rows, or pages it uses once each), so a
+                       generous max_seqlen_kv costs no memory */
 } sfa_plan;
 
 /* Per-thread buffers (floats unless noted), offsets in bytes from the thread's base. */

@@ -51,6 +51,7 @@ void sfa_plan_init(sfa_plan *pl, const spattn_sfa_problem *p, int backward, int 
         if (T < SFA_TMIN) T = SFA_TMIN;
         if (T > p->S1) T = p->S1;
         pl->T = T;
+        pl->nmark = p->seqs && p->seqs->Tkv < p->S2 ? p->seqs->Tkv : p->S2;
         pl->ncol = (pl->Dp + SFA_CW - 1) / SFA_CW + (pl->Drp + SFA_CW - 1) / SFA_CW +
                    (p->shared_kv ? 0 : (pl->Dp + SFA_CW - 1) / SFA_CW);
     }
@@ -74,7 +75,7 @@ sfa_thread_layout sfa_thread_layout_of(const sfa_plan *pl, int backward) {
     if (!backward) TAKE(row, (size_t)pl->Dqp * f); /* one q row before it is transposed */
     if (!backward) TAKE(ml, (size_t)(4 * pl->Gp) * f);
     if (!backward) TAKE(keys, (size_t)pl->kmax * sizeof(int64_t));
-    if (backward) TAKE(mark, (size_t)p->S2);
+    if (backward) TAKE(mark, (size_t)pl->nmark);
 #undef TAKE
     L.total = off;
     return L;
