@@ -182,7 +182,9 @@ static void mutate(call *c, fz_in *in) {
         case 3: f->t.device_id = (int32_t)fz_i64(in); break;
         case 4: f->t.shape[d] = fz_i64(in); break;
         case 5: f->t.strides[d] = fz_i64(in); break;
-        case 6: f->t.shape[d] += fz_range(in, 5) - 2; break;
+        case 6: /* +-2 with wrap-around in unsigned arithmetic (no signed overflow near INT64_MAX) */
+            f->t.shape[d] = (int64_t)((uint64_t)f->t.shape[d] + (uint64_t)(int64_t)(fz_range(in, 5) - 2));
+            break;
         case 7: {
             int o = fz_range(in, c->nt);
             while (c->ts[o].share >= 0) o = c->ts[o].share;
