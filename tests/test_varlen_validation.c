@@ -85,31 +85,35 @@ enum { OP_BSA_FWD, OP_BSA_BWD, OP_BSA_FWD_PAGED, OP_SFA_FWD, OP_SFA_BWD, OP_SFA_
 static const char *const op_name[OP_N] = {"bsa_fwd", "bsa_bwd", "bsa_fwd paged", "sfa_fwd",
                                           "sfa_bwd", "sfa_fwd paged", "sfa_bwd paged"};
 
+/* The softmax scale every op is called with (0 = the default); one check sets it to a value
+ * beyond fp32. */
+static double g_scale = 0.0;
+
 static spattn_status run_op(fx *f, int op, const spattn_varlen *vl) {
     spattn_varlen pv = *vl;
     if (!pv.block_table) pv.block_table = &f->tt;
     switch (op) {
     case OP_BSA_FWD:
-        return spattn_bsa_fwd_varlen(&f->q.t, &f->k.t, &f->v.t, &f->m.t, BX, BY, 0.0, vl, &f->o.t, &f->lse.t, NULL);
+        return spattn_bsa_fwd_varlen(&f->q.t, &f->k.t, &f->v.t, &f->m.t, BX, BY, g_scale, vl, &f->o.t, &f->lse.t, NULL);
     case OP_BSA_BWD:
         return spattn_bsa_bwd_varlen(&f->q.t, &f->k.t, &f->v.t, &f->q.t, &f->q.t, &f->lse.t, &f->m.t, BX, BY,
-                                     0.0, vl, &f->dq.t, &f->dk.t, &f->dv.t, NULL);
+                                     g_scale, vl, &f->dq.t, &f->dk.t, &f->dv.t, NULL);
     case OP_BSA_FWD_PAGED:
-        return spattn_bsa_fwd_varlen(&f->q.t, &f->kp.t, &f->vp.t, &f->m.t, BX, BY, 0.0, &pv, &f->o.t,
+        return spattn_bsa_fwd_varlen(&f->q.t, &f->kp.t, &f->vp.t, &f->m.t, BX, BY, g_scale, &pv, &f->o.t,
                                      &f->lse.t, NULL);
     case OP_SFA_FWD:
-        return spattn_sfa_fwd_varlen(&f->q.t, NULL, &f->k.t, NULL, NULL, &f->idx.t, 1, 3, 0.0, vl,
+        return spattn_sfa_fwd_varlen(&f->q.t, NULL, &f->k.t, NULL, NULL, &f->idx.t, 1, 3, g_scale, vl,
                                      &f->o_sfa.t, &f->lse_sfa.t, NULL);
     case OP_SFA_BWD:
         return spattn_sfa_bwd_varlen(&f->q.t, NULL, &f->k.t, NULL, NULL, &f->q.t, &f->q.t, &f->lse.t,
-                                     &f->idx.t, 1, 3, 0.0, vl, &f->dq_sfa.t, NULL, &f->dk_sfa.t, NULL,
+                                     &f->idx.t, 1, 3, g_scale, vl, &f->dq_sfa.t, NULL, &f->dk_sfa.t, NULL,
                                      NULL, NULL);
     case OP_SFA_FWD_PAGED:
-        return spattn_sfa_fwd_varlen(&f->q.t, NULL, &f->kp.t, NULL, &f->vp.t, &f->idx.t, 1, 0, 0.0,
+        return spattn_sfa_fwd_varlen(&f->q.t, NULL, &f->kp.t, NULL, &f->vp.t, &f->idx.t, 1, 0, g_scale,
                                      &pv, &f->o_sfa.t, &f->lse_sfa.t, NULL);
     default:
         return spattn_sfa_bwd_varlen(&f->q.t, NULL, &f->kp.t, NULL, NULL, &f->q.t, &f->q.t,
-                                     &f->lse.t, &f->idx.t, 1, 0, 0.0, &pv, &f->dq_sfa.t, NULL,
+                                     &f->lse.t, &f->idx.t, 1, 0, g_scale, &pv, &f->dq_sfa.t, NULL,
                                      &f->dkp_sfa.t, NULL, NULL, NULL);
     }
 }
@@ -166,6 +170,8 @@ int main(void) {
         EXPECT(op, SPATTN_STATUS_BAD_SHAPE, "cu_seqlens_kv", f.ck.shape[0] = B);
         EXPECT(op, SPATTN_STATUS_INVALID_VALUE, "max_seqlen_q", vl.max_seqlen_q = 0);
         EXPECT(op, SPATTN_STATUS_INVALID_VALUE, "reserved", vl.reserved[2] = 1);
+        EXPECT(op, SPATTN_STATUS_INVALID_VALUE, "scale", g_scale = 1e39); /* finite, not in fp32 */
+        g_scale = 0.0;
         EXPECT(op, SPATTN_STATUS_BAD_INDEX, "[0] must be 0", f.cuq[0] = 1);
         EXPECT(op, SPATTN_STATUS_BAD_INDEX, "non-decreasing", f.cuq[2] = 4);
         EXPECT(op, SPATTN_STATUS_BAD_INDEX, "max_seqlen_kv", f.cuk[1] = 11; f.cuk[2] = 14; f.cuk[3] = 14);

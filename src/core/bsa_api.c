@@ -22,10 +22,7 @@ static spattn_status check_inputs(const spattn_tensor *q, const spattn_tensor *k
     TRY(spattn_check_present("block_mask", mask));
     if (bx <= 0) return spattn_set_error(SPATTN_STATUS_INVALID_VALUE, "bx: must be >= 1, got %lld", (long long)bx);
     if (by <= 0) return spattn_set_error(SPATTN_STATUS_INVALID_VALUE, "by: must be >= 1, got %lld", (long long)by);
-    if (!(fabs(scale) <= FLT_MAX)) /* also NaN; the kernels compute in fp32 */
-        return spattn_set_error(SPATTN_STATUS_INVALID_VALUE,
-                                "scale: must be finite in fp32 (|scale| <= %g; 0 = 1/sqrt(D)), got %g",
-                                (double)FLT_MAX, scale);
+    TRY(spattn_check_scale(scale, "1/sqrt(D)"));
     TRY(spattn_check_ndim("q", q, 4, "[B, N, Sq, D]"));
     TRY(spattn_check_ndim("k", k, 4, "[B, Nkv, Skv, D]"));
     TRY(spattn_check_ndim("v", v, 4, "[B, Nkv, Skv, D]"));

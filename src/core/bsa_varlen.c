@@ -24,8 +24,7 @@ static spattn_status check_inputs(const spattn_tensor *q, const spattn_tensor *k
     if (!vl) return spattn_set_error(SPATTN_STATUS_NULL_POINTER, "vl: varlen descriptor is NULL");
     if (bx <= 0) return spattn_set_error(SPATTN_STATUS_INVALID_VALUE, "bx: must be >= 1, got %lld", (long long)bx);
     if (by <= 0) return spattn_set_error(SPATTN_STATUS_INVALID_VALUE, "by: must be >= 1, got %lld", (long long)by);
-    if (!isfinite(scale))
-        return spattn_set_error(SPATTN_STATUS_INVALID_VALUE, "scale: must be finite (0 = 1/sqrt(D)), got %g", scale);
+    TRY(spattn_check_scale(scale, "1/sqrt(D)"));
     const int paged = vl->block_table != NULL;
     TRY(spattn_check_ndim("q", q, 3, "[Tq, N, D]"));
     const char *kl = paged ? "[num_pages, page_size, Nkv, D]" : "[Tkv, Nkv, D]";

@@ -43,6 +43,10 @@ spattn_status spattn_check_aliasing(const char *const *out_names, const spattn_t
 /* 1 when the memory of a and b may overlap (conservative), else 0. */
 int spattn_tensors_overlap(const spattn_tensor *a, const spattn_tensor *b);
 
+/* The softmax scale: finite in fp32 (|scale| <= FLT_MAX; NaN rejected), 0 meaning the default
+ * `dflt` names in the message ("1/sqrt(D)"). */
+spattn_status spattn_check_scale(double scale, const char *dflt);
+
 /* A caller-provided workspace (ex->workspace != NULL) holds at least `need` bytes. */
 spattn_status spattn_check_workspace(const spattn_exec *ex, size_t need);
 

@@ -45,10 +45,7 @@ static spattn_status check_inputs(const spattn_tensor *q, const spattn_tensor *q
     if (mode != SPATTN_SFA_MODE_NONE && mode != SPATTN_SFA_MODE_CAUSAL)
         return spattn_set_error(SPATTN_STATUS_INVALID_VALUE,
                                 "mode: must be 0 (none) or 3 (right-down causal), got %d", mode);
-    if (!(fabs(scale) <= FLT_MAX)) /* also NaN; the kernels compute in fp32 */
-        return spattn_set_error(SPATTN_STATUS_INVALID_VALUE,
-                                "scale: must be finite in fp32 (|scale| <= %g; 0 = 1/sqrt(D+Dr)), got %g",
-                                (double)FLT_MAX, scale);
+    TRY(spattn_check_scale(scale, "1/sqrt(D+Dr)"));
     TRY(spattn_check_ndim("q", q, 4, "[B, S1, N1, D]"));
     if (!spattn_is_float_dtype(q->dtype))
         return spattn_set_error(SPATTN_STATUS_BAD_DTYPE,

@@ -65,9 +65,7 @@ static spattn_status check_inputs(const spattn_tensor *q, const spattn_tensor *q
     if (mode != SPATTN_SFA_MODE_NONE && mode != SPATTN_SFA_MODE_CAUSAL)
         return spattn_set_error(SPATTN_STATUS_INVALID_VALUE,
                                 "mode: must be 0 (none) or 3 (right-down causal), got %d", mode);
-    if (!isfinite(scale))
-        return spattn_set_error(SPATTN_STATUS_INVALID_VALUE,
-                                "scale: must be finite (0 = 1/sqrt(D+Dr)), got %g", scale);
+    TRY(spattn_check_scale(scale, "1/sqrt(D+Dr)"));
     TRY(spattn_check_ndim("q", q, 3, "[Tq, N1, D]"));
     if (!spattn_is_float_dtype(q->dtype))
         return spattn_set_error(SPATTN_STATUS_BAD_DTYPE, "q: dtype must be fp16, bf16 or fp32, got %s (%d)",

@@ -1,5 +1,7 @@
 /* Tensor descriptor helpers and the shared argument checks (see check.h). */
+#include <float.h>
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -344,5 +346,13 @@ spattn_status spattn_resolve_exec(const spattn_options *opt, const spattn_tensor
     ex->workspace = opt->workspace;
     ex->workspace_size = opt->workspace_size;
     ex->deterministic = opt->deterministic;
+    return SPATTN_STATUS_SUCCESS;
+}
+
+spattn_status spattn_check_scale(double scale, const char *dflt) {
+    if (!(fabs(scale) <= FLT_MAX)) /* also NaN; the kernels compute in fp32 */
+        return spattn_set_error(SPATTN_STATUS_INVALID_VALUE,
+                                "scale: must be finite in fp32 (|scale| <= %g; 0 = %s), got %g",
+                                (double)FLT_MAX, dflt, scale);
     return SPATTN_STATUS_SUCCESS;
 }
