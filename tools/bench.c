@@ -1,7 +1,9 @@
 /*
  * `spattn bench`: median / min / max time and TFLOP/s of every selected case and pass, our
  * results beside peers' (--compare FILE, same JSON schema: docs/cli.md) with per-case ratios
- * and their geometric mean, and an SVG bar chart (--svg FILE).
+ * and their geometric mean, and an SVG bar chart (--svg FILE).  With a reused bsa plan (the
+ * default) each pass is checked bit for bit against a plain call; --dump DIR writes each
+ * case's mask / indices for the peer scripts (bench_dump.c).
  */
 #include <errno.h>
 #include <math.h>
@@ -9,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_dump.h"
 #include "cli.h"
 #include "json.h"
 #include "report.h"
@@ -21,6 +24,7 @@ typedef struct bres {
     int op, pass;
     double median_ms, min_ms, max_ms, flops, tflops;
     int ok;
+    int plan_same; /* -1 not checked (no plan), 1 plan outputs == plain call's bits, 0 not */
     char msg[512];
     const sp_case *c;
 } bres;
@@ -43,7 +47,8 @@ static double median(double *v, int n) {
 
 static const char *pass_str(int pass) { return pass == SP_PASS_FWD ? "fwd" : "bwd"; }
 
-/* Runs the benchmarks; returns the number of failed runs, or -1 on a usage error. */
+/* Runs the benchmarks; returns the number of failed runs, -1 when out of memory, -2 when a
+ * --dump file could not be written (message printed). */
 static int run_all(sp_opts *o, const sp_case_list *cases, bset *ours) {
     int npass = (o->passes & SP_PASS_FWD ? 1 : 0) + (o->passes & SP_PASS_BWD ? 1 : 0);
     ours->v = calloc((size_t)(cases->n * npass), sizeof *ours->v);
@@ -69,6 +74,13 @@ static int run_all(sp_opts *o, const sp_case_list *cases, bset *ours) {
         char err[512];
         int have_in = sp_inputs_make(c, &in, err, sizeof err) == 0;
         double pairs = have_in ? sp_pairs(c, &in) : 0.0;
+        if (have_in && o->dump_dir && sp_dump_case(o->dump_dir, o, c, &in, pairs, err, sizeof err)) {
+            sp_progress_end(&prog);
+            fprintf(stderr, "spattn: %s\n", err);
+            sp_inputs_free(&in);
+            free(ms);
+            return -2;
+        }
         for (int pass = SP_PASS_FWD; pass <= SP_PASS_BWD; pass++) {
             if (!(o->passes & pass)) continue;
             bres *r = &ours->v[ours->n++];
@@ -77,14 +89,15 @@ static int run_all(sp_opts *o, const sp_case_list *cases, bset *ours) {
             r->op = c->op;
             r->pass = pass;
             r->flops = sp_flops(c, pairs, pass == SP_PASS_BWD);
+            r->plan_same = -1;
             int status = 0;
             if (!have_in) {
                 snprintf(r->msg, sizeof r->msg, "%s", err);
             } else if ((o->backend == SPATTN_BACKEND_CUDA
                             ? sp_bench_cuda(c, &in, pass, o->warmup, o->repeats, !o->plan_per_call,
-                                            ms, &status, r->msg, sizeof r->msg)
+                                            ms, &r->plan_same, &status, r->msg, sizeof r->msg)
                             : sp_bench_cpu(c, &in, pass, o->warmup, o->repeats, o->threads,
-                                           !o->plan_per_call, ms, &status, r->msg,
+                                           !o->plan_per_call, ms, &r->plan_same, &status, r->msg,
                                            sizeof r->msg)) == 0) {
                 r->ok = 1;
                 r->median_ms = median(ms, o->repeats);
@@ -96,6 +109,12 @@ static int run_all(sp_opts *o, const sp_case_list *cases, bset *ours) {
                 failed++;
                 sp_progress_end(&prog);
                 fprintf(stderr, "spattn: %s:%d: case %s: %s\n", c->file, c->line, c->name, r->msg);
+            } else if (r->plan_same == 0) {
+                /* timed fine, but the plan broke its promise: a failed case */
+                failed++;
+                sp_progress_end(&prog);
+                fprintf(stderr, "spattn: %s:%d: case %s %s: plan outputs differ from the plain "
+                        "call's (bitwise)\n", c->file, c->line, c->name, pass_str(pass));
             }
             sp_progress_done(&prog, r->flops);
         }
@@ -148,6 +167,8 @@ static int load_set(const char *path, bset *s) {
         r->tflops = sp_jv_num(e, "tflops", NAN);
         r->flops = sp_jv_num(e, "flops", NAN);
         r->ok = isfinite(r->median_ms) || isfinite(r->tflops);
+        const sp_jv *pb = sp_jv_get(e, "plan_bitwise");
+        r->plan_same = pb && pb->type == SP_JBOOL ? (int)pb->num : -1;
         const char *op = sp_jv_str(e, "op");
         r->op = op && !strcmp(op, "sfa") ? SP_OP_SFA : SP_OP_BSA;
     }
@@ -182,8 +203,9 @@ static void print_results(const bset *ours) {
             printf("%-26s %-4s ERROR %s\n", r->name, pass_str(r->pass), r->msg);
             continue;
         }
-        printf("%-26s %-4s %10.3f %10.3f %10.3f %9.4g %10.4g\n", r->name, pass_str(r->pass),
-               r->median_ms, r->min_ms, r->max_ms, r->tflops, r->flops / 1e9);
+        printf("%-26s %-4s %10.3f %10.3f %10.3f %9.4g %10.4g%s\n", r->name, pass_str(r->pass),
+               r->median_ms, r->min_ms, r->max_ms, r->tflops, r->flops / 1e9,
+               r->plan_same == 0 ? "  FAIL: plan != plain call" : "");
     }
 }
 
@@ -249,6 +271,8 @@ static int write_json(const sp_opts *o, const bset *ours) {
         }
         sp_jw_bool(&w, "ok", r->ok);
         if (!r->ok) sp_jw_str(&w, "error", r->msg);
+        /* bsa with a reused plan: its outputs equal a plain call's bit for bit */
+        if (r->plan_same >= 0) sp_jw_bool(&w, "plan_bitwise", r->plan_same);
         sp_jw_num(&w, "median_ms", r->ok ? r->median_ms : NAN);
         sp_jw_num(&w, "min_ms", r->ok ? r->min_ms : NAN);
         sp_jw_num(&w, "max_ms", r->ok ? r->max_ms : NAN);
@@ -329,6 +353,10 @@ int sp_cmd_bench(sp_opts *o) {
             rc = SP_EXIT_USAGE;
             goto done;
         }
+        if (o->dump_dir && sp_dump_prepare(o->dump_dir)) { /* before the run, not after it */
+            rc = SP_EXIT_USAGE;
+            goto done;
+        }
         char dev[512];
         sp_device_name(o, dev, sizeof dev);
         printf("spattn %s bench: %d case%s, backend %s, %s; warm-up %d, repeats %d (%s)\n",
@@ -343,7 +371,7 @@ int sp_cmd_bench(sp_opts *o) {
         fflush(stdout);
         int failed = run_all(o, &cases, &ours);
         if (failed < 0) {
-            fprintf(stderr, "spattn: out of memory\n");
+            if (failed == -1) fprintf(stderr, "spattn: out of memory\n");
             rc = SP_EXIT_USAGE;
             goto done;
         }

@@ -7,8 +7,41 @@
 #include "call.h"
 #include "run.h"
 
+/* The outputs of `pass` (fwd: O, LSE; bwd: dQ, dK, dV; O and LSE are then inputs, untouched). */
+static int pass_output(int pass, int b) {
+    return pass == SP_PASS_FWD ? (b == SP_B_O || b == SP_B_LSE)
+                               : (b == SP_B_DQ || b == SP_B_DK || b == SP_B_DV);
+}
+
+/* Keeps the plan's outputs of `pass`, reruns the pass through the plain entry point (plan
+ * detached) and compares bytes.  1 equal, 0 different, -1 with *st set when the plain call
+ * failed or memory ran out. */
+static int plan_same_cpu(const sp_case *c, sp_tensors *t, void *const buf[], const size_t bytes[],
+                         int pass, const spattn_options *opt, spattn_status *st) {
+    void *keep[SP_B_COUNT] = {0};
+    int same = -1;
+    *st = SPATTN_STATUS_OUT_OF_MEMORY;
+    for (int b = 0; b < SP_B_COUNT; b++) {
+        if (!pass_output(pass, b) || !bytes[b]) continue;
+        if (!(keep[b] = malloc(bytes[b]))) goto done;
+        memcpy(keep[b], buf[b], bytes[b]);
+    }
+    spattn_bsa_plan *plan = t->plan;
+    t->plan = NULL;
+    *st = pass == SP_PASS_FWD ? sp_call_fwd(c, t, opt) : sp_call_bwd(c, t, opt);
+    t->plan = plan;
+    if (*st != SPATTN_STATUS_SUCCESS) goto done;
+    same = 1;
+    for (int b = 0; b < SP_B_COUNT; b++)
+        if (keep[b] && memcmp(keep[b], buf[b], bytes[b])) same = 0;
+done:
+    for (int b = 0; b < SP_B_COUNT; b++) free(keep[b]);
+    return same;
+}
+
 int sp_bench_cpu(const sp_case *c, const sp_inputs *in, int pass, int warmup, int repeats,
-                 int threads, int reuse_plan, double *ms, int *status, char *msg, size_t msglen) {
+                 int threads, int reuse_plan, double *ms, int *plan_same, int *status, char *msg,
+                 size_t msglen) {
     sp_tensors t;
     memset(&t, 0, sizeof t);
     size_t bytes[SP_B_COUNT];
@@ -16,6 +49,7 @@ int sp_bench_cpu(const sp_case *c, const sp_inputs *in, int pass, int warmup, in
     void *buf[SP_B_COUNT] = {in->q, in->k, in->v, in->dout, in->mask, in->idx};
     int rc = -1;
     *status = 0;
+    *plan_same = -1;
     for (int b = SP_B_O; b < SP_B_COUNT; b++) {
         buf[b] = bytes[b] ? calloc(1, bytes[b]) : NULL;
         if (bytes[b] && !buf[b]) {
@@ -48,6 +82,17 @@ int sp_bench_cpu(const sp_case *c, const sp_inputs *in, int pass, int warmup, in
         *status = st;
         snprintf(msg, msglen, "%s: %s: %s", what, spattn_status_str(st), spattn_last_error());
         goto done;
+    }
+    if (t.plan) {
+        /* The plan's promise (include/spattn.h): outputs bitwise equal to a plain call's. */
+        int same = plan_same_cpu(c, &t, buf, bytes, pass, &opt, &st);
+        if (same < 0) {
+            *status = st;
+            snprintf(msg, msglen, "plain call to check the plan: %s: %s", spattn_status_str(st),
+                     st == SPATTN_STATUS_OUT_OF_MEMORY ? "out of memory" : spattn_last_error());
+            goto done;
+        }
+        *plan_same = same;
     }
     rc = 0;
 done:

@@ -39,6 +39,8 @@ typedef struct sp_opts {
     double perturb; /* verify self-test: added to our outputs before the comparison */
     int plan_per_call; /* bench, bsa: 0 = one plan per case reused by every timed call (default),
                           1 = the plain calls (schedules built and workspace allocated per call) */
+    const char *dump_dir; /* bench: each case's block mask / indices + a JSON header go here, so
+                             that peers (bench/peers/) time the very same sparsity (docs/cli.md) */
 } sp_opts;
 
 /* Loads the selected suites and applies filters and scaling.  Returns 0, or -1 with the

@@ -277,8 +277,63 @@ done:
     return rc;
 }
 
+/* Keeps the plan's outputs of `pass` (fwd: O, LSE; bwd: dQ, dK, dV), reruns the pass through
+ * the plain entry point (plan detached, library-allocated workspace) and compares the bytes on
+ * the host.  1 equal, 0 different, -1 with status/msg set. */
+static int plan_same_cuda(const sp_case *c, sp_tensors *t, void *const dbuf[], int pass,
+                          int *status, char *msg, size_t msglen) {
+    size_t bytes[SP_B_COUNT];
+    sp_buffer_sizes(c, bytes);
+    void *keep[SP_B_COUNT] = {0}, *now = NULL;
+    int same = -1;
+    for (int b = 0; b < SP_B_COUNT; b++) {
+        int out = pass == SP_PASS_FWD ? (b == SP_B_O || b == SP_B_LSE)
+                                      : (b == SP_B_DQ || b == SP_B_DK || b == SP_B_DV);
+        if (!out || !bytes[b]) continue;
+        if (!(keep[b] = malloc(bytes[b]))) {
+            *status = SPATTN_STATUS_OUT_OF_MEMORY;
+            snprintf(msg, msglen, "plan check: out of host memory");
+            goto done;
+        }
+        CK(cudaMemcpy(keep[b], dbuf[b], bytes[b], cudaMemcpyDeviceToHost));
+    }
+    spattn_options opt;
+    spattn_options_init(&opt);
+    opt.backend = SPATTN_BACKEND_CUDA;
+    spattn_bsa_plan *plan = t->plan;
+    t->plan = NULL;
+    spattn_status st = pass == SP_PASS_FWD ? sp_call_fwd(c, t, &opt) : sp_call_bwd(c, t, &opt);
+    t->plan = plan;
+    if (st != SPATTN_STATUS_SUCCESS) {
+        *status = st;
+        snprintf(msg, msglen, "plain call to check the plan: %s: %s", spattn_status_str(st),
+                 spattn_last_error());
+        goto done;
+    }
+    CK(cudaDeviceSynchronize());
+    same = 1;
+    for (int b = 0; b < SP_B_COUNT && same; b++) {
+        if (!keep[b]) continue;
+        free(now);
+        if (!(now = malloc(bytes[b]))) {
+            *status = SPATTN_STATUS_OUT_OF_MEMORY;
+            snprintf(msg, msglen, "plan check: out of host memory");
+            same = -1;
+            goto done;
+        }
+        CK(cudaMemcpy(now, dbuf[b], bytes[b], cudaMemcpyDeviceToHost));
+        if (memcmp(now, keep[b], bytes[b])) same = 0;
+    }
+done:
+    if (*status) same = -1;
+    free(now);
+    for (int b = 0; b < SP_B_COUNT; b++) free(keep[b]);
+    return same;
+}
+
 int sp_bench_cuda(const sp_case *c, const sp_inputs *in, int pass, int warmup, int repeats,
-                  int reuse_plan, double *ms_out, int *status, char *msg, size_t msglen) {
+                  int reuse_plan, double *ms_out, int *plan_same, int *status, char *msg,
+                  size_t msglen) {
     void *dbuf[SP_B_COUNT] = {0};
     void *flush = NULL, *ws = NULL;
     sp_tensors t;
@@ -286,6 +341,7 @@ int sp_bench_cuda(const sp_case *c, const sp_inputs *in, int pass, int warmup, i
     cudaEvent_t e0 = NULL, e1 = NULL;
     int rc = -1, dev = 0, l2 = 0;
     *status = 0;
+    *plan_same = -1;
     if (upload(c, in, dbuf, status, msg, msglen)) goto done;
     CK(cudaGetDevice(&dev));
     CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
@@ -333,6 +389,8 @@ int sp_bench_cuda(const sp_case *c, const sp_inputs *in, int pass, int warmup, i
         snprintf(msg, msglen, "%s: %s: %s", what, spattn_status_str(st), spattn_last_error());
         goto done;
     }
+    if (t.plan && (*plan_same = plan_same_cuda(c, &t, dbuf, pass, status, msg, msglen)) < 0)
+        goto done;
     rc = 0;
 done:
     if (e0) cudaEventDestroy(e0);
@@ -363,8 +421,10 @@ int sp_verify_cuda(const sp_case *c, const sp_inputs *in, int passes, sp_verify_
 }
 
 int sp_bench_cuda(const sp_case *c, const sp_inputs *in, int pass, int warmup, int repeats,
-                  int reuse_plan, double *ms, int *status, char *msg, size_t msglen) {
+                  int reuse_plan, double *ms, int *plan_same, int *status, char *msg,
+                  size_t msglen) {
     (void)reuse_plan;
+    *plan_same = -1;
     (void)c;
     (void)in;
     (void)pass;

@@ -50,7 +50,11 @@ static void usage(FILE *f) {
 "  --load FILE         take our results from a bench JSON instead of running\n"
 "  --plan reuse|call   bsa: one spattn_bsa_plan per case reused by every timed call\n"
 "                      (default; the kernels alone) or the plain calls (schedules built and\n"
-"                      workspace allocated in every call)\n",
+"                      workspace allocated in every call); with reuse, each case's plan\n"
+"                      outputs must equal a plain call's bit for bit (else exit 1)\n"
+"  --dump DIR          write each case's block mask (bsa) or indices (sfa) and a JSON header\n"
+"                      to DIR (created if missing) for peers to time the same sparsity\n"
+"                      (bench/peers/; format: docs/cli.md)\n",
             SP_CPU_DEFAULT_SCALE);
 }
 
@@ -125,7 +129,7 @@ int main(int argc, char **argv) {
         static const char *const kWithValue[] = {
             "--suite", "--cases-dir", "--case", "--op", "--pass", "--dtype", "--backend", "--scale",
             "--threads", "--repeats", "--warmup", "--json", "--compare", "--svg", "--load",
-            "--perturb", "--plan"};
+            "--perturb", "--plan", "--dump"};
         int known = 0;
         for (size_t k = 0; k < sizeof kWithValue / sizeof kWithValue[0]; k++)
             known |= !strcmp(name, kWithValue[k]);
@@ -202,6 +206,8 @@ int main(int argc, char **argv) {
                 return bad("--plan: expected reuse or call, got '%s'%s", val, "");
             o.plan_per_call = !strcmp(val, "call");
             seen_plan = 1;
+        } else if (!strcmp(name, "--dump")) {
+            o.dump_dir = val;
         }
     }
     if (strcmp(cmd, "verify") && o.perturb != 0.0)
@@ -212,6 +218,8 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "bench") && seen_timing)
         return bad("--repeats and --warmup belong to 'spattn bench'%s%s", "", "");
     if (strcmp(cmd, "bench") && seen_plan) return bad("--plan belongs to 'spattn bench'%s%s", "", "");
+    if (o.dump_dir && (strcmp(cmd, "bench") || o.load_path))
+        return bad("--dump belongs to 'spattn bench' without --load%s%s", "", "");
     if (!strcmp(cmd, "list") && o.json_path)
         return bad("--json belongs to 'spattn verify' and 'spattn bench'%s%s", "", "");
     /* output files are checked before the run, not after it (results would be lost); "a"

@@ -45,11 +45,15 @@ void sp_verify_out_free(sp_verify_out *out);
 /* Benchmark one pass (SP_PASS_FWD or SP_PASS_BWD) of a case: `warmup` untimed calls, then
  * `repeats` timed ones into ms[].  The backward gets O and LSE from one forward first.
  * Returns 0, or -1 with status/msg filled. */
-/* reuse_plan (bsa): one spattn_bsa_plan made before the calls and used by all of them. */
+/* reuse_plan (bsa): one spattn_bsa_plan made before the calls and used by all of them; after
+ * the timed calls the pass runs once more through the plain entry point and *plan_same says
+ * whether the outputs matched bit for bit (1) or not (0); -1 when no plan was used. */
 int sp_bench_cpu(const sp_case *c, const sp_inputs *in, int pass, int warmup, int repeats,
-                 int threads, int reuse_plan, double *ms, int *status, char *msg, size_t msglen);
+                 int threads, int reuse_plan, double *ms, int *plan_same, int *status, char *msg,
+                 size_t msglen);
 int sp_bench_cuda(const sp_case *c, const sp_inputs *in, int pass, int warmup, int repeats,
-                  int reuse_plan, double *ms, int *status, char *msg, size_t msglen);
+                  int reuse_plan, double *ms, int *plan_same, int *status, char *msg,
+                  size_t msglen);
 /* Name of the GPU (CUDA builds with a device) into buf; 0 on success. */
 int sp_cuda_device_name(char *buf, size_t n);
 
