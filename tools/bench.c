@@ -378,6 +378,13 @@ int sp_cmd_bench(sp_opts *o) {
         if (failed) rc = SP_EXIT_FAIL;
     }
     print_results(&ours);
+    int nplan = 0, nsame = 0;
+    for (int i = 0; i < ours.n; i++) {
+        nplan += ours.v[i].plan_same >= 0;
+        nsame += ours.v[i].plan_same == 1;
+    }
+    if (nplan)
+        printf("bsa plan reused: %d/%d case-passes bitwise equal to the plain calls\n", nsame, nplan);
     if (np) print_compare(&ours, peers, np);
     if (o->json_path && !o->load_path && write_json(o, &ours)) rc = SP_EXIT_USAGE;
     if (o->svg_path && write_svg(o, &ours, peers, np)) rc = SP_EXIT_USAGE;

@@ -95,3 +95,24 @@ cli_test(cli_bench_plan_call 0
   CHECK_KIND bench CHECK_FILE ${out}/bench_plan_call.json)
 cli_test(cli_plan_bad_value 2 "bench@--plan@sometimes" MATCH "--plan: expected reuse or call")
 cli_test(cli_plan_not_bench 2 "verify@--plan@call" MATCH "--plan belongs to 'spattn bench'")
+# bench --dump (issue 16, deliverable 7): every case's mask / indices and a JSON header for the
+# peer scripts; the reused plans are checked bit for bit against plain calls; the reader the
+# peers use (bench/peers/spattn_dump.py, standard library only) recounts the pairs from the
+# data and must agree with the header.
+cli_test(cli_bench_dump 0
+  "bench@--backend@cpu@--suite@${cli_tests}/tiny.cases@--scale@1@--repeats@1@--warmup@0@--dump@${out}/dump@--json@${out}/bench_dump.json"
+  MATCH "bsa plan reused: 10/10 case-passes bitwise equal"
+  CHECK_KIND bench CHECK_FILE ${out}/bench_dump.json EXISTS_FILE ${out}/dump/tiny_sfa_m0_sbs4.json)
+find_program(SPATTN_PYTHON3 NAMES python3)
+if(SPATTN_PYTHON3)
+  add_test(NAME cli_bench_dump_read
+           COMMAND ${SPATTN_PYTHON3} ${PROJECT_SOURCE_DIR}/bench/peers/spattn_dump.py ${out}/dump)
+  set_tests_properties(cli_bench_dump_read PROPERTIES DEPENDS cli_bench_dump
+    PASS_REGULAR_EXPRESSION "tiny_bsa_random .* ok.*tiny_sfa_m0_sbs4 .* ok.*spattn_dump: 0 bad case")
+endif()
+cli_test(cli_dump_not_bench 2 "verify@--dump@${out}/dump" MATCH "--dump belongs to 'spattn bench'")
+cli_test(cli_dump_with_load 2 "bench@--load@${out}/bench_tiny.json@--dump@${out}/dump"
+  MATCH "without --load")
+cli_test(cli_dump_not_dir 2
+  "bench@--backend@cpu@--suite@${cli_tests}/tiny.cases@--dump@${cli_tests}/tiny.cases"
+  MATCH "not a directory" NOMATCH "median_ms")
