@@ -16,6 +16,7 @@
 #include "json.h"
 #include "report.h"
 #include "run.h"
+#include "run_varlen.h"
 #include "spattn.h"
 #include "svg.h"
 
@@ -83,6 +84,7 @@ static int run_all(sp_opts *o, const sp_case_list *cases, bset *ours) {
         }
         for (int pass = SP_PASS_FWD; pass <= SP_PASS_BWD; pass++) {
             if (!(o->passes & pass)) continue;
+            if (pass == SP_PASS_BWD && sp_case_fwd_only(c)) continue; /* paged bsa: no bwd */
             bres *r = &ours->v[ours->n++];
             snprintf(r->name, sizeof r->name, "%s", c->name);
             r->c = c;
@@ -93,7 +95,10 @@ static int run_all(sp_opts *o, const sp_case_list *cases, bset *ours) {
             int status = 0;
             if (!have_in) {
                 snprintf(r->msg, sizeof r->msg, "%s", err);
-            } else if ((o->backend == SPATTN_BACKEND_CUDA
+            } else if ((c->varlen /* run_varlen.c: the _varlen entry points, no plans */
+                            ? sp_bench_varlen(c, &in, pass, o->warmup, o->repeats, o->backend,
+                                              o->threads, ms, &status, r->msg, sizeof r->msg)
+                        : o->backend == SPATTN_BACKEND_CUDA
                             ? sp_bench_cuda(c, &in, pass, o->warmup, o->repeats, !o->plan_per_call,
                                             ms, &r->plan_same, &status, r->msg, sizeof r->msg)
                             : sp_bench_cpu(c, &in, pass, o->warmup, o->repeats, o->threads,
@@ -143,6 +148,12 @@ static int load_set(const char *path, bset *s) {
     const char *backend = sp_jv_str(doc, "backend");
     if (label && backend) snprintf(s->label, sizeof s->label, "%s %s", label, backend);
     else snprintf(s->label, sizeof s->label, "%s", label ? label : backend ? backend : path);
+    /* `--plan call` results beside the plan's (same name and backend) need telling apart */
+    const char *plan = sp_jv_str(doc, "bsa_plan");
+    if (plan && !strcmp(plan, "per_call")) {
+        size_t l = strlen(s->label);
+        snprintf(s->label + l, sizeof s->label - l, " per-call");
+    }
     s->v = calloc((size_t)(results->n ? results->n : 1), sizeof *s->v);
     s->n = 0;
     if (!s->v) {

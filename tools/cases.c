@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "rng.h"
 #include "spattn.h"
 
 /* Upper bound for any dimension: keeps every element count far inside int64. */
@@ -36,7 +37,7 @@ static void fail(char *err, size_t errlen, const char *file, int line, const cha
 }
 
 /* Which keys a case may carry.  `ops` is a bit set of the operators the key applies to. */
-enum { K_INT, K_DTYPE, K_PATTERN, K_REAL, K_KV, K_OP, K_SEED };
+enum { K_INT, K_DTYPE, K_PATTERN, K_REAL, K_KV, K_OP, K_SEED, K_LIST };
 typedef struct keydef {
     const char *name;
     int type;
@@ -51,6 +52,9 @@ static const keydef kKeys[] = {
     {"density", K_REAL, 1}, {"S1", K_INT, 2},     {"S2", K_INT, 2},         {"N1", K_INT, 2},
     {"N2", K_INT, 2},      {"Dr", K_INT, 2},      {"K", K_INT, 2},          {"sbs", K_INT, 2},
     {"mode", K_INT, 2},    {"kv", K_KV, 2},
+    /* varlen / paged cases (cases/README.md, "Varlen and paged cases") */
+    {"lens", K_LIST, 3},   {"kvlens", K_LIST, 3}, {"nseq", K_INT, 3},       {"total", K_INT, 3},
+    {"lens_seed", K_SEED, 3}, {"ctx", K_INT, 3},  {"page", K_INT, 3},
 };
 #define NKEYS ((int)(sizeof(kKeys) / sizeof(kKeys[0])))
 
@@ -90,12 +94,59 @@ static int parse_real(const char *s, double *out) {
     return 0;
 }
 
+/* A length list: comma-separated items, each L or L*n (n copies of L), L in [0, SP_DIM_MAX].
+ * Returns the count, or -1 (bad syntax, or more than SP_MAX_SEQS entries). */
+static int parse_list(const char *s, int32_t *out) {
+    int n = 0;
+    while (1) {
+        char item[64];
+        size_t len = strcspn(s, ",");
+        if (len == 0 || len >= sizeof item) return -1;
+        memcpy(item, s, len);
+        item[len] = '\0';
+        int64_t v, rep = 1;
+        char *star = strchr(item, '*');
+        if (star) {
+            *star = '\0';
+            if (parse_int(star + 1, &rep) || rep < 1 || rep > SP_MAX_SEQS) return -1;
+        }
+        if (parse_int(item, &v) || v > SP_DIM_MAX) return -1;
+        if (n + rep > SP_MAX_SEQS) return -1;
+        for (int64_t i = 0; i < rep; i++) out[n++] = (int32_t)v;
+        if (!s[len]) return n;
+        s += len + 1;
+    }
+}
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The length generator (cases/README.md): nseq - 1 cut points drawn uniformly from
+ * [0, total] (sp_rng_below(total + 1) each, stream SP_STREAM_LENS of lens_seed), sorted; the
+ * lengths are the gaps between 0, the cuts and total.  Zero lengths occur naturally. */
+static void gen_lens(int64_t nseq, int64_t total, uint64_t seed, int32_t *lens) {
+    int64_t cut[SP_MAX_SEQS];
+    sp_rng r;
+    sp_rng_init(&r, seed, SP_STREAM_LENS);
+    for (int64_t i = 0; i + 1 < nseq; i++) cut[i] = sp_rng_below(&r, total + 1);
+    qsort(cut, (size_t)(nseq - 1), sizeof cut[0], cmp_i64);
+    int64_t prev = 0;
+    for (int64_t i = 0; i < nseq; i++) {
+        int64_t end = i + 1 < nseq ? cut[i] : total;
+        lens[i] = (int32_t)(end - prev);
+        prev = end;
+    }
+}
+
 /* Parsed values of one line, before the per-operator checks. */
 typedef struct rawcase {
     int have[NKEYS];
     int64_t ival[NKEYS];
     double rval[NKEYS];
-    uint64_t seed;
+    uint64_t seed, lens_seed;
+    int nlens, nkvlens; /* entries of lens= / kvlens= (stored in the case) */
 } rawcase;
 
 static int64_t iv(const rawcase *r, const char *key) { return r->ival[find_key(key, strlen(key))]; }
@@ -121,6 +172,104 @@ static int need(const rawcase *r, const char *key, int64_t lo, int64_t hi, const
     do {                                                                             \
         if (need(&r, key, lo, hi, file, line, c->name, err, errlen)) return -1;      \
     } while (0)
+
+/* The varlen keys: lens= [kvlens=] | nseq= total= [lens_seed=], optional ctx= and page=.
+ * Fills c->varlen, B, the per-sequence lengths and max_seqlen (Sq/Skv or S1/S2). */
+static int parse_varlen(const rawcase *r, const char *file, int line, sp_case *c, char *err,
+                        size_t errlen) {
+    const int have_lens = has(r, "lens"), have_gen = has(r, "nseq");
+    if (!have_lens && !have_gen) {
+        static const char *const only[] = {"kvlens", "total", "lens_seed", "ctx", "page"};
+        for (int i = 0; i < 5; i++)
+            if (has(r, only[i])) {
+                fail(err, errlen, file, line, "case %s: key '%s' belongs to a varlen case "
+                     "(add lens= or nseq=)", c->name, only[i]);
+                return -1;
+            }
+        return 0;
+    }
+    const char *name = c->name;
+    if (have_lens && have_gen) {
+        fail(err, errlen, file, line, "case %s: lens= and nseq= exclude each other", name);
+        return -1;
+    }
+    /* The batch and the maximal lengths follow from the lengths: giving them is an error. */
+    static const char *const derived[] = {"B", "Sq", "Skv", "S1", "S2"};
+    for (int i = 0; i < 5; i++)
+        if (has(r, derived[i])) {
+            fail(err, errlen, file, line, "case %s: key '%s' is derived from the lengths in a "
+                 "varlen case (lens= / nseq=)", name, derived[i]);
+            return -1;
+        }
+    c->varlen = 1;
+    if (have_lens) {
+        if (has(r, "total") || has(r, "lens_seed")) {
+            fail(err, errlen, file, line, "case %s: total= and lens_seed= belong to nseq=", name);
+            return -1;
+        }
+        c->lens_explicit = 1;
+        c->nseq = r->nlens;
+        if (has(r, "kvlens") && r->nkvlens != r->nlens) {
+            fail(err, errlen, file, line, "case %s: kvlens= has %d entries, lens= %d", name,
+                 r->nkvlens, r->nlens);
+            return -1;
+        }
+    } else {
+        if (has(r, "kvlens")) {
+            fail(err, errlen, file, line, "case %s: kvlens= needs lens=", name);
+            return -1;
+        }
+        if (need(r, "nseq", 1, SP_MAX_SEQS, file, line, name, err, errlen) ||
+            need(r, "total", 0, INT32_MAX, file, line, name, err, errlen))
+            return -1;
+        c->nseq = iv(r, "nseq");
+        c->total = iv(r, "total");
+        c->lens_seed = r->lens_seed;
+        gen_lens(c->nseq, c->total, c->lens_seed, c->lens);
+    }
+    if (has(r, "ctx")) {
+        if (has(r, "kvlens")) {
+            fail(err, errlen, file, line, "case %s: ctx= and kvlens= exclude each other", name);
+            return -1;
+        }
+        if (need(r, "ctx", 0, SP_DIM_MAX, file, line, name, err, errlen)) return -1;
+        c->ctx = iv(r, "ctx");
+    }
+    if (!has(r, "kvlens"))
+        for (int64_t b = 0; b < c->nseq; b++) c->kvlens[b] = (int32_t)(c->lens[b] + c->ctx);
+    if (has(r, "page")) {
+        if (need(r, "page", 1, 65536, file, line, name, err, errlen)) return -1;
+        c->page = iv(r, "page");
+    }
+    c->B = c->nseq;
+    int64_t tq = 0, tkv = 0, mq = 0, mkv = 0;
+    for (int64_t b = 0; b < c->nseq; b++) {
+        if (c->lens[b] > SP_DIM_MAX || c->kvlens[b] > SP_DIM_MAX) {
+            fail(err, errlen, file, line, "case %s: sequence %lld longer than %lld", name,
+                 (long long)b, (long long)SP_DIM_MAX);
+            return -1;
+        }
+        tq += c->lens[b];
+        tkv += c->kvlens[b];
+        if (c->lens[b] > mq) mq = c->lens[b];
+        if (c->kvlens[b] > mkv) mkv = c->kvlens[b];
+    }
+    /* cu_seqlens are int32; an empty batch has no tensor to test. */
+    if (tq < 1 || tkv < 1 || tq > INT32_MAX || tkv > INT32_MAX) {
+        fail(err, errlen, file, line, "case %s: the query and key tokens must total 1 .. 2^31-1 "
+             "(got %lld and %lld)", name, (long long)tq, (long long)tkv);
+        return -1;
+    }
+    /* max_seqlen_q/kv: at least 1 (the API's rule), also when every query side is empty. */
+    if (c->op == SP_OP_BSA) {
+        c->Sq = mq > 0 ? mq : 1;
+        c->Skv = mkv > 0 ? mkv : 1;
+    } else {
+        c->S1 = mq > 0 ? mq : 1;
+        c->S2 = mkv > 0 ? mkv : 1;
+    }
+    return 0;
+}
 
 /* Parses one non-empty, comment-stripped line into *c. */
 static int parse_line(const char *file, int line, char *text, sp_case *c, char *err,
@@ -171,7 +320,11 @@ static int parse_line(const char *file, int line, char *text, sp_case *c, char *
         int bad = 0;
         switch (kKeys[ki].type) {
         case K_INT: bad = parse_int(val, &r.ival[ki]); break;
-        case K_SEED: bad = parse_u64(val, &r.seed); break;
+        case K_SEED: bad = parse_u64(val, !strcmp(tok, "seed") ? &r.seed : &r.lens_seed); break;
+        case K_LIST:
+            if (!strcmp(tok, "lens")) bad = (r.nlens = parse_list(val, c->lens)) < 0;
+            else bad = (r.nkvlens = parse_list(val, c->kvlens)) < 0;
+            break;
         case K_REAL: bad = parse_real(val, &r.rval[ki]); break;
         case K_DTYPE:
             if (!strcmp(val, "fp16")) c->dtype = SPATTN_DTYPE_F16;
@@ -203,7 +356,9 @@ static int parse_line(const char *file, int line, char *text, sp_case *c, char *
             static const char *const want[] = {"a non-negative integer", "fp16, bf16 or fp32",
                                                "dense, causal, window, bigbird or random",
                                                "a finite number", "shared or separate",
-                                               "bsa or sfa", "a non-negative integer"};
+                                               "bsa or sfa", "a non-negative integer",
+                                               "comma-separated lengths L or L*n, at most "
+                                               "1024 entries"};
             fail(err, errlen, file, line, "case %s: bad value '%s' for key '%s' (expected %s)",
                  c->name, val, tok, want[kKeys[ki].type]);
             return -1;
@@ -233,19 +388,22 @@ static int parse_line(const char *file, int line, char *text, sp_case *c, char *
     }
     c->seed = r.seed;
     c->scaled_by = 1.0;
-    NEED("B", 1, SP_DIM_MAX);
+    if (parse_varlen(&r, file, line, c, err, errlen)) return -1;
+    if (!c->varlen) NEED("B", 1, SP_DIM_MAX);
     NEED("D", 1, 4096);
-    c->B = iv(&r, "B");
+    if (!c->varlen) c->B = iv(&r, "B");
     c->D = iv(&r, "D");
     if (op == SP_OP_BSA) {
         NEED("N", 1, SP_DIM_MAX);
-        NEED("Sq", 1, SP_DIM_MAX);
-        NEED("Skv", 1, SP_DIM_MAX);
+        if (!c->varlen) {
+            NEED("Sq", 1, SP_DIM_MAX);
+            NEED("Skv", 1, SP_DIM_MAX);
+            c->Sq = iv(&r, "Sq");
+            c->Skv = iv(&r, "Skv");
+        }
         NEED("bx", 1, SP_DIM_MAX);
         NEED("by", 1, SP_DIM_MAX);
         c->N = iv(&r, "N");
-        c->Sq = iv(&r, "Sq");
-        c->Skv = iv(&r, "Skv");
         c->bx = iv(&r, "bx");
         c->by = iv(&r, "by");
         c->Nkv = c->N;
@@ -304,14 +462,16 @@ static int parse_line(const char *file, int line, char *text, sp_case *c, char *
             return -1;
         }
     } else {
-        NEED("S1", 1, SP_DIM_MAX);
-        NEED("S2", 1, SP_DIM_MAX);
+        if (!c->varlen) {
+            NEED("S1", 1, SP_DIM_MAX);
+            NEED("S2", 1, SP_DIM_MAX);
+            c->S1 = iv(&r, "S1");
+            c->S2 = iv(&r, "S2");
+        }
         NEED("N1", 1, SP_DIM_MAX);
         NEED("N2", 1, SP_DIM_MAX);
         NEED("Dr", 0, 4096);
         NEED("K", 1, SP_DIM_MAX);
-        c->S1 = iv(&r, "S1");
-        c->S2 = iv(&r, "S2");
         c->N1 = iv(&r, "N1");
         c->N2 = iv(&r, "N2");
         c->Dr = iv(&r, "Dr");
@@ -452,10 +612,56 @@ static int64_t scale_len(int64_t s, double f) {
     return r < 1 ? 1 : r;
 }
 
+int sp_case_fwd_only(const sp_case *c) { return c->op == SP_OP_BSA && c->varlen && c->page > 0; }
+
+/* A varlen length scaled by f: lengths up to `floor` tokens stay (short sequences are what a
+ * varlen case is about), longer ones become round(L * f) but not below `floor`. */
+static int32_t scale_seq(int32_t len, double f, int64_t floor) {
+    if (len <= floor) return len;
+    int64_t r = (int64_t)llround((double)len * f);
+    return (int32_t)(r < floor ? floor : r);
+}
+
+/* Scales every sequence of a varlen case (cases/README.md, "Varlen and paged cases"). */
+static void scale_varlen(const sp_case *in, double f, sp_case *out) {
+    const int bsa = in->op == SP_OP_BSA;
+    const int64_t fq = bsa ? in->bx : 16, fkv = bsa ? in->by : 16;
+    int64_t mq = 0, mkv = 0, tkv = 0;
+    for (int64_t b = 0; b < in->nseq; b++) {
+        int32_t lq = in->lens[b], lk = in->kvlens[b];
+        int32_t sq = scale_seq(lq, f, fq), sk = scale_seq(lk, f, fkv);
+        /* Keep the relation of the two sides: equal stays equal, longer keys stay longer. */
+        if (lq == lk) sq = sk = sq > sk ? sq : sk;
+        else if (lk > lq && sk < sq) sk = sq;
+        else if (lk < lq && sk > sq) sk = sq;
+        out->lens[b] = sq;
+        out->kvlens[b] = sk;
+        if (sq > mq) mq = sq;
+        if (sk > mkv) mkv = sk;
+        tkv += sk;
+    }
+    if (tkv < 1) out->kvlens[0] = 1; /* cannot happen (lengths >= 1 stay >= 1); keeps T >= 1 */
+    if (bsa) {
+        out->Sq = mq > 0 ? mq : 1;
+        out->Skv = mkv > 0 ? mkv : 1;
+        if (in->pattern == SP_PAT_WINDOW) out->window = (int64_t)llround((double)in->window * f);
+    } else {
+        out->S1 = mq > 0 ? mq : 1;
+        out->S2 = mkv > 0 ? mkv : 1;
+        int64_t nblk = (out->S2 + out->sbs - 1) / out->sbs;
+        out->K = scale_len(in->K, f);
+        if (out->K > nblk) out->K = nblk;
+    }
+}
+
 void sp_case_scale(const sp_case *in, double f, sp_case *out) {
     *out = *in;
     if (!(f > 0.0) || f >= 1.0) return;
     out->scaled_by = f;
+    if (in->varlen) {
+        scale_varlen(in, f, out);
+        return;
+    }
     if (in->op == SP_OP_BSA) {
         /* Keep at least four block rows / columns (when the case had them) so that a window
          * still differs from causal and partial blocks, diagonals and random patterns still
@@ -482,7 +688,25 @@ void sp_case_scale(const sp_case *in, double f, sp_case *out) {
     }
 }
 
+/* " varlen Tq=.. Tkv=.. lens=a,b,...[,+n more] page=P" of a varlen case. */
+static void varlen_str(const sp_case *c, char *buf, size_t n) {
+    int64_t tq = 0, tkv = 0;
+    for (int64_t b = 0; b < c->nseq; b++) {
+        tq += c->lens[b];
+        tkv += c->kvlens[b];
+    }
+    int k = snprintf(buf, n, " Tq=%lld Tkv=%lld lens=", (long long)tq, (long long)tkv);
+    for (int64_t b = 0; b < c->nseq && b < 6 && k > 0 && (size_t)k < n; b++)
+        k += snprintf(buf + k, n - (size_t)k, "%s%d", b ? "," : "", c->lens[b]);
+    if (c->nseq > 6 && k > 0 && (size_t)k < n)
+        k += snprintf(buf + k, n - (size_t)k, ",..(%lld seqs)", (long long)c->nseq);
+    if (c->page && k > 0 && (size_t)k < n)
+        snprintf(buf + k, n - (size_t)k, " page=%lld", (long long)c->page);
+}
+
 void sp_case_shape_str(const sp_case *c, char *buf, size_t n) {
+    char vl[192] = "";
+    if (c->varlen) varlen_str(c, vl, sizeof vl);
     if (c->op == SP_OP_BSA) {
         int k = snprintf(buf, n, "B=%lld N=%lld", (long long)c->B, (long long)c->N);
         if (c->Nkv != c->N) k += snprintf(buf + k, n - (size_t)k, " Nkv=%lld", (long long)c->Nkv);
@@ -502,4 +726,7 @@ void sp_case_shape_str(const sp_case *c, char *buf, size_t n) {
                  (long long)c->N2, (long long)c->D, (long long)c->Dr, (long long)c->K,
                  (long long)c->sbs, c->mode, c->shared_kv ? "" : " kv=separate");
     }
+    /* Varlen: Sq/Skv (S1/S2) above are max_seqlen; the lengths and pages follow. */
+    size_t len = strlen(buf);
+    if (vl[0] && len + 1 < n) snprintf(buf + len, n - len, "%s", vl);
 }

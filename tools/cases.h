@@ -12,6 +12,9 @@
 enum { SP_OP_BSA = 0, SP_OP_SFA = 1, SP_OP_COUNT = 2 };
 enum { SP_PAT_DENSE, SP_PAT_CAUSAL, SP_PAT_WINDOW, SP_PAT_BIGBIRD, SP_PAT_RANDOM };
 
+/* Most sequences a varlen case may hold (the lengths live in the case, by value). */
+#define SP_MAX_SEQS 1024
+
 typedef struct sp_case {
     char name[96];
     char file[512];   /* where the case was read (for file:line messages) */
@@ -31,6 +34,14 @@ typedef struct sp_case {
     int32_t mode;     /* 0 or 3 */
     int shared_kv;    /* 1: v is the first D columns of k (kv=shared, the default) */
     double scaled_by; /* 1 unless sp_case_scale changed the sequence lengths */
+    /* Packed variable-length batch (cases/README.md, "Varlen and paged cases"): B sequences
+     * with their own lengths; Sq/Skv (bsa) and S1/S2 (sfa) then hold max_seqlen_q/kv. */
+    int varlen;        /* 1 when lens= or nseq= was given */
+    int64_t page;      /* page size of paged keys (page=), 0: packed keys */
+    int64_t nseq, total, ctx; /* the generator's parameters (nseq=, total=, ctx=), 0 if unused */
+    uint64_t lens_seed;       /* lens_seed= of the generator */
+    int lens_explicit;        /* 1: lens= (and kvlens=) listed the lengths */
+    int32_t lens[SP_MAX_SEQS], kvlens[SP_MAX_SEQS]; /* per sequence (after scaling) */
 } sp_case;
 
 typedef struct sp_case_list {
@@ -49,6 +60,10 @@ void sp_case_list_free(sp_case_list *l);
 /* A copy of `in` with the sequence lengths multiplied by f (0 < f <= 1), rounded so that the
  * case stays valid and keeps its character (see docs/cli.md, "Scaling"). */
 void sp_case_scale(const sp_case *in, double f, sp_case *out);
+
+/* 1 when the case has no backward: bsa with paged keys (an inference layout; the library's
+ * paged bsa is forward only).  verify and bench skip the backward of such a case. */
+int sp_case_fwd_only(const sp_case *c);
 
 const char *sp_op_name(int op);
 const char *sp_pattern_name(int pattern);

@@ -43,89 +43,137 @@ static void floyd(sp_rng *r, int64_t n, int64_t m, int32_t *out, int64_t *mark, 
     }
 }
 
-void sp_gen_mask(const sp_case *c, uint8_t *mask) {
-    const int64_t nbx = (c->Sq + c->bx - 1) / c->bx, nby = (c->Skv + c->by - 1) / c->by;
-    const int64_t off = c->Skv - c->Sq;
-    sp_rng r;
-    sp_rng_init(&r, c->seed, SP_STREAM_MASK);
-    int64_t *mark = NULL;
-    int32_t *pick = NULL;
-    if (c->pattern == SP_PAT_BIGBIRD) {
-        mark = malloc((size_t)nby * sizeof *mark);
-        pick = malloc((size_t)nby * sizeof *pick);
-        if (mark) for (int64_t j = 0; j < nby; j++) mark[j] = -1;
+/* Scratch of the bigbird pattern's random columns (floyd's membership marks). */
+typedef struct mask_scratch {
+    int64_t *mark;
+    int32_t *pick;
+    int64_t tag;
+} mask_scratch;
+
+/* Block row i (nby entries) of one (b, n) mask of a problem with Sq x Skv tokens.  Entries
+ * past the problem's own blocks (varlen: the padded mask of max_seqlen) are 0; the random
+ * pattern still draws one uniform per entry, in range or not, so that a generator elsewhere
+ * only needs the padded shape to stay in step. */
+static void mask_row(const sp_case *c, int64_t Sq, int64_t Skv, int64_t i, int64_t nby,
+                     sp_rng *r, mask_scratch *ms, uint8_t *row) {
+    const int64_t nbx_s = (Sq + c->bx - 1) / c->bx, nby_s = (Skv + c->by - 1) / c->by;
+    const int64_t off = Skv - Sq;
+    const int row_in = i < nbx_s;
+    const int64_t qs = i * c->bx;
+    const int64_t qe = (i + 1) * c->bx < Sq ? (i + 1) * c->bx - 1 : Sq - 1;
+    for (int64_t j = 0; j < nby; j++) {
+        const int64_t ks = j * c->by;
+        const int64_t ke = (j + 1) * c->by < Skv ? (j + 1) * c->by - 1 : Skv - 1;
+        int on = 0;
+        switch (c->pattern) {
+        case SP_PAT_DENSE: on = 1; break;
+        case SP_PAT_CAUSAL: on = ks <= qe + off; break;
+        case SP_PAT_WINDOW: on = ks <= qe + off && ke >= qs + off - c->window; break;
+        case SP_PAT_BIGBIRD:
+            on = j < c->glob || i < c->glob ||
+                 (ks <= qe + c->win * c->by && ke >= qs - c->win * c->by);
+            break;
+        case SP_PAT_RANDOM: on = sp_rng_uniform(r) < c->density; break;
+        }
+        row[j] = (uint8_t)(row_in && j < nby_s && on);
     }
-    int64_t tag = 0;
-    for (int64_t bn = 0; bn < c->B * c->N; bn++) {
-        for (int64_t i = 0; i < nbx; i++) {
-            uint8_t *row = mask + (bn * nbx + i) * nby;
-            const int64_t qs = i * c->bx;
-            const int64_t qe = (i + 1) * c->bx < c->Sq ? (i + 1) * c->bx - 1 : c->Sq - 1;
-            for (int64_t j = 0; j < nby; j++) {
-                const int64_t ks = j * c->by;
-                const int64_t ke = (j + 1) * c->by < c->Skv ? (j + 1) * c->by - 1 : c->Skv - 1;
-                int on = 0;
-                switch (c->pattern) {
-                case SP_PAT_DENSE: on = 1; break;
-                case SP_PAT_CAUSAL: on = ks <= qe + off; break;
-                case SP_PAT_WINDOW: on = ks <= qe + off && ke >= qs + off - c->window; break;
-                case SP_PAT_BIGBIRD:
-                    on = j < c->glob || i < c->glob ||
-                         (ks <= qe + c->win * c->by && ke >= qs - c->win * c->by);
-                    break;
-                case SP_PAT_RANDOM: on = sp_rng_uniform(&r) < c->density; break;
-                }
-                row[j] = (uint8_t)on;
-            }
-            if (c->pattern == SP_PAT_BIGBIRD && c->rnd > 0) {
-                int64_t m = c->rnd < nby ? c->rnd : nby;
-                if (mark && pick) {
-                    floyd(&r, nby, m, pick, mark, tag++);
-                    for (int64_t t = 0; t < m; t++) row[pick[t]] = 1;
-                }
-            }
+    if (c->pattern == SP_PAT_BIGBIRD && c->rnd > 0 && row_in && nby_s > 0) {
+        int64_t m = c->rnd < nby_s ? c->rnd : nby_s;
+        if (ms->mark && ms->pick) {
+            floyd(r, nby_s, m, ms->pick, ms->mark, ms->tag++);
+            for (int64_t t = 0; t < m; t++) row[ms->pick[t]] = 1;
         }
     }
-    free(mark);
-    free(pick);
 }
 
-int sp_gen_indices(const sp_case *c, int32_t *idx) {
+/* Fills the [B, N, nbx, nby] mask; sequence b has Sq(b) x Skv(b) tokens (dense: all equal). */
+static void gen_mask(const sp_case *c, uint8_t *mask) {
+    const int64_t nbx = (c->Sq + c->bx - 1) / c->bx, nby = (c->Skv + c->by - 1) / c->by;
+    sp_rng r;
+    sp_rng_init(&r, c->seed, SP_STREAM_MASK);
+    mask_scratch ms = {NULL, NULL, 0};
+    if (c->pattern == SP_PAT_BIGBIRD) {
+        ms.mark = malloc((size_t)nby * sizeof *ms.mark);
+        ms.pick = malloc((size_t)nby * sizeof *ms.pick);
+        if (ms.mark) for (int64_t j = 0; j < nby; j++) ms.mark[j] = -1;
+    }
+    for (int64_t b = 0; b < c->B; b++) {
+        const int64_t Sq = c->varlen ? c->lens[b] : c->Sq;
+        const int64_t Skv = c->varlen ? c->kvlens[b] : c->Skv;
+        for (int64_t n = 0; n < c->N; n++)
+            for (int64_t i = 0; i < nbx; i++)
+                mask_row(c, Sq, Skv, i, nby, &r, &ms, mask + ((b * c->N + n) * nbx + i) * nby);
+    }
+    free(ms.mark);
+    free(ms.pick);
+}
+
+void sp_gen_mask(const sp_case *c, uint8_t *mask) { gen_mask(c, mask); }
+void sp_gen_mask_varlen(const sp_case *c, uint8_t *mask) { gen_mask(c, mask); }
+
+/* Index rows of one sequence of S1 queries over S2 keys: S1 * N2 rows of K entries. */
+static void index_rows(const sp_case *c, int64_t S1, int64_t S2, sp_rng *r, int64_t *mark,
+                       int64_t *tag, int32_t *idx) {
+    for (int64_t s = 0; s < S1; s++) {
+        /* Newest allowed key of query s, and the block holding it. */
+        const int64_t lim = c->mode == SPATTN_SFA_MODE_CAUSAL ? S2 - S1 + s : S2 - 1;
+        for (int64_t n = 0; n < c->N2; n++) {
+            int32_t *row = idx + (s * c->N2 + n) * c->K;
+            int64_t count = 0;
+            if (lim >= 0) {
+                const int64_t lb = lim / c->sbs;
+                count = c->K < lb + 1 ? c->K : lb + 1;
+                floyd(r, lb, count - 1, row, mark, (*tag)++);
+                row[count - 1] = (int32_t)lb;
+                for (int64_t t = count - 1; t > 0; t--) { /* Fisher-Yates: random order */
+                    int64_t u = sp_rng_below(r, t + 1);
+                    int32_t tmp = row[t];
+                    row[t] = row[u];
+                    row[u] = tmp;
+                }
+            }
+            for (int64_t t = count; t < c->K; t++) row[t] = -1;
+        }
+    }
+}
+
+/* Dense: [B, S1, N2, K]; varlen: [Tq, N2, K], sequence by sequence with its own lengths (one
+ * generator for the whole batch, so a one-sequence varlen case equals the dense B=1 case). */
+static int gen_indices(const sp_case *c, int32_t *idx) {
     const int64_t nblk = (c->S2 + c->sbs - 1) / c->sbs;
     int64_t *mark = malloc((size_t)nblk * sizeof *mark);
     if (!mark) return -1;
     for (int64_t j = 0; j < nblk; j++) mark[j] = -1;
     sp_rng r;
     sp_rng_init(&r, c->seed, SP_STREAM_IDX);
-    int64_t tag = 0;
-    for (int64_t b = 0; b < c->B; b++)
-        for (int64_t s = 0; s < c->S1; s++) {
-            /* Newest allowed key of query s, and the block holding it. */
-            const int64_t lim = c->mode == SPATTN_SFA_MODE_CAUSAL ? c->S2 - c->S1 + s : c->S2 - 1;
-            for (int64_t n = 0; n < c->N2; n++) {
-                int32_t *row = idx + ((b * c->S1 + s) * c->N2 + n) * c->K;
-                int64_t count = 0;
-                if (lim >= 0) {
-                    const int64_t lb = lim / c->sbs;
-                    count = c->K < lb + 1 ? c->K : lb + 1;
-                    floyd(&r, lb, count - 1, row, mark, tag++);
-                    row[count - 1] = (int32_t)lb;
-                    for (int64_t t = count - 1; t > 0; t--) { /* Fisher-Yates: random order */
-                        int64_t u = sp_rng_below(&r, t + 1);
-                        int32_t tmp = row[t];
-                        row[t] = row[u];
-                        row[u] = tmp;
-                    }
-                }
-                for (int64_t t = count; t < c->K; t++) row[t] = -1;
-            }
-        }
+    int64_t tag = 0, tok = 0;
+    for (int64_t b = 0; b < c->B; b++) {
+        const int64_t S1 = c->varlen ? c->lens[b] : c->S1;
+        const int64_t S2 = c->varlen ? c->kvlens[b] : c->S2;
+        index_rows(c, S1, S2, &r, mark, &tag, idx + tok * c->N2 * c->K);
+        tok += S1;
+    }
     free(mark);
     return 0;
 }
 
+int sp_gen_indices(const sp_case *c, int32_t *idx) { return gen_indices(c, idx); }
+int sp_gen_indices_varlen(const sp_case *c, int32_t *idx) { return gen_indices(c, idx); }
+
 void sp_output_sizes(const sp_case *c, int64_t *no, int64_t *nlse, int64_t *ndq, int64_t *ndk,
                      int64_t *ndv) {
+    if (c->varlen) {
+        int64_t tq, tkv, rows;
+        sp_varlen_rows(c, &tq, &tkv, &rows);
+        const int64_t nq = c->op == SP_OP_BSA ? c->N : c->N1, nk = c->op == SP_OP_BSA ? c->Nkv : c->N2;
+        const int64_t W = c->op == SP_OP_BSA ? c->D : c->D + c->Dr;
+        *no = tq * nq * c->D;
+        *nlse = tq * nq;
+        *ndq = tq * nq * W;
+        *ndk = rows * nk * W;
+        *ndv = c->op == SP_OP_SFA && c->shared_kv ? 0 : rows * nk * c->D;
+        return;
+    }
     if (c->op == SP_OP_BSA) {
         *no = c->B * c->N * c->Sq * c->D;
         *nlse = c->B * c->N * c->Sq;
@@ -148,10 +196,16 @@ void sp_inputs_free(sp_inputs *in) {
     free(in->dout);
     free(in->mask);
     free(in->idx);
+    free(in->cu_q);
+    free(in->cu_kv);
+    free(in->table);
+    free(in->kpage);
+    free(in->vpage);
     memset(in, 0, sizeof *in);
 }
 
 int sp_inputs_make(const sp_case *c, sp_inputs *in, char *err, size_t errlen) {
+    if (c->varlen) return sp_inputs_make_varlen(c, in, err, errlen);
     memset(in, 0, sizeof *in);
     in->dtype = c->dtype;
     in->esize = spattn_dtype_size((spattn_dtype)c->dtype);
@@ -196,6 +250,7 @@ int sp_inputs_make(const sp_case *c, sp_inputs *in, char *err, size_t errlen) {
 }
 
 double sp_pairs(const sp_case *c, const sp_inputs *in) {
+    if (c->varlen) return sp_pairs_varlen(c, in);
     double pairs = 0.0;
     if (c->op == SP_OP_BSA) {
         for (int64_t bn = 0; bn < c->B * c->N; bn++)
@@ -230,6 +285,7 @@ double sp_pairs(const sp_case *c, const sp_inputs *in) {
 }
 
 double sp_pairs_estimate(const sp_case *c) {
+    if (c->varlen) return sp_pairs_estimate_varlen(c);
     if (c->op == SP_OP_BSA) {
         sp_inputs in;
         memset(&in, 0, sizeof in);

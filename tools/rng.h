@@ -10,7 +10,9 @@
 
 /* Stream ids: the tensor a stream feeds. */
 enum { SP_STREAM_Q = 1, SP_STREAM_K = 2, SP_STREAM_V = 3, SP_STREAM_DOUT = 4,
-       SP_STREAM_MASK = 5, SP_STREAM_IDX = 6 };
+       SP_STREAM_MASK = 5, SP_STREAM_IDX = 6,
+       /* varlen cases: the length generator (seeded by lens_seed=) and the page shuffle */
+       SP_STREAM_LENS = 7, SP_STREAM_PAGES = 8 };
 
 typedef struct sp_rng {
     uint64_t s[4];

@@ -12,6 +12,7 @@
 #include "cli.h"
 #include "report.h"
 #include "run.h"
+#include "run_varlen.h"
 #include "spattn.h"
 
 static const char *pass_str(int pass) { return pass == SP_PASS_FWD ? "fwd" : "bwd"; }
@@ -42,7 +43,9 @@ static void print_header(const sp_opts *o, int ncases) {
 static void print_case(const sp_case_res *r) {
     const sp_case *c = r->c;
     if (r->status) {
-        printf("%-26s %-6s %s\n", c->name, "FAIL", r->msg);
+        /* A refusal of the backend is not a wrong result: say so (it still fails the run). */
+        printf("%-26s %-6s %s\n", c->name,
+               r->status == SPATTN_STATUS_NOT_SUPPORTED ? "UNSUP" : "FAIL", r->msg);
         return;
     }
     for (int i = 0; i < r->nt; i++) {
@@ -73,8 +76,9 @@ static void run_one(const sp_opts *o, const sp_case *c, sp_case_res *r) {
     }
     r->pairs = sp_pairs(c, &in);
     sp_verify_out out;
-    int rc = o->backend == SPATTN_BACKEND_CUDA ? sp_verify_cuda(c, &in, o->passes, &out)
-                                               : sp_verify_cpu(c, &in, o->passes, o->threads, &out);
+    int rc = c->varlen ? sp_verify_varlen(c, &in, o->passes, o->backend, o->threads, &out)
+             : o->backend == SPATTN_BACKEND_CUDA ? sp_verify_cuda(c, &in, o->passes, &out)
+                                                 : sp_verify_cpu(c, &in, o->passes, o->threads, &out);
     r->fwd_ms = out.fwd_ms;
     r->bwd_ms = out.bwd_ms;
     r->ref_ms = out.ref_ms;
@@ -216,7 +220,7 @@ int sp_cmd_verify(sp_opts *o) {
     }
     sp_progress prog;
     sp_progress_start(&prog, cases.n, total_work, o->quiet);
-    int passed[SP_OP_COUNT] = {0}, total[SP_OP_COUNT] = {0};
+    int passed[SP_OP_COUNT] = {0}, total[SP_OP_COUNT] = {0}, unsup[SP_OP_COUNT] = {0};
     for (int i = 0; i < cases.n; i++) {
         const sp_case *c = &cases.v[i];
         sp_progress_case(&prog, i, c->name);
@@ -229,13 +233,18 @@ int sp_cmd_verify(sp_opts *o) {
             fprintf(stderr, "spattn: %s:%d: case %s: %s\n", c->file, c->line, c->name, res[i].msg);
         total[c->op]++;
         passed[c->op] += res[i].pass;
+        unsup[c->op] += res[i].status == SPATTN_STATUS_NOT_SUPPORTED;
     }
     double el = (sp_now_ms() - prog.start_ms) / 1e3;
     printf("\n");
     int all = 1;
     for (int op = 0; op < SP_OP_COUNT; op++) {
         if (!total[op]) continue;
-        printf("%s %d/%d passed\n", sp_op_name(op), passed[op], total[op]);
+        printf("%s %d/%d passed", sp_op_name(op), passed[op], total[op]);
+        if (unsup[op])
+            printf(" (%d not supported by the %s backend: NOT_SUPPORTED, not run)", unsup[op],
+                   sp_backend_str(o->backend));
+        printf("\n");
         all &= passed[op] == total[op];
     }
     double f = sp_effective_scale(o);
