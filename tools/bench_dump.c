@@ -40,6 +40,9 @@ static int little_endian(void) {
 
 int sp_dump_case(const char *dir, const sp_opts *o, const sp_case *c, const sp_inputs *in,
                  double pairs, char *err, size_t errlen) {
+    /* Varlen / paged cases are not dumped: their indices are packed over tokens ([Tq,N2,K])
+     * and the peer scripts time batched [B,S,..] layouts only. */
+    if (c->varlen) return 0;
     const int bsa = c->op == SP_OP_BSA;
     /* bsa: mask uint8 [B,N,nbx,nby]; sfa: indices int32 [B,S1,N2,K] (-1 = padding). */
     const char *what = bsa ? "mask" : "indices", *ext = bsa ? "u8" : "i32";

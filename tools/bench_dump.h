@@ -18,7 +18,8 @@ int sp_dump_prepare(const char *dir);
 
 /* Writes DIR/<case>.<what>.<u8|i32> (raw, C order) and then DIR/<case>.json (the header: who
  * wrote it, the case's scaled shape, pairs, FLOPs, the data file's dtype and shape; written
- * last, so a header means complete data).  Returns 0, or -1 with a message in err. */
+ * last, so a header means complete data).  Varlen cases write nothing.  Returns 0, or -1 with
+ * a message in err. */
 int sp_dump_case(const char *dir, const sp_opts *o, const sp_case *c, const sp_inputs *in,
                  double pairs, char *err, size_t errlen);
 
