@@ -7,65 +7,27 @@ gathered keys (shared key/value).  Backward: autograd through the same graph.  T
 processed in chunks so the gathered [chunk, K, D+Dr] tensor fits in memory.
 
 Timing: kernel device time (sum of the CUDA kernels' self device time reported by
-torch.profiler) per pass, median over the repeats; inputs per cases/README.md (standard normal,
-indices: the newest allowed key plus distinct random allowed keys, -1 padding).  TFLOP/s as in
-cases/README.md.  Output: JSON {"name", "backend", "device", "results": [{"case", "pass",
-"median_ms", "tflops"}]} (docs/cli.md schema, readable by `spattn bench --compare`).
+torch.profiler) per pass, median over the repeats.  Cases, shapes and top-k indices: read from
+a `spattn bench --dump DIR` directory (docs/cli.md "Dump files", read by spattn_dump.py beside
+this script), so both sides time the very same (scaled) shapes and indices; q, k, dO are
+torch.randn (the values do not change the timing).  TFLOP/s from the header's "flops_fwd" /
+"flops_bwd" (cases/README.md's count, by spattn).  Output: JSON {"name", "backend", "device",
+"scale", "results": [{"case", "op", "pass", "median_ms", "flops", "tflops"}]} (docs/cli.md
+schema, for `spattn bench --load ours.json --compare peer.json`).
 
-usage: sfa_torch_gather.py [--cases cases/sfa.cases] [--json OUT] [--repeats 3] [--case REGEX]
+usage: spattn bench --backend cuda --op sfa --dump DIR --json ours.json
+       sfa_torch_gather.py --dump DIR [--json OUT] [--repeats 3] [--case REGEX]
 """
 import argparse
 import json
 import math
-import re
+import os
 import sys
 
 import torch
 
-
-def parse_cases(path):
-    cases = []
-    for line in open(path):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        parts = line.split()
-        c = {"name": parts[0]}
-        for kv in parts[1:]:
-            k, v = kv.split("=")
-            c[k] = v if k == "dtype" else int(v)
-        cases.append(c)
-    return cases
-
-
-def gen_indices(c, gen, dev):
-    """[B, S1, N2, K] int32 per cases/README.md (sbs = 1 in the suite; blocks otherwise)."""
-    B, S1, S2, N2, K, sbs, mode = c["B"], c["S1"], c["S2"], c["N2"], c["K"], c["sbs"], c["mode"]
-    nblk = (S2 + sbs - 1) // sbs
-    out = torch.empty(B, S1, N2, K, dtype=torch.int32, device=dev)
-    i = torch.arange(S1, device=dev)
-    lim = (S2 - S1 + i) if mode == 3 else torch.full_like(i, S2 - 1)
-    limb = torch.div(lim, sbs, rounding_mode="floor")  # newest allowed block (may be < 0)
-    cols = torch.arange(nblk, device=dev)
-    for b in range(B):
-        for n in range(N2):
-            for s0 in range(0, S1, 1024):
-                s1 = min(S1, s0 + 1024)
-                r = torch.rand(s1 - s0, nblk, generator=gen, device=dev)
-                allowed = cols[None, :] <= limb[s0:s1, None]
-                r = torch.where(allowed, r, torch.full_like(r, -1.0))
-                r[torch.arange(s1 - s0, device=dev), limb[s0:s1].clamp(min=0)] = torch.where(
-                    limb[s0:s1] >= 0, 2.0, -1.0)
-                kk = min(K, nblk)
-                vals, idx = torch.topk(r, kk, dim=1)
-                idx = torch.where(vals >= 0, idx, torch.full_like(idx, -1))
-                # random order among the selected entries (padding stays at the end)
-                perm = torch.argsort(torch.rand(idx.shape, generator=gen, device=dev) + (idx < 0) * 2.0, dim=1)
-                idx = torch.gather(idx, 1, perm)
-                row = torch.full((s1 - s0, K), -1, dtype=torch.int64, device=dev)
-                row[:, :kk] = idx
-                out[b, s0:s1, n] = row.to(torch.int32)
-    return out
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import spattn_dump  # noqa: E402  (beside this script)
 
 
 def sfa_chunk(q, kv, idx_c, s1_0, c, scale):
@@ -107,7 +69,8 @@ def device_ms(fn):
     return total_us / 1000.0
 
 
-def run_case(c, repeats, dev):
+def run_case(hd, repeats, dev):
+    c = dict(hd["shape"], name=hd["case"])
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[c["dtype"]]
     B, S1, S2, N1, N2, D, Dr, K = (c[x] for x in ("B", "S1", "S2", "N1", "N2", "D", "Dr", "K"))
     H = N1 // N2
@@ -116,7 +79,7 @@ def run_case(c, repeats, dev):
     q = torch.randn(B, S1, N1, D + Dr, generator=gen, device=dev).to(dt)
     kv = torch.randn(B, S2, N2, D + Dr, generator=gen, device=dev).to(dt)
     dout = torch.randn(B, S1, N1, D, generator=gen, device=dev).to(dt)
-    idx = gen_indices(c, gen, dev)
+    idx = spattn_dump.as_torch(hd, dev)  # int32 [B, S1, N2, K], -1 = padding
     scale = 1.0 / math.sqrt(D + Dr)
     chunk = max(1, min(S1, int(1.5e9 // (K * c["sbs"] * (D + Dr) * 2 + K * c["sbs"] * H * 16))))
     pairs = [0]
@@ -144,8 +107,9 @@ def run_case(c, repeats, dev):
     with torch.no_grad():
         fwd(False)  # warm-up and pair count
     npairs = pairs[0]
-    ff = 2.0 * (D + Dr + D) * npairs
-    fb = 2.0 * (3.0 * (D + Dr) + 2.0 * D) * npairs
+    if npairs != hd["pairs"]:  # the gather must attend exactly the pairs spattn counted
+        print(f"{c['name']}: WARNING: {npairs} pairs attended, spattn counted {hd['pairs']:.0f}", file=sys.stderr)
+    ff, fb = hd["flops_fwd"], hd["flops_bwd"]
     tf, tb = [], []
     for _ in range(repeats):
         with torch.no_grad():
@@ -168,34 +132,35 @@ def run_case(c, repeats, dev):
     tb.sort()
     mf, mb = tf[len(tf) // 2], tb[len(tb) // 2]
     return [
-        {"case": c["name"], "pass": "fwd", "median_ms": mf, "tflops": ff / (mf * 1e-3) / 1e12},
-        {"case": c["name"], "pass": "bwd", "median_ms": mb, "tflops": fb / (mb * 1e-3) / 1e12},
+        {"case": c["name"], "op": "sfa", "pass": "fwd", "median_ms": mf, "flops": ff, "tflops": ff / (mf * 1e-3) / 1e12},
+        {"case": c["name"], "op": "sfa", "pass": "bwd", "median_ms": mb, "flops": fb, "tflops": fb / (mb * 1e-3) / 1e12},
     ]
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--cases", default="cases/sfa.cases")
+    ap.add_argument("--dump", required=True, help="directory written by spattn bench --dump")
     ap.add_argument("--json", default=None)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--case", default=None)
+    ap.add_argument("--case", default=None, help="regex on case names")
     a = ap.parse_args()
+    cases = spattn_dump.load_dir(a.dump, op="sfa", case=a.case)
+    scale = min(h.get("scale", 1.0) for h in cases)
     dev = "cuda"
     res = []
-    for c in parse_cases(a.cases):
-        if a.case and not re.search(a.case, c["name"]):
-            continue
+    for hd in cases:
         try:
-            r = run_case(c, a.repeats, dev)
+            r = run_case(hd, a.repeats, dev)
         except torch.cuda.OutOfMemoryError as e:
-            print(f"{c['name']}: out of memory ({e})", file=sys.stderr)
-            r = [{"case": c["name"], "pass": p, "median_ms": None, "tflops": None} for p in ("fwd", "bwd")]
+            print(f"{hd['case']}: out of memory ({e})", file=sys.stderr)
+            r = [{"case": hd["case"], "op": "sfa", "pass": p, "median_ms": None, "tflops": None}
+                 for p in ("fwd", "bwd")]
         torch.cuda.empty_cache()
         for x in r:
             print(f"{x['case']:26s} {x['pass']} {x['median_ms']} ms {x['tflops']} TFLOP/s", flush=True)
         res.extend(r)
         doc = {"name": "torch_gather", "backend": "cuda", "device": torch.cuda.get_device_name(0),
-               "torch": torch.__version__, "results": res}
+               "torch": torch.__version__, "scale": scale, "results": res}
         if a.json:  # rewritten after every case, so a time limit keeps what was measured
             with open(a.json, "w") as f:
                 json.dump(doc, f, indent=1)
