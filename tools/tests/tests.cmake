@@ -3,7 +3,7 @@
 # exit codes and output.
 enable_testing()
 set(cli_tests ${CMAKE_CURRENT_SOURCE_DIR}/tests)
-foreach(t test_cli_eco test_cli_cases test_cli_gen test_cli_json)
+foreach(t test_cli_eco test_cli_cases test_cli_gen test_cli_json test_cli_varlen)
   add_executable(${t} ${cli_tests}/${t}.c)
   target_include_directories(${t} PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
   target_compile_definitions(${t} PRIVATE SPATTN_TEST_CASES_DIR="${PROJECT_SOURCE_DIR}/cases")
@@ -46,7 +46,7 @@ cli_test(cli_verify_public_smoke 0
 # A case the backend rejects is a failed case: exit 1, message with file:line.
 cli_test(cli_verify_unsupported 1
   "verify@--backend@cpu@--suite@${cli_tests}/unsupported.cases"
-  MATCH "unsupported.cases:4: case odd_head_dim@NOT_SUPPORTED@bsa 1/2 passed")
+  MATCH "unsupported.cases:4: case odd_head_dim@NOT_SUPPORTED@bsa 1/2 passed@odd_head_dim +UNSUP@1 not supported by the cpu backend")
 # A tensor outside the criterion is a failed case: --perturb shifts our outputs (exit 1).
 cli_test(cli_verify_perturb 1
   "verify@--backend@cpu@--suite@${cli_tests}/tiny.cases@--case@^tiny_(bsa|sfa)_causal$@--perturb@0.05"
@@ -116,3 +116,30 @@ cli_test(cli_dump_with_load 2 "bench@--load@${out}/bench_tiny.json@--dump@${out}
 cli_test(cli_dump_not_dir 2
   "bench@--backend@cpu@--suite@${cli_tests}/tiny.cases@--dump@${cli_tests}/tiny.cases"
   MATCH "not a directory" NOMATCH "median_ms")
+
+# Issue 14: varlen / paged cases (cases/README.md, "Varlen and paged cases").  The tiny suite
+# at full size and scaled (every feature: empty sequences, pages, GQA, three dtypes), the
+# quick cases of the public varlen suites, bench (paged bsa has no backward row), list, and a
+# bad varlen line.  Together a few seconds on 2 cores.
+cli_test(cli_verify_varlen_tiny 0
+  "verify@--backend@cpu@--suite@${cli_tests}/tiny_varlen.cases@--scale@1@--json@${out}/verify_varlen.json"
+  MATCH "bsa 4/4 passed@sfa 4/4 passed@tvl_bsa_paged +pass +fwd.o@tvl_sfa_paged +pass"
+  NOMATCH "SCALED"
+  CHECK_KIND verify CHECK_FILE ${out}/verify_varlen.json)
+cli_test(cli_verify_varlen_scaled 0
+  "verify@--backend@cpu@--suite@${cli_tests}/tiny_varlen.cases@--scale@0.5"
+  MATCH "bsa 4/4 passed@sfa 4/4 passed@x0.5")
+cli_test(cli_verify_varlen_public_smoke 0
+  "verify@--backend@cpu@--suite@bsa_varlen@--suite@sfa_varlen@--scale@0.01@--case@^(bsav03|bsav05|sfav03|sfav05)_"
+  MATCH "bsa 2/2 passed@sfa 2/2 passed")
+cli_test(cli_verify_varlen_perturb 1
+  "verify@--backend@cpu@--suite@${cli_tests}/tiny_varlen.cases@--case@^tvl_(bsa|sfa)_paged$@--perturb@0.05"
+  MATCH "bsa 0/1 passed@sfa 0/1 passed")
+cli_test(cli_bench_varlen 0
+  "bench@--backend@cpu@--suite@${cli_tests}/tiny_varlen.cases@--repeats@2@--warmup@0@--json@${out}/bench_varlen.json"
+  MATCH "tvl_bsa_paged +fwd@tvl_sfa_paged +bwd@tvl_sfa_decode +fwd" NOMATCH "tvl_bsa_paged +bwd"
+  CHECK_KIND bench CHECK_FILE ${out}/bench_varlen.json)
+cli_test(cli_list_varlen 0 "list@--backend@cpu@--suite@bsa_varlen@--suite@sfa_varlen"
+  MATCH "bsav04_paged_gqa_prefill .* page=64@sfav06_paged_decode .*Tq=64@15 cases")
+cli_test(cli_bad_varlen_line 2 "verify@--suite@${cli_tests}/bad_varlen.cases"
+  MATCH "bad_varlen.cases:3: case bad_varlen: key 'B' is derived")
