@@ -65,5 +65,16 @@ void sp_json_shape(sp_jw *w, const sp_case *c) {
     }
     sp_jw_str(w, "dtype", sp_dtype_str(c->dtype));
     sp_jw_int(w, "seed", (int64_t)c->seed);
+    if (c->varlen) {
+        /* Varlen: B is the sequence count and Sq/Skv (S1/S2) the max lengths; the lengths
+         * themselves (after scaling) let a peer regenerate the packed inputs. */
+        sp_jw_int(w, "page", c->page);
+        sp_jw_arr(w, "lens");
+        for (int64_t b = 0; b < c->nseq; b++) sp_jw_int(w, NULL, c->lens[b]);
+        sp_jw_end_arr(w);
+        sp_jw_arr(w, "kvlens");
+        for (int64_t b = 0; b < c->nseq; b++) sp_jw_int(w, NULL, c->kvlens[b]);
+        sp_jw_end_arr(w);
+    }
     sp_jw_end_obj(w);
 }
