@@ -32,10 +32,11 @@ sel=(); [ -n "${CASE:-}" ] && sel=(--case "$CASE")
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 git log -1 --format='commit %h %s' 2>/dev/null | tee -a "$OUT/gpu.txt"
 
-# ---- build (unless the given build's spattn already runs a case on the GPU) ----
+# ---- build (unless the given build's spattn already runs a case on the GPU and, for the
+# checks step, the GPU check programs are there) ----
 SP=$BUILD/tools/spattn
 probe() { "$SP" bench --backend cuda --op bsa --case '^bsa01_' --pass fwd --repeats 1 --warmup 0 --quiet >/dev/null 2>&1; }
-if ! probe; then
+if ! probe || { has checks && ! [ -x "$BUILD/bsa_cuda_check" ]; }; then
   echo "== building $BUILD (Release, CUDA)"
   tests=OFF; has checks && tests=ON
   { cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DSPATTN_TESTS=$tests &&
