@@ -1,276 +1,429 @@
-// Top-k sparse flash attention forward, fast path (D = 512, Dr = 64, shared key/value), sm_90a.
+// Top-k sparse flash attention forward for Hopper (sm_90a): D = 512 (value / nope part) plus
+// Dr = 64 (rope), shared key/value (V = the first 512 columns of K), any sbs, modes 0 and 3, GQA.
 //
-// One CTA = one query token (b, s1, n2) and HT = 16*R of the H = N1/N2 query heads that share
-// its index row (the heads are the MMA M dimension).  The selected keys are gathered once per
-// CTA, 32 per tile, full 576-wide rows, by cp.async into shared memory (double buffered: the
-// next tile's gather overlaps this tile's math) and reused by every head of the CTA.
-// Warps: 4 per 16-row group.  Warp (r, c) computes S for rows r*16.. and keys c*8..c*8+7 of the
-// tile (mma.sync m16n8k16, 36 k-steps over 576), the four warps of a row group exchange row
-// maxima through shared memory (online softmax in the log2 domain), write P (bf16/fp16) to
-// shared memory, and warp (r, c) then accumulates O[rows r, columns c*128..c*128+127] += P V
-// with V = the first 512 columns of the same key tile (ldmatrix.trans).
-// Tiles whose 32 slots are all padding / masked are skipped (one ballot per tile).
+// One CTA = one query token (b, s1, n2) and 64 of the H = N1 / N2 query heads sharing its index
+// row; the heads are the MMA rows (a group with fewer heads is zero-padded).  384 threads:
+//   - warpgroup 0, the producer (registers lowered): gathers the selected key rows, 64 per
+//     block, 576 columns, with 16-byte cp.async into the 128-byte-swizzled layout wgmma reads
+//     (8 threads per row, coalesced 128-byte segments); invalid slots (-1, out of range, past
+//     the causal limit) are zero-filled, never read, and flagged in shared memory;
+//   - warpgroups 1 and 2, the consumers: two key buffers, warpgroup 1 owns even blocks, 2 odd
+//     ones.  Each computes S = Q K^T of its block (wgmma m64n64k16, 36 k-steps, both operands in
+//     shared memory) and owns 256 of the 512 output columns: O_half += P_even V_even[:, half]
+//     + P_odd V_odd[:, half], its own P from registers, the other's P through shared memory.
+//   - the running max is chained: warpgroup 1 takes max(m, rowmax S_even) and posts it,
+//     warpgroup 2 takes max of that and rowmax S_odd (m') and posts it back; warpgroup 1 then
+//     rescales its P to m' before sharing it, so both halves of O see one base per block pair.
+//   - each key buffer is completed and released in two halves (columns 0-255; 256-575), so the
+//     next block's gather and its S GEMM start while the other half is still being read.
+// P of the even block is written over the even buffer's rope columns (no longer needed after
+// S); the odd block's P has its own 8 KB (its buffer's rope half is refilled earlier).
+// Rows of the index whose remaining slots are all invalid end the loop (a pre-scan finds the
+// last valid slot), so padded tails cost nothing.
+// Softmax in base 2, fp32; rows with no valid key get O = 0 and LSE = -inf; a NaN score (or
+// +inf) makes O and LSE of its row NaN.
+#include <math.h>
+
+#include "hopper/hopper.cuh"
 #include "sfa_common.cuh"
 
-namespace sfa {
+namespace {
 
-template <typename T, int R, int MR>
-__global__ void __launch_bounds__(128 * R / MR, 1) fwd_kernel(const Params p) {
-    constexpr int HT = 16 * R;
-    constexpr int NW = 4 * R / MR;  // warp (r, c): rows r*16*MR.. (MR m-tiles), column group c
-    constexpr int NT = 32 * NW;
-    constexpr int LDP = NK + PAD;
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    T *sQ = reinterpret_cast<T *>(smem_raw);            // [HT][LDQK]
-    T *sK = sQ + HT * LDQK;                              // [2][NK][LDQK]
-    T *sP = sK + 2 * NK * LDQK;                          // [HT][LDP]
-    float *sMax = reinterpret_cast<float *>(sP + HT * LDP);  // [4][HT]
-    float *sL = sMax + 4 * HT;                           // [4][HT]
+using sfa::Params;
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int r = warp >> 2, c = warp & 3;
-    const int ngroups = (p.H + HT - 1) / HT;
-    const int s1 = blockIdx.x / ngroups, g = blockIdx.x % ngroups;
+constexpr int BH = 64;                  // query heads per CTA (MMA rows)
+constexpr int BK = 64;                  // selected keys per block
+constexpr int NBOX = sfa::DQK / 64;     // 9 boxes of 64 columns (128 bytes) per row
+constexpr int BOX = 64 * 128;           // one box of 64 rows
+constexpr int TILE = NBOX * BOX;        // Q tile or one key block: 73728 bytes
+constexpr int OFF_Q = 0, OFF_K = TILE, OFF_P1 = 3 * TILE, OFF_VALID = OFF_P1 + BOX;
+constexpr int OFF_M = OFF_VALID + 2 * BK, OFF_L = OFF_M + 32 * 8, OFF_BAR = OFF_L + 64 * 8;
+constexpr int OFF_LAST = OFF_BAR + 9 * 8;
+constexpr int SMEM = OFF_LAST + 16 + 1024;  // + alignment slack
+static_assert(SMEM <= 232448, "fits in 227 KB");
+
+// named barriers (consumers only, 256 threads)
+enum { NB_Q = 1, NB_M0 = 2, NB_M1 = 3, NB_P0 = 4, NB_P1 = 5, NB_L = 6 };
+
+__device__ __forceinline__ uint32_t sw128(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
+
+template <typename T>
+__global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant__ Params p) {
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char *sm = reinterpret_cast<unsigned char *>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+    unsigned char *sQ = sm + OFF_Q, *sK0 = sm + OFF_K, *sK1 = sm + OFF_K + TILE, *sP1 = sm + OFF_P1;
+    unsigned char *sP0 = sK0 + 8 * BOX;  // the even block's rope box
+    uint8_t *valid = sm + OFF_VALID;     // [2][64]
+    float2 *sM = reinterpret_cast<float2 *>(sm + OFF_M);   // [32] running max, by row quad
+    float2 *sL = reinterpret_cast<float2 *>(sm + OFF_L);   // [2][32] row sums
+    uint64_t *rdy = reinterpret_cast<uint64_t *>(sm + OFF_BAR);  // [block][half]
+    uint64_t *fre = rdy + 4, *vbar = rdy + 8;
+    int *s_last = reinterpret_cast<int *>(sm + OFF_LAST);
+
+    const int ngroups = (p.H + BH - 1) / BH;
+    const int s1 = p.S1 - 1 - (int)(blockIdx.x / ngroups);  // the longest rows (mode 3) first
+    const int g = (int)(blockIdx.x % ngroups);
     const int b = blockIdx.y / p.N2, n2 = blockIdx.y % p.N2;
-    const int head0 = n2 * p.H + g * HT;  // first query head of this CTA
-    const int nh = min(HT, p.H - g * HT);
+    const int head0 = n2 * p.H + g * BH, nh = min(BH, p.H - g * BH);
     const int lim = p.mode == 3 ? p.S2 - p.S1 + s1 : p.S2 - 1;
-    const int32_t *row = p.idx + b * p.sidx[0] + (int64_t)s1 * p.sidx[1] + n2 * p.sidx[2];
-    const int ntiles = (p.K * p.sbs + NK - 1) / NK;
-
+    const int32_t *irow = p.idx + b * p.sidx[0] + (int64_t)s1 * p.sidx[1] + n2 * p.sidx[2];
+    const int64_t si3 = p.sidx[3];
     const T *qb = static_cast<const T *>(p.q) + b * p.sq[0] + (int64_t)s1 * p.sq[1];
     const T *qrb = static_cast<const T *>(p.qr) + b * p.sqr[0] + (int64_t)s1 * p.sqr[1];
-    const T *kb = static_cast<const T *>(p.k) + b * p.sk[0] + n2 * p.sk[2];
-    const T *krb = static_cast<const T *>(p.kr) + b * p.skr[0] + n2 * p.skr[2];
+    // warp-uniform in the compiler's view (a shuffle), so wgmma is not in a divergent path
+    const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 7), 0), t = threadIdx.x & 127;
 
-    // Q (rows past nh are zero).
-    for (int i = tid; i < HT * (DQK / 8); i += NT) {
-        int h = i / (DQK / 8), ch = i % (DQK / 8);
-        const T *src = qb;
-        int bytes = 0;
-        if (h < nh) {
-            bytes = 16;
-            src = ch < D / 8 ? qb + (head0 + h) * p.sq[2] + ch * 8
-                             : qrb + (head0 + h) * p.sqr[2] + (ch - D / 8) * 8;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < 4; i++) {
+            hop::mbar_init(rdy + i, 128);
+            hop::mbar_init(fre + i, 128);
         }
-        cp_async16(sQ + h * LDQK + ch * 8, src, bytes);
+        hop::mbar_init(vbar, 16);
+        *s_last = -1;
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    cp_async_commit();
-
-    auto load_tile = [&](int buf, int key_lane) {
-        T *dst = sK + buf * NK * LDQK;
-        for (int i = tid; i < NK * (DQK / 8); i += NT) {
-            int slot = i / (DQK / 8), ch = i % (DQK / 8);
-            int key = __shfl_sync(0xffffffffu, key_lane, slot);
-            const T *src = kb;
-            int bytes = 0;
-            if (key >= 0) {
-                bytes = 16;
-                src = ch < D / 8 ? kb + (int64_t)key * p.sk[1] + ch * 8
-                                 : krb + (int64_t)key * p.skr[1] + (ch - D / 8) * 8;
-            }
-            cp_async16(dst + slot * LDQK + ch * 8, src, bytes);
+    if (wg > 0) {  // consumers start the Q load (rows past nh are zero)
+        for (int x = threadIdx.x - 128; x < BH * NBOX * 8; x += 256) {
+            const int h = x / (NBOX * 8), ch = x % (NBOX * 8), ok = h < nh;
+            const T *src = !ok ? qb : ch < 64 ? qb + (int64_t)(head0 + h) * p.sq[2] + ch * 8
+                                              : qrb + (int64_t)(head0 + h) * p.sqr[2] + (ch - 64) * 8;
+            sfa::cp_async16(sQ + (ch >> 3) * BOX + sw128(h, ch & 7), src, ok ? 16 : 0);
         }
-        cp_async_commit();
+        sfa::cp_async_commit();
+    }
+    // pre-scan: the last valid slot of the row decides how many block pairs are visited
+    {
+        const int kmax = min(p.S2 - 1, lim);
+        int last = -1;
+        for (int e = threadIdx.x; e < p.K; e += 384) {
+            const int bi = __ldg(irow + e * si3);
+            if (bi >= 0 && bi < p.nblk) {
+                const long long k0 = (long long)bi << p.log2sbs;
+                if (k0 <= kmax) last = max(last, (e << p.log2sbs) + (int)min((long long)p.sbs - 1, kmax - k0));
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) last = max(last, __shfl_xor_sync(0xffffffffu, last, o));
+        __syncthreads();  // barrier init and s_last = -1 are visible
+        if ((threadIdx.x & 31) == 0 && last >= 0) atomicMax(s_last, last);
+        __syncthreads();
+    }
+    const int last = *s_last;
+    const int npairs = last < 0 ? 0 : last / (2 * BK) + 1;
+
+    if (wg == 0) {  // ------------------------------------------------------------------ producer
+        hop::setmaxnreg_dec<72>();
+        const int grp = t >> 3, ig = t & 7;  // rows grp + 16 r of each block; 16-byte chunk ig
+        const T *kb = static_cast<const T *>(p.k) + b * p.sk[0] + n2 * p.sk[2] + ig * 8;
+        const T *krb = static_cast<const T *>(p.kr) + b * p.skr[0] + n2 * p.skr[2] + ig * 8;
+        auto copy = [&](unsigned char *dst, const int (&key)[4], int box0, int box1) {
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int row = grp + 16 * r, ok = key[r] >= 0;
+                const T *nope = kb + (int64_t)(ok ? key[r] : 0) * p.sk[1];
+                const T *rope = krb + (int64_t)(ok ? key[r] : 0) * p.skr[1];
+#pragma unroll
+                for (int x = box0; x < box1; x++)
+                    sfa::cp_async16(dst + x * BOX + sw128(row, ig), x < 8 ? nope + x * 64 : rope, ok ? 16 : 0);
+            }
+        };
+        for (int i = 0; i < npairs; i++) {
+            const uint32_t fp = (i & 1) ^ 1;
+            int k0[4], k1[4];
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                k0[r] = sfa::key_of(p, irow, si3, (2 * i) * BK + grp + 16 * r, lim);
+                k1[r] = sfa::key_of(p, irow, si3, (2 * i + 1) * BK + grp + 16 * r, lim);
+            }
+            // order: what each consumer reads first (even: columns 0-255 first; odd: 256-575)
+            hop::mbar_wait(fre + 0, fp);
+            copy(sK0, k0, 0, 4);
+            hop::cp_async_arrive_noinc(rdy + 0);
+            hop::mbar_wait(fre + 3, fp);
+            copy(sK1, k1, 4, NBOX);
+            hop::cp_async_arrive_noinc(rdy + 3);
+            hop::mbar_wait(fre + 1, fp);
+            copy(sK0, k0, 4, NBOX);
+            hop::cp_async_arrive_noinc(rdy + 1);
+            hop::mbar_wait(fre + 2, fp);
+            copy(sK1, k1, 0, 4);
+            hop::cp_async_arrive_noinc(rdy + 2);
+            if (ig == 0) {
+#pragma unroll
+                for (int r = 0; r < 4; r++) {
+                    valid[grp + 16 * r] = k0[r] >= 0;
+                    valid[BK + grp + 16 * r] = k1[r] >= 0;
+                }
+                hop::mbar_arrive(vbar);
+            }
+        }
+        sfa::cp_async_wait<0>();
+        return;
+    }
+
+    // ------------------------------------------------------------------------------- consumers
+    hop::setmaxnreg_inc<216>();
+    const int c = wg - 1;  // 0: even blocks, output columns 0-255; 1: odd blocks, 256-511
+    const int warp = t >> 5, lane = t & 31, q4 = lane & 3, quad = t >> 2;
+    const int r0 = warp * 16 + (lane >> 2);  // this thread's rows r0, r0 + 8
+    const float sl2 = p.scale_log2;
+    unsigned char *sKo = c ? sK1 : sK0;      // own block's buffer
+
+    float o[128], s[32];
+    uint32_t pa[4][4];
+#pragma unroll
+    for (int i = 0; i < 128; i++) o[i] = 0.f;
+    // -1e30 instead of -inf keeps exp2(m_old - m_new) finite when a block is fully masked
+    float m0 = -1e30f, m1 = -1e30f, l0 = 0.f, l1 = 0.f;
+
+    sfa::cp_async_wait<0>();
+    hop::fence_proxy_async();
+    hop::bar_sync(NB_Q, 256);
+
+    // Descriptors: one base each, k-steps added to the address field (addr >> 4; shared memory
+    // offsets never carry out of it) at each use (hop::desc_add).
+    const uint64_t qd = hop::desc_sw128(sQ, 16, 1024), kd = hop::desc_sw128(sKo, 16, 1024);
+    const uint64_t vd0 = hop::desc_sw128(sK0 + c * 4 * BOX, BOX, 1024), vd1 = hop::desc_sw128(sK1 + c * 4 * BOX, BOX, 1024);
+    const uint64_t pd0 = hop::desc_sw128(sP0, 16, 1024), pd1 = hop::desc_sw128(sP1, 16, 1024);
+    auto qdesc = [&](int kk) { return hop::desc_add(qd, (kk >> 2) * BOX + (kk & 3) * 32); };
+    auto kdesc = [&](int kk) { return hop::desc_add(kd, (kk >> 2) * BOX + (kk & 3) * 32); };
+    // V = a block's first 512 columns read MN-major: 64-column boxes BOX apart, 16 keys per k-step
+    auto vdesc = [&](int blk, int kk) { return hop::desc_add(blk ? vd1 : vd0, kk * 16 * 128); };
+    auto pdesc = [&](int blk, int kk) { return hop::desc_add(blk ? pd1 : pd0, kk * 32); };
+    auto qk = [&](int box0, int box1, bool first) {
+#pragma unroll
+        for (int kk = box0 * 4; kk < box1 * 4; kk++) hop::elt<T>::template ss64<0, 0>(s, qdesc(kk), kdesc(kk), !(first && kk == box0 * 4));
+    };
+    // scaled scores with invalid keys at -inf (after scaling: a negative scale keeps the mask)
+    auto mask_scale = [&]() {
+        const uint8_t *v = valid + c * BK;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const uint16_t vv = *reinterpret_cast<const uint16_t *>(v + 8 * j + 2 * q4);
+            const bool a = vv & 0xff, bb = vv >> 8;
+            s[4 * j] = a ? s[4 * j] * sl2 : -INFINITY;
+            s[4 * j + 1] = bb ? s[4 * j + 1] * sl2 : -INFINITY;
+            s[4 * j + 2] = a ? s[4 * j + 2] * sl2 : -INFINITY;
+            s[4 * j + 3] = bb ? s[4 * j + 3] * sl2 : -INFINITY;
+        }
+    };
+    auto rowmax = [&](float &t0, float &t1) {
+        t0 = -INFINITY;
+        t1 = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            t0 = fmaxf(t0, fmaxf(s[4 * j], s[4 * j + 1]));
+            t1 = fmaxf(t1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+        }
+        t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, 1));
+        t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, 2));
+        t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, 1));
+        t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, 2));
+    };
+    auto scale_o = [&](float a0, float a1) {
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            o[4 * j] *= a0;
+            o[4 * j + 1] *= a0;
+            o[4 * j + 2] *= a1;
+            o[4 * j + 3] *= a1;
+        }
+    };
+    // P = exp2(s - m) with the new max (n0, n1); O and the sums rescaled from the old max
+    auto softmax = [&](float n0, float n1) {
+        const float a0 = exp2f(m0 - n0), a1 = exp2f(m1 - n1);
+        scale_o(a0, a1);
+        float ls0 = 0.f, ls1 = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            s[4 * j] = exp2f(s[4 * j] - n0);
+            s[4 * j + 1] = exp2f(s[4 * j + 1] - n0);
+            s[4 * j + 2] = exp2f(s[4 * j + 2] - n1);
+            s[4 * j + 3] = exp2f(s[4 * j + 3] - n1);
+            ls0 += s[4 * j] + s[4 * j + 1];
+            ls1 += s[4 * j + 2] + s[4 * j + 3];
+        }
+        l0 = l0 * a0 + ls0;
+        l1 = l1 * a1 + ls1;
+        m0 = n0;
+        m1 = n1;
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            pa[kk][0] = hop::elt<T>::pack(s[8 * kk], s[8 * kk + 1]);
+            pa[kk][1] = hop::elt<T>::pack(s[8 * kk + 2], s[8 * kk + 3]);
+            pa[kk][2] = hop::elt<T>::pack(s[8 * kk + 4], s[8 * kk + 5]);
+            pa[kk][3] = hop::elt<T>::pack(s[8 * kk + 6], s[8 * kk + 7]);
+        }
+    };
+    auto store_p = [&](unsigned char *dst, float f0, float f1) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            *reinterpret_cast<uint32_t *>(dst + sw128(r0, j) + q4 * 4) = hop::elt<T>::pack(s[4 * j] * f0, s[4 * j + 1] * f0);
+            *reinterpret_cast<uint32_t *>(dst + sw128(r0 + 8, j) + q4 * 4) = hop::elt<T>::pack(s[4 * j + 2] * f1, s[4 * j + 3] * f1);
+        }
+    };
+    auto pv_local = [&](int blk) {
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) hop::elt<T>::template rs256<1>(o, pa[kk], vdesc(blk, kk), 1);
+    };
+    auto pv_remote = [&](int blk) {  // the other warpgroup's P and block
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) hop::elt<T>::template ss256<0, 1>(o, pdesc(blk, kk), vdesc(blk, kk), 1);
     };
 
-    int cur_key, next_key;
-    int t = next_tile(p, row, p.sidx[3], 0, ntiles, lim, lane, cur_key);
-    if (t < ntiles) load_tile(0, cur_key);
-
-    float acc[MR][16][4];
-#pragma unroll
-    for (int mi = 0; mi < MR; ++mi)
-#pragma unroll
-        for (int i = 0; i < 16; ++i) acc[mi][i][0] = acc[mi][i][1] = acc[mi][i][2] = acc[mi][i][3] = 0.f;
-    float m0[MR], m1[MR], l0[MR], l1[MR];
-#pragma unroll
-    for (int mi = 0; mi < MR; ++mi) {
-        m0[mi] = m1[mi] = -INFINITY;
-        l0[mi] = l1[mi] = 0.f;
-    }
-    const int gq = lane >> 2, tq = lane & 3;
-    const int row0 = r * 16 * MR;  // rows of m-tile mi: row0 + mi*16 + gq and + 8
-    int buf = 0;
-
-    while (t < ntiles) {
-        cp_async_wait<0>();
-        __syncthreads();  // (A) tile t (and Q) visible; everybody done with the other buffer
-        int tn = next_tile(p, row, p.sidx[3], t + 1, ntiles, lim, lane, next_key);
-        if (tn < ntiles) load_tile(buf ^ 1, next_key);
-
-        const T *Kt = sK + buf * NK * LDQK;
-        // ---- S = Q K^T for this warp's rows, keys c*8..c*8+7; independent accumulators per
-        // k-step parity (short MMA dependency chains), one B fragment shared by the MR m-tiles
-        float s[MR][4], s2[MR][4];
-#pragma unroll
-        for (int mi = 0; mi < MR; ++mi)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) s[mi][i] = s2[mi][i] = 0.f;
-        {
-            const uint32_t aBase = smem_u32(sQ + (row0 + (lane & 15)) * LDQK + (lane >> 4) * 8);
-            const uint32_t bBase = smem_u32(Kt + (c * 8 + (lane & 7)) * LDQK + (lane >> 3) * 8);
-#pragma unroll(MR == 1 ? 6 : 3)
-            for (int ks = 0; ks < DQK / 16; ks += 2) {
-                uint32_t bb[4];
-                ldsm_x4(bb, bBase + ks * 32);
-#pragma unroll
-                for (int mi = 0; mi < MR; ++mi) {
-                    uint32_t a0[4], a1[4];
-                    ldsm_x4(a0, aBase + mi * 16 * LDQK * 2 + ks * 32);
-                    ldsm_x4(a1, aBase + mi * 16 * LDQK * 2 + ks * 32 + 32);
-                    mma16816<T>(s[mi], a0, bb);
-                    mma16816<T>(s2[mi], a1, bb + 2);
-                }
+    if (c == 0) {
+        if (npairs > 0) {
+            hop::mbar_wait(rdy + 0, 0);
+            hop::wgmma_fence();
+            qk(0, 4, true);
+            hop::wgmma_commit();  // a wait inside an open chain would serialise it
+            hop::mbar_wait(rdy + 1, 0);
+            hop::wgmma_fence();
+            qk(4, NBOX, false);
+            hop::wgmma_commit();
+            hop::wgmma_wait<0>();
+            hop::reg_fence(s);
+        }
+        for (int i = 0; i < npairs; i++) {
+            const uint32_t ph = i & 1;
+            hop::mbar_wait(vbar, ph);
+            mask_scale();
+            float t0, t1;
+            rowmax(t0, t1);
+            softmax(fmaxf(m0, t0), fmaxf(m1, t1));
+            if (q4 == 0) sM[quad] = make_float2(m0, m1);
+            hop::bar_arrive(NB_M0, 256);
+            hop::wgmma_fence();
+            pv_local(0);
+            hop::wgmma_commit();
+            hop::wgmma_wait<0>();
+            hop::reg_fence(o);
+            hop::mbar_arrive(fre + 0);
+            hop::bar_sync(NB_M1, 256);  // the odd block's max m'
+            const float2 mn = sM[quad];
+            const float f0 = exp2f(m0 - mn.x), f1 = exp2f(m1 - mn.y);
+            m0 = mn.x;
+            m1 = mn.y;
+            store_p(sP0, f0, f1);
+            hop::fence_proxy_async();
+            hop::bar_arrive(NB_P0, 256);
+            scale_o(f0, f1);
+            l0 *= f0;
+            l1 *= f1;
+            hop::bar_sync(NB_P1, 256);
+            hop::wgmma_fence();
+            pv_remote(1);
+            hop::wgmma_commit();
+            if (i + 1 < npairs) {  // the next even block's S overlaps the remote P V
+                hop::mbar_wait(rdy + 0, ph ^ 1);
+                hop::wgmma_fence();
+                qk(0, 4, true);
+                hop::wgmma_commit();
+                hop::wgmma_wait<1>();
+                hop::reg_fence(o);
+                hop::mbar_arrive(fre + 2);
+                hop::mbar_wait(rdy + 1, ph ^ 1);
+                hop::wgmma_fence();
+                qk(4, NBOX, false);
+                hop::wgmma_commit();
+                hop::wgmma_wait<0>();
+                hop::reg_fence(s);
+            } else {
+                hop::wgmma_wait<0>();
+                hop::reg_fence(o);
+                hop::mbar_arrive(fre + 2);
             }
         }
-        // ---- masking and row maxima ----
-        const int slot0 = c * 8 + tq * 2;
-        const bool v0 = __shfl_sync(0xffffffffu, cur_key, slot0) >= 0;
-        const bool v1 = __shfl_sync(0xffffffffu, cur_key, slot0 + 1) >= 0;
-#pragma unroll
-        for (int mi = 0; mi < MR; ++mi) {
-            const int rowA = row0 + mi * 16 + gq;
-            s[mi][0] = v0 ? (s[mi][0] + s2[mi][0]) * p.scale_log2 : -INFINITY;
-            s[mi][1] = v1 ? (s[mi][1] + s2[mi][1]) * p.scale_log2 : -INFINITY;
-            s[mi][2] = v0 ? (s[mi][2] + s2[mi][2]) * p.scale_log2 : -INFINITY;
-            s[mi][3] = v1 ? (s[mi][3] + s2[mi][3]) * p.scale_log2 : -INFINITY;
-            float mx0 = fmaxf(s[mi][0], s[mi][1]), mx1 = fmaxf(s[mi][2], s[mi][3]);
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-            if (tq == 0) {
-                sMax[c * HT + rowA] = mx0;
-                sMax[c * HT + rowA + 8] = mx1;
-            }
-        }
-        __syncthreads();  // (B)
-#pragma unroll
-        for (int mi = 0; mi < MR; ++mi) {
-            const int rowA = row0 + mi * 16 + gq;
-            float n0 = m0[mi], n1 = m1[mi];
-#pragma unroll
-            for (int cc = 0; cc < 4; ++cc) {
-                n0 = fmaxf(n0, sMax[cc * HT + rowA]);
-                n1 = fmaxf(n1, sMax[cc * HT + rowA + 8]);
-            }
-            // Every processed tile has a valid key for every row, so n0/n1 are finite here.
-            const float al0 = exp2f(m0[mi] - n0), al1 = exp2f(m1[mi] - n1);
-            m0[mi] = n0;
-            m1[mi] = n1;
-            const float p0 = exp2f(s[mi][0] - n0), p1 = exp2f(s[mi][1] - n0);
-            const float p2 = exp2f(s[mi][2] - n1), p3 = exp2f(s[mi][3] - n1);
-            l0[mi] = l0[mi] * al0 + p0 + p1;
-            l1[mi] = l1[mi] * al1 + p2 + p3;
-            *reinterpret_cast<uint32_t *>(sP + rowA * LDP + slot0) = Ty<T>::pack(p0, p1);
-            *reinterpret_cast<uint32_t *>(sP + (rowA + 8) * LDP + slot0) = Ty<T>::pack(p2, p3);
-#pragma unroll
-            for (int i = 0; i < 16; ++i) {
-                acc[mi][i][0] *= al0;
-                acc[mi][i][1] *= al0;
-                acc[mi][i][2] *= al1;
-                acc[mi][i][3] *= al1;
-            }
-        }
-        __syncthreads();  // (C) P visible
-        // ---- O[rows, cols c*128..] += P V (one V fragment shared by the MR m-tiles) ----
-#pragma unroll
-        for (int ks = 0; ks < NK / 16; ++ks) {
-            uint32_t a[MR][4];
-#pragma unroll
-            for (int mi = 0; mi < MR; ++mi)
-                ldsm_x4(a[mi], smem_u32(sP + (row0 + mi * 16 + (lane & 15)) * LDP + ks * 16 + (lane >> 4) * 8));
-            const uint32_t vBase =
-                smem_u32(Kt + (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDQK + c * 128 +
-                         (lane >> 4) * 8);
-#pragma unroll
-            for (int nt = 0; nt < 16; nt += 2) {
-                uint32_t bb[4];
-                ldsm_x4_t(bb, vBase + nt * 16);
-#pragma unroll
-                for (int mi = 0; mi < MR; ++mi) {
-                    mma16816<T>(acc[mi][nt], a[mi], bb);
-                    mma16816<T>(acc[mi][nt + 1], a[mi], bb + 2);
-                }
-            }
-        }
-        t = tn;
-        cur_key = next_key;
-        buf ^= 1;
-    }
-
-    // ---- epilogue: row sums across the 4 warps of the row group ----
-#pragma unroll
-    for (int mi = 0; mi < MR; ++mi) {
-        const int rowA = row0 + mi * 16 + gq;
-        float a0 = l0[mi], a1 = l1[mi];
-        a0 += __shfl_xor_sync(0xffffffffu, a0, 1);
-        a0 += __shfl_xor_sync(0xffffffffu, a0, 2);
-        a1 += __shfl_xor_sync(0xffffffffu, a1, 1);
-        a1 += __shfl_xor_sync(0xffffffffu, a1, 2);
-        if (tq == 0) {
-            sL[c * HT + rowA] = a0;
-            sL[c * HT + rowA + 8] = a1;
+    } else {
+        for (int i = 0; i < npairs; i++) {
+            const uint32_t ph = i & 1;
+            hop::mbar_wait(rdy + 3, ph);
+            hop::wgmma_fence();
+            qk(4, NBOX, true);
+            hop::wgmma_commit();
+            hop::mbar_wait(rdy + 2, ph);
+            hop::wgmma_fence();
+            qk(0, 4, false);
+            hop::wgmma_commit();
+            hop::wgmma_wait<0>();
+            hop::reg_fence(s);
+            hop::mbar_wait(vbar, ph);
+            mask_scale();
+            float t0, t1;
+            rowmax(t0, t1);
+            hop::bar_sync(NB_M0, 256);  // the even block's max
+            const float2 me = sM[quad];
+            softmax(fmaxf(me.x, t0), fmaxf(me.y, t1));
+            __syncwarp();
+            if (q4 == 0) sM[quad] = make_float2(m0, m1);
+            hop::bar_arrive(NB_M1, 256);
+            hop::wgmma_fence();
+            pv_local(1);
+            hop::wgmma_commit();
+            store_p(sP1, 1.f, 1.f);
+            hop::fence_proxy_async();
+            hop::bar_arrive(NB_P1, 256);
+            hop::bar_sync(NB_P0, 256);
+            hop::wgmma_fence();
+            pv_remote(0);
+            hop::wgmma_commit();
+            hop::wgmma_wait<1>();
+            hop::reg_fence(o);
+            hop::mbar_arrive(fre + 3);
+            hop::wgmma_wait<0>();
+            hop::reg_fence(o);
+            hop::mbar_arrive(fre + 1);
         }
     }
-    __syncthreads();
+
+    // ---- epilogue: row sums of both halves, normalise, store O and LSE
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    if (q4 == 0) sL[c * 32 + quad] = make_float2(l0, l1);
+    hop::bar_sync(NB_L, 256);
+    const float2 lo = sL[(c ^ 1) * 32 + quad];
+    l0 += lo.x;
+    l1 += lo.y;
     T *ob = static_cast<T *>(p.out_o) + b * p.so[0] + (int64_t)s1 * p.so[1];
+    // l == 0: nothing attended (O = 0, LSE = -inf); a NaN sum keeps O and LSE NaN
+    const float inv0 = l0 > 0.f ? 1.f / l0 : l0 == 0.f ? 0.f : l0;
+    const float inv1 = l1 > 0.f ? 1.f / l1 : l1 == 0.f ? 0.f : l1;
+    const bool ok0 = r0 < nh, ok1 = r0 + 8 < nh;
+    T *orow0 = ob + (int64_t)(head0 + r0) * p.so[2] + c * 256 + 2 * q4;
+    T *orow1 = orow0 + 8 * p.so[2];
 #pragma unroll
-    for (int mi = 0; mi < MR; ++mi) {
-        const int rowA = row0 + mi * 16 + gq;
-        float L0 = 0.f, L1 = 0.f;
-#pragma unroll
-        for (int cc = 0; cc < 4; ++cc) {
-            L0 += sL[cc * HT + rowA];
-            L1 += sL[cc * HT + rowA + 8];
-        }
-        const float inv0 = L0 > 0.f ? 1.f / L0 : 0.f, inv1 = L1 > 0.f ? 1.f / L1 : 0.f;
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int hr = rowA + half * 8;
-            if (hr >= nh) continue;
-            const float inv = half ? inv1 : inv0;
-            T *orow = ob + (head0 + hr) * p.so[2] + c * 128 + tq * 2;
-#pragma unroll
-            for (int nt = 0; nt < 16; ++nt)
-                *reinterpret_cast<uint32_t *>(orow + nt * 8) =
-                    Ty<T>::pack(acc[mi][nt][half * 2] * inv, acc[mi][nt][half * 2 + 1] * inv);
-            if (c == 0 && tq == 0 && p.out_lse) {
-                const float L = half ? L1 : L0, m = half ? m1[mi] : m0[mi];
-                p.out_lse[b * p.slse[0] + (int64_t)s1 * p.slse[1] + (head0 + hr) * p.slse[2]] =
-                    L > 0.f ? (m + log2f(L)) * 0.69314718055994531f : -INFINITY;
-            }
-        }
+    for (int j = 0; j < 32; j++) {
+        if (ok0) *reinterpret_cast<uint32_t *>(orow0 + 8 * j) = hop::elt<T>::pack(o[4 * j] * inv0, o[4 * j + 1] * inv0);
+        if (ok1) *reinterpret_cast<uint32_t *>(orow1 + 8 * j) = hop::elt<T>::pack(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1);
+    }
+    if (c == 0 && q4 == 0 && p.out_lse) {
+        float *lse = p.out_lse + b * p.slse[0] + (int64_t)s1 * p.slse[1] + (int64_t)(head0 + r0) * p.slse[2];
+        if (ok0) lse[0] = l0 > 0.f ? (m0 + log2f(l0)) * 0.69314718055994531f : l0 == 0.f ? -INFINITY : l0;
+        if (ok1) lse[8 * p.slse[2]] = l1 > 0.f ? (m1 + log2f(l1)) * 0.69314718055994531f : l1 == 0.f ? -INFINITY : l1;
     }
 }
 
-template <typename T, int R, int MR>
-static cudaError_t launch_fwd(const Params &p, cudaStream_t st) {
-    constexpr int HT = 16 * R;
-    size_t smem = (size_t)(HT * LDQK + 2 * NK * LDQK + HT * (NK + PAD)) * sizeof(T) +
-                  8 * HT * sizeof(float);
-    cudaError_t e = cudaFuncSetAttribute(fwd_kernel<T, R, MR>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+template <typename T> cudaError_t launch(const Params &p, cudaStream_t st) {
+    static unsigned long long done = 0;
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
     if (e != cudaSuccess) return e;
-    const int ngroups = (p.H + HT - 1) / HT;
-    dim3 grid((unsigned)(p.S1 * ngroups), (unsigned)(p.B * p.N2));
-    fwd_kernel<T, R, MR><<<grid, 128 * R / MR, smem, st>>>(p);
+    const unsigned long long bit = dev < 64 ? 1ull << dev : 0ull;
+    if (!(bit && (done & bit))) {
+        e = cudaFuncSetAttribute(sfa_fwd90_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+        if (e != cudaSuccess) return e;
+        done |= bit;
+    }
+    const int ngroups = (p.H + BH - 1) / BH;
+    dim3 grid((unsigned)((long long)p.S1 * ngroups), (unsigned)(p.B * p.N2));
+    sfa_fwd90_kernel<T><<<grid, 384, SMEM, st>>>(p);
     return cudaGetLastError();
 }
 
-}  // namespace sfa
+}  // namespace
 
-// Launcher used by sfa_host.cu: picks the head-group size from H.
-extern "C" cudaError_t spattn_sfa_fast_fwd_launch(const sfa::Params *p, int is_bf16,
-                                                  cudaStream_t st) {
-    const int H = p->H;
-    if (is_bf16) {
-        if (H <= 16) return sfa::launch_fwd<__nv_bfloat16, 1, 1>(*p, st);
-        if (H <= 32) return sfa::launch_fwd<__nv_bfloat16, 2, 1>(*p, st);
-        return sfa::launch_fwd<__nv_bfloat16, 4, 2>(*p, st);
-    }
-    if (H <= 16) return sfa::launch_fwd<__half, 1, 1>(*p, st);
-    if (H <= 32) return sfa::launch_fwd<__half, 2, 1>(*p, st);
-    return sfa::launch_fwd<__half, 4, 2>(*p, st);
+// Launcher used by sfa_host.cu.
+extern "C" cudaError_t spattn_sfa_fast_fwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st) {
+    return is_bf16 ? launch<__nv_bfloat16>(*p, st) : launch<__half>(*p, st);
 }

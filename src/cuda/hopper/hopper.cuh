@@ -31,6 +31,14 @@ __device__ __forceinline__ uint64_t desc_sw128(const void *p, uint32_t lbo, uint
            ((uint64_t)((sbo & 0x3FFFFu) >> 4) << 32) | (1ull << 62);
 }
 
+// Descriptor d advanced by `bytes` (a multiple of 16).  Volatile so that the compiler recomputes
+// it at each use instead of hoisting a table of 64-bit descriptors out of the loop (which spills).
+__device__ __forceinline__ uint64_t desc_add(uint64_t d, uint32_t bytes) {
+    uint64_t r;
+    asm volatile("add.s64 %0, %1, %2;\n" : "=l"(r) : "l"(d), "l"((uint64_t)(bytes >> 4)));
+    return r;
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void wgmma_wait() {
@@ -59,15 +67,31 @@ __device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.ar
 
 // ---- mbarrier -----------------------------------------------------------------------------
 __device__ __forceinline__ void mbar_init(uint64_t *b, uint32_t count) { ptx::mbarrier_init(b, count); }
+// The retry loop lives inside one asm statement: a C++ loop is a divergent path to ptxas, which
+// then serialises wgmma chains that straddle the wait (warning C7520).
 __device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t parity) {
-    while (!ptx::mbarrier_try_wait_parity(b, parity)) {
-    }
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "WAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra WAIT_%=;\n}\n" ::"r"(smem_u32(b)),
+        "r"(parity)
+        : "memory");
 }
 __device__ __forceinline__ void mbar_arrive(uint64_t *b) {
     (void)ptx::mbarrier_arrive(ptx::sem_release, ptx::scope_cta, ptx::space_shared, b);
 }
 __device__ __forceinline__ void mbar_expect_tx(uint64_t *b, uint32_t bytes) {
     (void)ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, b, bytes);
+}
+
+// Orders this thread's generic-proxy shared-memory writes (st.shared) before later async-proxy
+// reads (wgmma operands, TMA stores) once a barrier has been passed.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// One arrival on `b` once all of this thread's earlier cp.async copies have landed (the barrier's
+// expected count includes it: .noinc).
+__device__ __forceinline__ void cp_async_arrive_noinc(uint64_t *b) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(b)) : "memory");
 }
 
 // ---- TMA ----------------------------------------------------------------------------------
@@ -92,6 +116,8 @@ template <> struct elt<__half> {
     template <int TA, int TB> static __device__ __forceinline__ void ss64(float (&d)[32], uint64_t a, uint64_t b, int s) { wgmma_ss_m64n64k16_f16<TA, TB>(d, a, b, s); }
     template <int TB> static __device__ __forceinline__ void rs128(float (&d)[64], const uint32_t (&a)[4], uint64_t b, int s) { wgmma_rs_m64n128k16_f16<TB>(d, a, b, s); }
     template <int TB> static __device__ __forceinline__ void rs64(float (&d)[32], const uint32_t (&a)[4], uint64_t b, int s) { wgmma_rs_m64n64k16_f16<TB>(d, a, b, s); }
+    template <int TA, int TB> static __device__ __forceinline__ void ss256(float (&d)[128], uint64_t a, uint64_t b, int s) { wgmma_ss_m64n256k16_f16<TA, TB>(d, a, b, s); }
+    template <int TB> static __device__ __forceinline__ void rs256(float (&d)[128], const uint32_t (&a)[4], uint64_t b, int s) { wgmma_rs_m64n256k16_f16<TB>(d, a, b, s); }
 };
 template <> struct elt<__nv_bfloat16> {
     static __device__ __forceinline__ uint32_t pack(float a, float b) {
@@ -102,6 +128,8 @@ template <> struct elt<__nv_bfloat16> {
     template <int TA, int TB> static __device__ __forceinline__ void ss64(float (&d)[32], uint64_t a, uint64_t b, int s) { wgmma_ss_m64n64k16_bf16<TA, TB>(d, a, b, s); }
     template <int TB> static __device__ __forceinline__ void rs128(float (&d)[64], const uint32_t (&a)[4], uint64_t b, int s) { wgmma_rs_m64n128k16_bf16<TB>(d, a, b, s); }
     template <int TB> static __device__ __forceinline__ void rs64(float (&d)[32], const uint32_t (&a)[4], uint64_t b, int s) { wgmma_rs_m64n64k16_bf16<TB>(d, a, b, s); }
+    template <int TA, int TB> static __device__ __forceinline__ void ss256(float (&d)[128], uint64_t a, uint64_t b, int s) { wgmma_ss_m64n256k16_bf16<TA, TB>(d, a, b, s); }
+    template <int TB> static __device__ __forceinline__ void rs256(float (&d)[128], const uint32_t (&a)[4], uint64_t b, int s) { wgmma_rs_m64n256k16_bf16<TB>(d, a, b, s); }
 };
 
 }  // namespace hop
