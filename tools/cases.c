@@ -220,7 +220,7 @@ static int parse_varlen(const rawcase *r, const char *file, int line, sp_case *c
             return -1;
         }
         if (need(r, "nseq", 1, SP_MAX_SEQS, file, line, name, err, errlen) ||
-            need(r, "total", 0, INT32_MAX, file, line, name, err, errlen))
+            need(r, "total", 0, SP_DIM_MAX, file, line, name, err, errlen))
             return -1;
         c->nseq = iv(r, "nseq");
         c->total = iv(r, "total");
@@ -254,10 +254,11 @@ static int parse_varlen(const rawcase *r, const char *file, int line, sp_case *c
         if (c->lens[b] > mq) mq = c->lens[b];
         if (c->kvlens[b] > mkv) mkv = c->kvlens[b];
     }
-    /* cu_seqlens are int32; an empty batch has no tensor to test. */
-    if (tq < 1 || tkv < 1 || tq > INT32_MAX || tkv > INT32_MAX) {
-        fail(err, errlen, file, line, "case %s: the query and key tokens must total 1 .. 2^31-1 "
-             "(got %lld and %lld)", name, (long long)tq, (long long)tkv);
+    /* An empty batch has no tensor to test; 2^24 tokens a side keeps cu_seqlens (int32) and
+     * the per-token loops of the estimates small. */
+    if (tq < 1 || tkv < 1 || tq > SP_DIM_MAX || tkv > SP_DIM_MAX) {
+        fail(err, errlen, file, line, "case %s: the query and key tokens must each total 1 .. "
+             "2^24 (got %lld and %lld)", name, (long long)tq, (long long)tkv);
         return -1;
     }
     /* max_seqlen_q/kv: at least 1 (the API's rule), also when every query side is empty. */
