@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bench_dump.h"
+#include "bench.h"
 #include "cli.h"
 #include "json.h"
 #include "report.h"
@@ -34,6 +34,7 @@ typedef struct bset {
     char label[128];
     bres *v;
     int n;
+    double peak_gflops; /* --peak: measured fp32 FMA peak (cpu), 0 when not measured */
 } bset;
 
 static int cmp_double(const void *a, const void *b) {
@@ -183,6 +184,7 @@ static int load_set(const char *path, bset *s) {
         const char *op = sp_jv_str(e, "op");
         r->op = op && !strcmp(op, "sfa") ? SP_OP_SFA : SP_OP_BSA;
     }
+    s->peak_gflops = sp_jv_num(doc, "fma_peak_gflops", 0.0); /* --load reprints %peak */
     double sc = sp_jv_num(doc, "scale", 1.0);
     if (sc != 1.0) fprintf(stderr, "spattn: note: %s was a scaled run (x%g)\n", path, sc);
     sp_json_free(doc);
@@ -205,18 +207,28 @@ static double ratio(const bres *ours, const bres *peer) {
     return NAN;
 }
 
+/* Fraction of the measured FMA peak reached in `ms` (NaN without a peak). */
+static double peak_frac(const bset *s, const bres *r, double ms) {
+    return s->peak_gflops > 0 && ms > 0 ? r->flops / (ms * 1e-3) / 1e9 / s->peak_gflops : NAN;
+}
+
 static void print_results(const bset *ours) {
-    printf("%-26s %-4s %10s %10s %10s %9s %10s\n", "case", "pass", "median_ms", "min_ms", "max_ms",
-           "TFLOP/s", "GFLOP");
+    const int pk = ours->peak_gflops > 0;
+    printf("%-26s %-4s %10s %10s %10s %9s %10s%s\n", "case", "pass", "median_ms", "min_ms", "max_ms",
+           "TFLOP/s", "GFLOP", pk ? "   %peak   best%" : "");
     for (int i = 0; i < ours->n; i++) {
         const bres *r = &ours->v[i];
         if (!r->ok) {
             printf("%-26s %-4s ERROR %s\n", r->name, pass_str(r->pass), r->msg);
             continue;
         }
-        printf("%-26s %-4s %10.3f %10.3f %10.3f %9.4g %10.4g%s\n", r->name, pass_str(r->pass),
-               r->median_ms, r->min_ms, r->max_ms, r->tflops, r->flops / 1e9,
-               r->plan_same == 0 ? "  FAIL: plan != plain call" : "");
+        printf("%-26s %-4s %10.3f %10.3f %10.3f %9.4g %10.4g", r->name, pass_str(r->pass),
+               r->median_ms, r->min_ms, r->max_ms, r->tflops, r->flops / 1e9);
+        /* best%: the fastest repeat, less sensitive to other load on a shared machine */
+        if (pk)
+            printf(" %7.1f %7.1f", 100.0 * peak_frac(ours, r, r->median_ms),
+                   100.0 * peak_frac(ours, r, r->min_ms));
+        printf("%s\n", r->plan_same == 0 ? "  FAIL: plan != plain call" : "");
     }
 }
 
@@ -269,6 +281,7 @@ static int write_json(const sp_opts *o, const bset *ours) {
     sp_jw_int(&w, "repeats", o->repeats);
     sp_jw_str(&w, "timer", o->backend == SPATTN_BACKEND_CUDA ? "cuda_events_l2_flushed" : "wall_clock");
     sp_jw_str(&w, "bsa_plan", o->plan_per_call ? "per_call" : "reused");
+    if (ours->peak_gflops > 0) sp_jw_num(&w, "fma_peak_gflops", ours->peak_gflops);
     sp_jw_arr(&w, "results");
     for (int i = 0; i < ours->n; i++) {
         const bres *r = &ours->v[i];
@@ -289,6 +302,10 @@ static int write_json(const sp_opts *o, const bset *ours) {
         sp_jw_num(&w, "max_ms", r->ok ? r->max_ms : NAN);
         sp_jw_num(&w, "flops", r->flops);
         sp_jw_num(&w, "tflops", r->ok ? r->tflops : NAN);
+        if (ours->peak_gflops > 0) {
+            sp_jw_num(&w, "peak_fraction", r->ok ? peak_frac(ours, r, r->median_ms) : NAN);
+            sp_jw_num(&w, "peak_fraction_best", r->ok ? peak_frac(ours, r, r->min_ms) : NAN);
+        }
         sp_jw_end_obj(&w);
     }
     sp_jw_end_arr(&w);
@@ -337,7 +354,7 @@ done:
 }
 
 int sp_cmd_bench(sp_opts *o) {
-    bset ours = {{0}, NULL, 0};
+    bset ours = {{0}, NULL, 0, 0.0};
     bset peers[SP_MAX_LIST];
     int np = 0, rc = SP_EXIT_OK;
     sp_case_list cases = {0};
@@ -368,6 +385,11 @@ int sp_cmd_bench(sp_opts *o) {
             rc = SP_EXIT_USAGE;
             goto done;
         }
+        if (o->peak && o->backend != SPATTN_BACKEND_CPU) {
+            fprintf(stderr, "spattn: --peak belongs to the cpu backend\n");
+            rc = SP_EXIT_USAGE;
+            goto done;
+        }
         char dev[512];
         sp_device_name(o, dev, sizeof dev);
         printf("spattn %s bench: %d case%s, backend %s, %s; warm-up %d, repeats %d (%s)\n",
@@ -379,6 +401,11 @@ int sp_cmd_bench(sp_opts *o) {
         if (f < 1.0)
             printf("SCALED RUN: sequence lengths x%g%s; --scale 1 runs the cases at full size\n", f,
                    o->scale > 0.0 ? "" : " (the cpu backend's default)");
+        if (o->peak) {
+            ours.peak_gflops = sp_fma_peak_gflops(o->threads);
+            printf("fp32 FMA peak (measured, %s): %.1f GFLOP/s; %%peak = median rate / peak, "
+                   "best%% = fastest repeat / peak\n", spattn_cpu_isa(), ours.peak_gflops);
+        }
         fflush(stdout);
         int failed = run_all(o, &cases, &ours);
         if (failed < 0) {

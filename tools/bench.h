@@ -1,11 +1,13 @@
 /*
- * `spattn bench --dump DIR`: the sparsity each case was timed with (bsa block mask, sfa
+ * Pieces of `spattn bench` beside the timing itself.
+ * --dump DIR (bench_dump.c): the sparsity each case was timed with (bsa block mask, sfa
  * indices), written so that the peer scripts (bench/peers/) time the very same masks and
  * indices instead of regenerating them with another random generator.  Format: docs/cli.md
  * ("Dump files"); reader: bench/peers/spattn_dump.py.
+ * --peak (bench_peak.c): the machine's measured fp32 FMA peak, for "% of peak" on the CPU.
  */
-#ifndef SPATTN_CLI_BENCH_DUMP_H
-#define SPATTN_CLI_BENCH_DUMP_H
+#ifndef SPATTN_CLI_BENCH_H
+#define SPATTN_CLI_BENCH_H
 
 #include <stddef.h>
 
@@ -22,5 +24,9 @@ int sp_dump_prepare(const char *dir);
  * a message in err. */
 int sp_dump_case(const char *dir, const sp_opts *o, const sp_case *c, const sp_inputs *in,
                  double pairs, char *err, size_t errlen);
+
+/* `--peak` (bench_peak.c): the measured fp32 FMA peak of `threads` threads (0: OpenMP's
+ * default) with the library's widest ISA, in GFLOP/s. */
+double sp_fma_peak_gflops(int threads);
 
 #endif

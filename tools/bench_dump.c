@@ -1,5 +1,5 @@
-/* `spattn bench --dump DIR`: see bench_dump.h and docs/cli.md ("Dump files"). */
-#include "bench_dump.h"
+/* `spattn bench --dump DIR`: see bench.h and docs/cli.md ("Dump files"). */
+#include "bench.h"
 
 #include <errno.h>
 #include <stdint.h>

@@ -41,6 +41,7 @@ typedef struct sp_opts {
                           1 = the plain calls (schedules built and workspace allocated per call) */
     const char *dump_dir; /* bench: each case's block mask / indices + a JSON header go here, so
                              that peers (bench/peers/) time the very same sparsity (docs/cli.md) */
+    int peak; /* bench, cpu: measure the fp32 FMA peak first and report rates as % of it */
 } sp_opts;
 
 /* Loads the selected suites and applies filters and scaling.  Returns 0, or -1 with the

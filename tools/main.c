@@ -54,7 +54,8 @@ static void usage(FILE *f) {
 "                      outputs must equal a plain call's bit for bit (else exit 1)\n"
 "  --dump DIR          write each case's block mask (bsa) or indices (sfa) and a JSON header\n"
 "                      to DIR (created if missing) for peers to time the same sparsity\n"
-"                      (bench/peers/; format: docs/cli.md)\n",
+"                      (bench/peers/; format: docs/cli.md)\n"
+"  --peak              cpu: measure the fp32 FMA peak first; rates also as %% of it\n",
             SP_CPU_DEFAULT_SCALE);
 }
 
@@ -124,6 +125,10 @@ int main(int argc, char **argv) {
         }
         if (!strcmp(name, "--quiet") || !strcmp(name, "-q")) {
             o.quiet = 1;
+            continue;
+        }
+        if (!strcmp(name, "--peak")) {
+            o.peak = 1;
             continue;
         }
         static const char *const kWithValue[] = {
@@ -218,6 +223,8 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "bench") && seen_timing)
         return bad("--repeats and --warmup belong to 'spattn bench'%s%s", "", "");
     if (strcmp(cmd, "bench") && seen_plan) return bad("--plan belongs to 'spattn bench'%s%s", "", "");
+    if (o.peak && (strcmp(cmd, "bench") || o.load_path))
+        return bad("--peak belongs to 'spattn bench' without --load%s%s", "", "");
     if (o.dump_dir && (strcmp(cmd, "bench") || o.load_path))
         return bad("--dump belongs to 'spattn bench' without --load%s%s", "", "");
     if (!strcmp(cmd, "list") && o.json_path)
