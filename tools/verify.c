@@ -17,7 +17,7 @@
 
 static const char *pass_str(int pass) { return pass == SP_PASS_FWD ? "fwd" : "bwd"; }
 
-static void print_header(const sp_opts *o, int ncases) {
+static void print_header(const sp_opts *o, int ncases, int nvarlen) {
     char dev[512];
     sp_device_name(o, dev, sizeof dev);
     printf("spattn %s verify: %d case%s, backend %s, %s", spattn_version(NULL, NULL, NULL), ncases,
@@ -33,9 +33,12 @@ static void print_header(const sp_opts *o, int ncases) {
     if (o->perturb != 0.0)
         printf("SELF-TEST: %g is added to every output before the comparison (--perturb)\n",
                o->perturb);
-    printf("golden: %s\n", o->backend == SPATTN_BACKEND_CUDA
-                               ? "CUDA reference kernels (fp32 accumulation)"
-                               : "fp64 reference (src/ref)");
+    printf("golden: %s%s\n", o->backend == SPATTN_BACKEND_CUDA
+                                 ? "CUDA reference kernels (fp32 accumulation)"
+                                 : "fp64 reference (src/ref)",
+           /* varlen cases: the fp64 varlen reference on the host on every backend */
+           nvarlen && o->backend == SPATTN_BACKEND_CUDA
+               ? "; varlen cases: fp64 varlen reference on the host (src/ref/ref_varlen.h)" : "");
     printf("%-26s %-6s %-11s %9s %10s %10s %9s %9s %9s\n", "case", "result", "tensor", "matched",
            "max_abs", "rel_l2", "fwd_ms", "bwd_ms", "gold_ms");
 }
@@ -209,7 +212,9 @@ int sp_cmd_verify(sp_opts *o) {
         sp_case_list_free(&cases);
         return SP_EXIT_USAGE;
     }
-    print_header(o, cases.n);
+    int nvarlen = 0;
+    for (int i = 0; i < cases.n; i++) nvarlen += cases.v[i].varlen;
+    print_header(o, cases.n, nvarlen);
     fflush(stdout);
     double total_work = 0.0;
     for (int i = 0; i < cases.n; i++) {
