@@ -11,6 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "bench.h"
 #include "cli.h"
 #include "json.h"
@@ -24,6 +28,7 @@ typedef struct bres {
     char name[96];
     int op, pass;
     double median_ms, min_ms, max_ms, flops, tflops;
+    double cpu_min_ms; /* cpu: least process CPU time of a repeat (all threads), 0 unknown */
     int ok;
     int plan_same; /* -1 not checked (no plan), 1 plan outputs == plain call's bits, 0 not */
     char msg[512];
@@ -35,6 +40,8 @@ typedef struct bset {
     bres *v;
     int n;
     double peak_gflops; /* --peak: measured fp32 FMA peak (cpu), 0 when not measured */
+    double peak_cpu_gflops; /* the same over process CPU time per thread */
+    int threads;            /* threads the cpu runs used (for the CPU-time rates) */
 } bset;
 
 static int cmp_double(const void *a, const void *b) {
@@ -55,8 +62,10 @@ static int run_all(sp_opts *o, const sp_case_list *cases, bset *ours) {
     int npass = (o->passes & SP_PASS_FWD ? 1 : 0) + (o->passes & SP_PASS_BWD ? 1 : 0);
     ours->v = calloc((size_t)(cases->n * npass), sizeof *ours->v);
     double *ms = malloc((size_t)o->repeats * sizeof *ms);
-    if (!ours->v || !ms) {
+    double *cpu_ms = malloc((size_t)o->repeats * sizeof *cpu_ms);
+    if (!ours->v || !ms || !cpu_ms) {
         free(ms);
+        free(cpu_ms);
         return -1;
     }
     snprintf(ours->label, sizeof ours->label, "spattn %s", sp_backend_str(o->backend));
@@ -81,6 +90,7 @@ static int run_all(sp_opts *o, const sp_case_list *cases, bset *ours) {
             fprintf(stderr, "spattn: %s\n", err);
             sp_inputs_free(&in);
             free(ms);
+            free(cpu_ms);
             return -2;
         }
         for (int pass = SP_PASS_FWD; pass <= SP_PASS_BWD; pass++) {
@@ -103,11 +113,16 @@ static int run_all(sp_opts *o, const sp_case_list *cases, bset *ours) {
                             ? sp_bench_cuda(c, &in, pass, o->warmup, o->repeats, !o->plan_per_call,
                                             ms, &r->plan_same, &status, r->msg, sizeof r->msg)
                             : sp_bench_cpu(c, &in, pass, o->warmup, o->repeats, o->threads,
-                                           !o->plan_per_call, ms, &r->plan_same, &status, r->msg,
-                                           sizeof r->msg)) == 0) {
+                                           !o->plan_per_call, ms, cpu_ms, &r->plan_same, &status,
+                                           r->msg, sizeof r->msg)) == 0) {
                 r->ok = 1;
                 r->median_ms = median(ms, o->repeats);
                 r->min_ms = ms[0];
+                if (o->backend == SPATTN_BACKEND_CPU && !c->varlen) {
+                    r->cpu_min_ms = cpu_ms[0];
+                    for (int k = 1; k < o->repeats; k++)
+                        if (cpu_ms[k] < r->cpu_min_ms) r->cpu_min_ms = cpu_ms[k];
+                }
                 r->max_ms = ms[o->repeats - 1];
                 r->tflops = r->flops / (r->median_ms * 1e-3) / 1e12;
             }
@@ -128,6 +143,7 @@ static int run_all(sp_opts *o, const sp_case_list *cases, bset *ours) {
     }
     sp_progress_end(&prog);
     free(ms);
+    free(cpu_ms);
     return failed;
 }
 
@@ -177,6 +193,7 @@ static int load_set(const char *path, bset *s) {
         r->min_ms = sp_jv_num(e, "min_ms", NAN);
         r->max_ms = sp_jv_num(e, "max_ms", NAN);
         r->tflops = sp_jv_num(e, "tflops", NAN);
+        r->cpu_min_ms = sp_jv_num(e, "cpu_min_ms", 0.0);
         r->flops = sp_jv_num(e, "flops", NAN);
         r->ok = isfinite(r->median_ms) || isfinite(r->tflops);
         const sp_jv *pb = sp_jv_get(e, "plan_bitwise");
@@ -185,6 +202,8 @@ static int load_set(const char *path, bset *s) {
         r->op = op && !strcmp(op, "sfa") ? SP_OP_SFA : SP_OP_BSA;
     }
     s->peak_gflops = sp_jv_num(doc, "fma_peak_gflops", 0.0); /* --load reprints %peak */
+    s->peak_cpu_gflops = sp_jv_num(doc, "fma_peak_cpu_gflops", 0.0);
+    s->threads = (int)sp_jv_num(doc, "peak_threads", 0.0);
     double sc = sp_jv_num(doc, "scale", 1.0);
     if (sc != 1.0) fprintf(stderr, "spattn: note: %s was a scaled run (x%g)\n", path, sc);
     sp_json_free(doc);
@@ -212,10 +231,17 @@ static double peak_frac(const bset *s, const bres *r, double ms) {
     return s->peak_gflops > 0 && ms > 0 ? r->flops / (ms * 1e-3) / 1e9 / s->peak_gflops : NAN;
 }
 
+/* The same over process CPU time per thread against the CPU-time peak: what the kernels reach
+ * while they run, whatever else the machine is doing. */
+static double peak_frac_cpu(const bset *s, const bres *r) {
+    if (!(s->peak_cpu_gflops > 0) || !(r->cpu_min_ms > 0) || s->threads < 1) return NAN;
+    return r->flops / (r->cpu_min_ms / s->threads * 1e-3) / 1e9 / s->peak_cpu_gflops;
+}
+
 static void print_results(const bset *ours) {
     const int pk = ours->peak_gflops > 0;
     printf("%-26s %-4s %10s %10s %10s %9s %10s%s\n", "case", "pass", "median_ms", "min_ms", "max_ms",
-           "TFLOP/s", "GFLOP", pk ? "   %peak   best%" : "");
+           "TFLOP/s", "GFLOP", pk ? "   %peak   best%    cpu%" : "");
     for (int i = 0; i < ours->n; i++) {
         const bres *r = &ours->v[i];
         if (!r->ok) {
@@ -226,8 +252,8 @@ static void print_results(const bset *ours) {
                r->median_ms, r->min_ms, r->max_ms, r->tflops, r->flops / 1e9);
         /* best%: the fastest repeat, less sensitive to other load on a shared machine */
         if (pk)
-            printf(" %7.1f %7.1f", 100.0 * peak_frac(ours, r, r->median_ms),
-                   100.0 * peak_frac(ours, r, r->min_ms));
+            printf(" %7.1f %7.1f %7.1f", 100.0 * peak_frac(ours, r, r->median_ms),
+                   100.0 * peak_frac(ours, r, r->min_ms), 100.0 * peak_frac_cpu(ours, r));
         printf("%s\n", r->plan_same == 0 ? "  FAIL: plan != plain call" : "");
     }
 }
@@ -281,7 +307,11 @@ static int write_json(const sp_opts *o, const bset *ours) {
     sp_jw_int(&w, "repeats", o->repeats);
     sp_jw_str(&w, "timer", o->backend == SPATTN_BACKEND_CUDA ? "cuda_events_l2_flushed" : "wall_clock");
     sp_jw_str(&w, "bsa_plan", o->plan_per_call ? "per_call" : "reused");
-    if (ours->peak_gflops > 0) sp_jw_num(&w, "fma_peak_gflops", ours->peak_gflops);
+    if (ours->peak_gflops > 0) {
+        sp_jw_num(&w, "fma_peak_gflops", ours->peak_gflops);
+        sp_jw_num(&w, "fma_peak_cpu_gflops", ours->peak_cpu_gflops);
+        sp_jw_int(&w, "peak_threads", ours->threads);
+    }
     sp_jw_arr(&w, "results");
     for (int i = 0; i < ours->n; i++) {
         const bres *r = &ours->v[i];
@@ -305,6 +335,8 @@ static int write_json(const sp_opts *o, const bset *ours) {
         if (ours->peak_gflops > 0) {
             sp_jw_num(&w, "peak_fraction", r->ok ? peak_frac(ours, r, r->median_ms) : NAN);
             sp_jw_num(&w, "peak_fraction_best", r->ok ? peak_frac(ours, r, r->min_ms) : NAN);
+            sp_jw_num(&w, "cpu_min_ms", r->ok && r->cpu_min_ms > 0 ? r->cpu_min_ms : NAN);
+            sp_jw_num(&w, "peak_fraction_cpu", r->ok ? peak_frac_cpu(ours, r) : NAN);
         }
         sp_jw_end_obj(&w);
     }
@@ -354,7 +386,7 @@ done:
 }
 
 int sp_cmd_bench(sp_opts *o) {
-    bset ours = {{0}, NULL, 0, 0.0};
+    bset ours = {{0}, NULL, 0, 0.0, 0.0, 0};
     bset peers[SP_MAX_LIST];
     int np = 0, rc = SP_EXIT_OK;
     sp_case_list cases = {0};
@@ -402,9 +434,18 @@ int sp_cmd_bench(sp_opts *o) {
             printf("SCALED RUN: sequence lengths x%g%s; --scale 1 runs the cases at full size\n", f,
                    o->scale > 0.0 ? "" : " (the cpu backend's default)");
         if (o->peak) {
-            ours.peak_gflops = sp_fma_peak_gflops(o->threads);
-            printf("fp32 FMA peak (measured, %s): %.1f GFLOP/s; %%peak = median rate / peak, "
-                   "best%% = fastest repeat / peak\n", spattn_cpu_isa(), ours.peak_gflops);
+            ours.peak_gflops = sp_fma_peak_gflops(o->threads, &ours.peak_cpu_gflops);
+            ours.threads = o->threads;
+#ifdef _OPENMP
+            if (ours.threads <= 0) ours.threads = omp_get_max_threads();
+#else
+            ours.threads = 1;
+#endif
+            printf("fp32 FMA peak (measured, %s, %d threads): %.1f GFLOP/s over wall time, %.1f "
+                   "over CPU time\n%%peak = median rate / peak, best%% = fastest repeat / peak, "
+                   "cpu%% = rate over process CPU time / CPU-time peak (least sensitive to other "
+                   "load)\n", spattn_cpu_isa(), ours.threads, ours.peak_gflops,
+                   ours.peak_cpu_gflops);
         }
         fflush(stdout);
         int failed = run_all(o, &cases, &ours);

@@ -26,7 +26,9 @@ int sp_dump_case(const char *dir, const sp_opts *o, const sp_case *c, const sp_i
                  double pairs, char *err, size_t errlen);
 
 /* `--peak` (bench_peak.c): the measured fp32 FMA peak of `threads` threads (0: OpenMP's
- * default) with the library's widest ISA, in GFLOP/s. */
-double sp_fma_peak_gflops(int threads);
+ * default) with the library's widest ISA, in GFLOP/s over wall time; *cpu_gflops (may be NULL)
+ * gets the same work over the process CPU time per thread, which other processes on a shared
+ * machine barely change. */
+double sp_fma_peak_gflops(int threads, double *cpu_gflops);
 
 #endif

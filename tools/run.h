@@ -48,9 +48,10 @@ void sp_verify_out_free(sp_verify_out *out);
 /* reuse_plan (bsa): one spattn_bsa_plan made before the calls and used by all of them; after
  * the timed calls the pass runs once more through the plain entry point and *plan_same says
  * whether the outputs matched bit for bit (1) or not (0); -1 when no plan was used. */
+/* cpu_ms (may be NULL): the process CPU time of each timed call (all threads together). */
 int sp_bench_cpu(const sp_case *c, const sp_inputs *in, int pass, int warmup, int repeats,
-                 int threads, int reuse_plan, double *ms, int *plan_same, int *status, char *msg,
-                 size_t msglen);
+                 int threads, int reuse_plan, double *ms, double *cpu_ms, int *plan_same,
+                 int *status, char *msg, size_t msglen);
 int sp_bench_cuda(const sp_case *c, const sp_inputs *in, int pass, int warmup, int repeats,
                   int reuse_plan, double *ms, int *plan_same, int *status, char *msg,
                   size_t msglen);

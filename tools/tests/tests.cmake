@@ -113,6 +113,15 @@ endif()
 cli_test(cli_dump_not_bench 2 "verify@--dump@${out}/dump" MATCH "--dump belongs to 'spattn bench'")
 cli_test(cli_dump_with_load 2 "bench@--load@${out}/bench_tiny.json@--dump@${out}/dump"
   MATCH "without --load")
+# --peak (cpu): the measured FMA peak and each rate as a fraction of it (the former
+# spattn_bench_cpu's report), also in the JSON; the public CPU shapes file parses.
+cli_test(cli_bench_peak 0
+  "bench@--backend@cpu@--suite@${cli_tests}/tiny.cases@--case@tiny_(bsa|sfa)_causal@--repeats@2@--warmup@0@--peak@--json@${out}/bench_peak.json"
+  MATCH "fp32 FMA peak \\(measured@%peak +best% +cpu%@tiny_sfa_causal +bwd"
+  CHECK_KIND bench CHECK_FILE ${out}/bench_peak.json)
+cli_test(cli_peak_not_bench 2 "verify@--peak" MATCH "--peak belongs to 'spattn bench'")
+cli_test(cli_cpu_cases 0 "list@--suite@${PROJECT_SOURCE_DIR}/bench/cpu.cases"
+  MATCH "22 cases")
 cli_test(cli_dump_not_dir 2
   "bench@--backend@cpu@--suite@${cli_tests}/tiny.cases@--dump@${cli_tests}/tiny.cases"
   MATCH "not a directory" NOMATCH "median_ms")
