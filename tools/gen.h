@@ -26,7 +26,7 @@ typedef struct sp_inputs {
     /* Varlen cases (gen_varlen.c): q, dout, idx are packed over Tq tokens and k, v over Tkv
      * ([T, heads, width] instead of a batch dimension); cu_q / cu_kv [B+1]; with pages,
      * kpage / vpage [num_pages, page, heads, width] hold k / v scattered through table
-     * [B, max_pages] (rows no sequence uses are NaN: they must not be read). */
+     * [B, max_pages] (rows no sequence uses are NaN: they must not reach any sum). */
     int32_t *cu_q, *cu_kv, *table;
     int64_t Tq, Tkv, num_pages, max_pages;
     void *kpage, *vpage;

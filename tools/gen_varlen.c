@@ -3,7 +3,8 @@
  * packed TND tensors from the same per-tensor streams as the dense cases (row-major over the
  * packed shape), prefix sums of the case's lengths, and for paged keys a shuffled block table
  * with k / v scattered into the pages.  Page rows no sequence uses are NaN, so a kernel that
- * reads past a sequence's keys (or a spare page) shows up as NaN in the comparison.
+ * lets keys past a sequence's end (or a spare page) into its sums, even as 0 * NaN, shows up
+ * as NaN in the comparison.
  */
 #include <math.h>
 #include <stdio.h>
