@@ -43,7 +43,13 @@ constexpr int SMEM = OFF_LAST + 16 + 1024;  // + alignment slack
 static_assert(SMEM <= 232448, "fits in 227 KB");
 
 // named barriers (consumers only, 256 threads)
-enum { NB_Q = 1, NB_M0 = 2, NB_M1 = 3, NB_P0 = 4, NB_P1 = 5, NB_L = 6 };
+enum { NB_Q = 1, NB_M0 = 2, NB_M1 = 3, NB_P0 = 4, NB_P1 = 5, NB_L = 6, NB_O = 7 /* and 8 */ };
+
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
 
 __device__ __forceinline__ uint32_t sw128(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
 
@@ -115,6 +121,15 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
         const int grp = t >> 3, ig = t & 7;  // rows grp + 16 r of each block; 16-byte chunk ig
         const T *kb = static_cast<const T *>(p.k) + b * p.sk[0] + n2 * p.sk[2] + ig * 8;
         const T *krb = static_cast<const T *>(p.kr) + b * p.skr[0] + n2 * p.skr[2] + ig * 8;
+        // keys are reused by many query tokens: keep them in L2 (evict_last), fetch 256-byte
+        // sectors (a row's neighbouring box comes with it)
+        uint64_t pol;
+        asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
+        auto cp16 = [&](unsigned char *dst, const T *src, int bytes) {
+            asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(hop::smem_u32(dst)),
+                         "l"(src), "r"(bytes), "l"(pol)
+                         : "memory");
+        };
         auto copy = [&](unsigned char *dst, const int (&key)[4], int box0, int box1) {
 #pragma unroll
             for (int r = 0; r < 4; r++) {
@@ -123,7 +138,7 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
                 const T *rope = krb + (int64_t)(ok ? key[r] : 0) * p.skr[1];
 #pragma unroll
                 for (int x = box0; x < box1; x++)
-                    sfa::cp_async16(dst + x * BOX + sw128(row, ig), x < 8 ? nope + x * 64 : rope, ok ? 16 : 0);
+                    cp16(dst + x * BOX + sw128(row, ig), x < 8 ? nope + x * 64 : rope, ok ? 16 : 0);
             }
         };
         for (int i = 0; i < npairs; i++) {
@@ -228,17 +243,17 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
             o[4 * j + 3] *= a1;
         }
     };
-    // P = exp2(s - m) with the new max (n0, n1); O and the sums rescaled from the old max
+    // P = exp2(s - m') with the pair's max m' = (n0, n1); O and the sums rescaled from the old max
     auto softmax = [&](float n0, float n1) {
-        const float a0 = exp2f(m0 - n0), a1 = exp2f(m1 - n1);
+        const float a0 = ex2(m0 - n0), a1 = ex2(m1 - n1);
         scale_o(a0, a1);
         float ls0 = 0.f, ls1 = 0.f;
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            s[4 * j] = exp2f(s[4 * j] - n0);
-            s[4 * j + 1] = exp2f(s[4 * j + 1] - n0);
-            s[4 * j + 2] = exp2f(s[4 * j + 2] - n1);
-            s[4 * j + 3] = exp2f(s[4 * j + 3] - n1);
+            s[4 * j] = ex2(s[4 * j] - n0);
+            s[4 * j + 1] = ex2(s[4 * j + 1] - n0);
+            s[4 * j + 2] = ex2(s[4 * j + 2] - n1);
+            s[4 * j + 3] = ex2(s[4 * j + 3] - n1);
             ls0 += s[4 * j] + s[4 * j + 1];
             ls1 += s[4 * j + 2] + s[4 * j + 3];
         }
@@ -254,11 +269,14 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
             pa[kk][3] = hop::elt<T>::pack(s[8 * kk + 6], s[8 * kk + 7]);
         }
     };
-    auto store_p = [&](unsigned char *dst, float f0, float f1) {
+    // P (bf16/fp16, as packed for the register operand) into a 64 x 64 swizzled tile
+    auto store_p = [&](unsigned char *dst) {
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            *reinterpret_cast<uint32_t *>(dst + sw128(r0, j) + q4 * 4) = hop::elt<T>::pack(s[4 * j] * f0, s[4 * j + 1] * f0);
-            *reinterpret_cast<uint32_t *>(dst + sw128(r0 + 8, j) + q4 * 4) = hop::elt<T>::pack(s[4 * j + 2] * f1, s[4 * j + 3] * f1);
+        for (int kk = 0; kk < 4; kk++) {
+            *reinterpret_cast<uint32_t *>(dst + sw128(r0, 2 * kk) + q4 * 4) = pa[kk][0];
+            *reinterpret_cast<uint32_t *>(dst + sw128(r0 + 8, 2 * kk) + q4 * 4) = pa[kk][1];
+            *reinterpret_cast<uint32_t *>(dst + sw128(r0, 2 * kk + 1) + q4 * 4) = pa[kk][2];
+            *reinterpret_cast<uint32_t *>(dst + sw128(r0 + 8, 2 * kk + 1) + q4 * 4) = pa[kk][3];
         }
     };
     auto pv_local = [&](int blk) {
@@ -270,6 +288,9 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
         for (int kk = 0; kk < 4; kk++) hop::elt<T>::template ss256<0, 1>(o, pdesc(blk, kk), vdesc(blk, kk), 1);
     };
 
+    // Per block pair: warpgroup 1 posts max(m, rowmax S_even), warpgroup 2 answers with the pair's
+    // max m' (its own row max included); both softmaxes then run at once with one base m', each
+    // shares its P and issues P V for its own block and the other's back to back.
     if (c == 0) {
         if (npairs > 0) {
             hop::mbar_wait(rdy + 0, 0);
@@ -289,44 +310,36 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
             mask_scale();
             float t0, t1;
             rowmax(t0, t1);
-            softmax(fmaxf(m0, t0), fmaxf(m1, t1));
-            if (q4 == 0) sM[quad] = make_float2(m0, m1);
+            if (q4 == 0) sM[quad] = make_float2(fmaxf(m0, t0), fmaxf(m1, t1));
             hop::bar_arrive(NB_M0, 256);
+            hop::bar_sync(NB_M1, 256);  // the pair's max m'
+            const float2 mp = sM[quad];
+            softmax(mp.x, mp.y);
+            store_p(sP0);
+            hop::fence_proxy_async();
+            hop::bar_arrive(NB_P0, 256);
             hop::wgmma_fence();
             pv_local(0);
             hop::wgmma_commit();
-            hop::wgmma_wait<0>();
-            hop::reg_fence(o);
-            hop::mbar_arrive(fre + 0);
-            hop::bar_sync(NB_M1, 256);  // the odd block's max m'
-            const float2 mn = sM[quad];
-            const float f0 = exp2f(m0 - mn.x), f1 = exp2f(m1 - mn.y);
-            m0 = mn.x;
-            m1 = mn.y;
-            store_p(sP0, f0, f1);
-            hop::fence_proxy_async();
-            hop::bar_arrive(NB_P0, 256);
-            scale_o(f0, f1);
-            l0 *= f0;
-            l1 *= f1;
             hop::bar_sync(NB_P1, 256);
-            hop::wgmma_fence();
             pv_remote(1);
             hop::wgmma_commit();
+            hop::wgmma_wait<1>();
+            hop::mbar_arrive(fre + 0);  // even block, columns 0-255
             if (i + 1 < npairs) {  // the next even block's S overlaps the remote P V
                 hop::mbar_wait(rdy + 0, ph ^ 1);
                 hop::wgmma_fence();
                 qk(0, 4, true);
                 hop::wgmma_commit();
                 hop::wgmma_wait<1>();
-                hop::reg_fence(o);
-                hop::mbar_arrive(fre + 2);
+                hop::mbar_arrive(fre + 2);  // odd block, columns 0-255 (and its P)
                 hop::mbar_wait(rdy + 1, ph ^ 1);
                 hop::wgmma_fence();
                 qk(4, NBOX, false);
                 hop::wgmma_commit();
                 hop::wgmma_wait<0>();
                 hop::reg_fence(s);
+                hop::reg_fence(o);
             } else {
                 hop::wgmma_wait<0>();
                 hop::reg_fence(o);
@@ -346,32 +359,32 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
             hop::wgmma_commit();
             hop::wgmma_wait<0>();
             hop::reg_fence(s);
+            hop::reg_fence(o);
             hop::mbar_wait(vbar, ph);
             mask_scale();
             float t0, t1;
             rowmax(t0, t1);
             hop::bar_sync(NB_M0, 256);  // the even block's max
             const float2 me = sM[quad];
-            softmax(fmaxf(me.x, t0), fmaxf(me.y, t1));
+            const float n0 = fmaxf(me.x, t0), n1 = fmaxf(me.y, t1);
             __syncwarp();
-            if (q4 == 0) sM[quad] = make_float2(m0, m1);
+            if (q4 == 0) sM[quad] = make_float2(n0, n1);
             hop::bar_arrive(NB_M1, 256);
+            softmax(n0, n1);
+            store_p(sP1);
+            hop::fence_proxy_async();
+            hop::bar_arrive(NB_P1, 256);
             hop::wgmma_fence();
             pv_local(1);
             hop::wgmma_commit();
-            store_p(sP1, 1.f, 1.f);
-            hop::fence_proxy_async();
-            hop::bar_arrive(NB_P1, 256);
             hop::bar_sync(NB_P0, 256);
-            hop::wgmma_fence();
             pv_remote(0);
             hop::wgmma_commit();
             hop::wgmma_wait<1>();
-            hop::reg_fence(o);
-            hop::mbar_arrive(fre + 3);
+            hop::mbar_arrive(fre + 3);  // odd block, columns 256-575
             hop::wgmma_wait<0>();
             hop::reg_fence(o);
-            hop::mbar_arrive(fre + 1);
+            hop::mbar_arrive(fre + 1);  // even block, columns 256-575 (and its P)
         }
     }
 
@@ -385,18 +398,28 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
     const float2 lo = sL[(c ^ 1) * 32 + quad];
     l0 += lo.x;
     l1 += lo.y;
-    T *ob = static_cast<T *>(p.out_o) + b * p.so[0] + (int64_t)s1 * p.so[1];
-    // l == 0: nothing attended (O = 0, LSE = -inf); a NaN sum keeps O and LSE NaN
+    // O through shared memory (the Q tile is free: every S GEMM has completed, see NB_L): this
+    // warpgroup's 64 x 256 half in four 128-byte-swizzled boxes, then 16-byte row-contiguous
+    // global stores
     const float inv0 = l0 > 0.f ? 1.f / l0 : l0 == 0.f ? 0.f : l0;
     const float inv1 = l1 > 0.f ? 1.f / l1 : l1 == 0.f ? 0.f : l1;
-    const bool ok0 = r0 < nh, ok1 = r0 + 8 < nh;
-    T *orow0 = ob + (int64_t)(head0 + r0) * p.so[2] + c * 256 + 2 * q4;
-    T *orow1 = orow0 + 8 * p.so[2];
+    unsigned char *so = sQ + c * 4 * BOX;
 #pragma unroll
     for (int j = 0; j < 32; j++) {
-        if (ok0) *reinterpret_cast<uint32_t *>(orow0 + 8 * j) = hop::elt<T>::pack(o[4 * j] * inv0, o[4 * j + 1] * inv0);
-        if (ok1) *reinterpret_cast<uint32_t *>(orow1 + 8 * j) = hop::elt<T>::pack(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1);
+        unsigned char *bx = so + (j >> 3) * BOX + q4 * 4;
+        *reinterpret_cast<uint32_t *>(bx + sw128(r0, j & 7)) = hop::elt<T>::pack(o[4 * j] * inv0, o[4 * j + 1] * inv0);
+        *reinterpret_cast<uint32_t *>(bx + sw128(r0 + 8, j & 7)) = hop::elt<T>::pack(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1);
     }
+    hop::bar_sync(NB_O + c, 128);
+    T *ob = static_cast<T *>(p.out_o) + b * p.so[0] + (int64_t)s1 * p.so[1] + (int64_t)head0 * p.so[2] + c * 256;
+#pragma unroll 4
+    for (int x = t; x < 64 * 32; x += 128) {
+        const int row = x >> 5, ch = x & 31;
+        if (row < nh)
+            *reinterpret_cast<uint4 *>(ob + (int64_t)row * p.so[2] + ch * 8) =
+                *reinterpret_cast<const uint4 *>(so + (ch >> 3) * BOX + sw128(row, ch & 7));
+    }
+    const bool ok0 = r0 < nh, ok1 = r0 + 8 < nh;
     if (c == 0 && q4 == 0 && p.out_lse) {
         float *lse = p.out_lse + b * p.slse[0] + (int64_t)s1 * p.slse[1] + (int64_t)(head0 + r0) * p.slse[2];
         if (ok0) lse[0] = l0 > 0.f ? (m0 + log2f(l0)) * 0.69314718055994531f : l0 == 0.f ? -INFINITY : l0;

@@ -30,18 +30,38 @@ namespace {
     } while (0)
 
 // ---- index check ------------------------------------------------------------------------------
+// One warp per index row (b, s, n): the row's offset is computed once (64-bit), the lanes stride
+// over K with 32-bit arithmetic (16-byte loads when the row is contiguous and aligned); the first
+// bad position (row-major linear index) is kept with atomicMin.
 __global__ void check_idx_kernel(const int32_t *idx, int64_t s0, int64_t s1, int64_t s2, int64_t s3,
                                  int64_t B, int64_t S1, int64_t N2, int64_t K, int64_t nblk,
                                  unsigned long long *first_bad) {
-    const int64_t total = B * S1 * N2 * K;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t j = i % K, t = i / K;
-        int64_t n = t % N2;
-        t /= N2;
-        int64_t s = t % S1, b = t / S1;
-        int32_t x = idx[b * s0 + s * s1 + n * s2 + j * s3];
-        if (x < -1 || (int64_t)x >= nblk) atomicMin(first_bad, (unsigned long long)i);
+    const int64_t rows = B * S1 * N2;
+    const int lane = threadIdx.x & 31;
+    const int64_t nwarps = (int64_t)gridDim.x * (blockDim.x >> 5);
+    const bool vec = s3 == 1 && (K & 3) == 0;
+    for (int64_t r = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5); r < rows; r += nwarps) {
+        const int64_t n = r % N2, t = r / N2, s = t % S1, b = t / S1;
+        const int32_t *row = idx + b * s0 + s * s1 + n * s2;
+        int bad = -1;  // first bad column seen by this lane
+        if (vec && ((uintptr_t)row & 15) == 0) {
+            for (int64_t j = lane * 4; j < K && bad < 0; j += 128) {
+                const int4 v = *reinterpret_cast<const int4 *>(row + j);
+                const int x[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    if (bad < 0 && (x[u] < -1 || (int64_t)x[u] >= nblk)) bad = (int)(j + u);
+            }
+        } else {
+            for (int64_t j = lane; j < K && bad < 0; j += 32) {
+                const int32_t x = row[j * s3];
+                if (x < -1 || (int64_t)x >= nblk) bad = (int)j;
+            }
+        }
+        // smallest bad column of the row (lanes hold increasing columns in their own strides)
+        unsigned m = bad < 0 ? 0xffffffffu : (unsigned)bad;
+        for (int o = 16; o > 0; o >>= 1) m = min(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if (lane == 0 && m != 0xffffffffu) atomicMin(first_bad, (unsigned long long)(r * K + m));
     }
 }
 
@@ -304,38 +324,52 @@ extern "C" spattn_status spattn_cuda_sfa_check_indices(const spattn_sfa_problem 
                                                        const spattn_exec *ex) {
     cudaStream_t st = (cudaStream_t)ex->stream;
     const spattn_tensor *t = p->idx;
-    unsigned long long *d_bad = nullptr;
-    CU_TRY(cudaMallocAsync((void **)&d_bad, 8, st));
+    // Per host thread and device: a result word kept for the thread's life, and a pinned host
+    // word it is copied into.  No allocation per call: the stream-ordered pool gives memory back
+    // at every synchronisation (release threshold 0), so a per-call cudaMallocAsync remapped
+    // pages each time (~60 us); a pageable copy target would add a staged, synchronous copy.
+    static thread_local unsigned long long *h_bad = nullptr;
+    static thread_local unsigned long long *d_words[64];
+    int dev = 0;
+    CU_TRY(cudaGetDevice(&dev));
+    if (!h_bad) {
+        void *hp = nullptr;
+        CU_TRY(cudaHostAlloc(&hp, 64, cudaHostAllocPortable));
+        h_bad = (unsigned long long *)hp;
+    }
+    unsigned long long *d_bad = dev < 64 ? d_words[dev] : nullptr;
+    const bool keep = dev < 64;
+    if (!d_bad) {
+        CU_TRY(cudaMalloc((void **)&d_bad, 8));
+        if (keep) d_words[dev] = d_bad;
+    }
     cudaError_t e = cudaMemsetAsync(d_bad, 0xff, 8, st);
-    const int64_t total = p->B * p->S1 * p->N2 * p->K;
+    const int64_t rows = p->B * p->S1 * p->N2;
     if (e == cudaSuccess) {
-        check_idx_kernel<<<grid_for(total, 256), 256, 0, st>>>(
+        check_idx_kernel<<<grid_for(rows, 8), 256, 0, st>>>(
             (const int32_t *)t->data, t->strides[0], t->strides[1], t->strides[2], t->strides[3],
             p->B, p->S1, p->N2, p->K, p->nblk, d_bad);
         e = cudaGetLastError();
     }
-    unsigned long long bad = ~0ull;
-    if (e == cudaSuccess) e = cudaMemcpyAsync(&bad, d_bad, 8, cudaMemcpyDeviceToHost, st);
+    if (e == cudaSuccess) e = cudaMemcpyAsync(h_bad, d_bad, 8, cudaMemcpyDeviceToHost, st);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(st);
+    if (!keep) cudaFree(d_bad);
+    const unsigned long long bad = e == cudaSuccess ? *h_bad : ~0ull;
     int32_t val = 0;
     if (e == cudaSuccess && bad != ~0ull) {
-        // fetch the value once the scan is known to have found something
-        e = cudaStreamSynchronize(st);
-        if (e == cudaSuccess) {
-            int64_t i = (int64_t)bad, j = i % p->K, r = i / p->K;
-            int64_t n = r % p->N2;
-            r /= p->N2;
-            int64_t s = r % p->S1, b = r / p->S1;
-            const int32_t *src = (const int32_t *)t->data + b * t->strides[0] +
-                                 s * t->strides[1] + n * t->strides[2] + j * t->strides[3];
-            e = cudaMemcpyAsync(&val, src, 4, cudaMemcpyDeviceToHost, st);
-        }
+        int64_t i = (int64_t)bad, j = i % p->K, r = i / p->K;
+        int64_t n = r % p->N2;
+        r /= p->N2;
+        int64_t s = r % p->S1, b = r / p->S1;
+        const int32_t *src = (const int32_t *)t->data + b * t->strides[0] + s * t->strides[1] +
+                             n * t->strides[2] + j * t->strides[3];
+        e = cudaMemcpy(&val, src, 4, cudaMemcpyDeviceToHost);
     }
-    cudaError_t ef = cudaFreeAsync(d_bad, st);
-    if (e == cudaSuccess) e = ef;
-    if (e == cudaSuccess) e = cudaStreamSynchronize(st);
-    if (e != cudaSuccess)
+    if (e != cudaSuccess) {
+        cudaGetLastError();
         return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "sfa cuda: index check failed: %s",
                                 cudaGetErrorString(e));
+    }
     if (bad != ~0ull) {
         int64_t i = (int64_t)bad, j = i % p->K, r = i / p->K;
         int64_t n = r % p->N2;
