@@ -42,8 +42,8 @@ constexpr int OFF_LAST = OFF_BAR + 9 * 8;
 constexpr int SMEM = OFF_LAST + 16 + 1024;  // + alignment slack
 static_assert(SMEM <= 232448, "fits in 227 KB");
 
-// named barriers (consumers only, 256 threads)
-enum { NB_Q = 1, NB_M0 = 2, NB_M1 = 3, NB_P0 = 4, NB_P1 = 5, NB_L = 6, NB_O = 7 /* and 8 */ };
+// named barriers (consumers only, 256 threads, except NB_SCAN: all 384)
+enum { NB_Q = 1, NB_M0 = 2, NB_M1 = 3, NB_P0 = 4, NB_P1 = 5, NB_L = 6, NB_O = 7 /* and 8 */, NB_SCAN = 9 /* 384 */ };
 
 __device__ __forceinline__ float ex2(float x) {
     float y;
@@ -88,33 +88,10 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
         *s_last = -1;
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    if (wg > 0) {  // consumers start the Q load (rows past nh are zero)
-        for (int x = threadIdx.x - 128; x < BH * NBOX * 8; x += 256) {
-            const int h = x / (NBOX * 8), ch = x % (NBOX * 8), ok = h < nh;
-            const T *src = !ok ? qb : ch < 64 ? qb + (int64_t)(head0 + h) * p.sq[2] + ch * 8
-                                              : qrb + (int64_t)(head0 + h) * p.sqr[2] + (ch - 64) * 8;
-            sfa::cp_async16(sQ + (ch >> 3) * BOX + sw128(h, ch & 7), src, ok ? 16 : 0);
-        }
-        sfa::cp_async_commit();
-    }
-    // pre-scan: the last valid slot of the row decides how many block pairs are visited
-    {
-        const int kmax = min(p.S2 - 1, lim);
-        int last = -1;
-        for (int e = threadIdx.x; e < p.K; e += 384) {
-            const int bi = __ldg(irow + e * si3);
-            if (bi >= 0 && bi < p.nblk) {
-                const long long k0 = (long long)bi << p.log2sbs;
-                if (k0 <= kmax) last = max(last, (e << p.log2sbs) + (int)min((long long)p.sbs - 1, kmax - k0));
-            }
-        }
-        for (int o = 16; o > 0; o >>= 1) last = max(last, __shfl_xor_sync(0xffffffffu, last, o));
-        __syncthreads();  // barrier init and s_last = -1 are visible
-        if ((threadIdx.x & 31) == 0 && last >= 0) atomicMax(s_last, last);
-        __syncthreads();
-    }
-    const int last = *s_last;
-    const int npairs = last < 0 ? 0 : last / (2 * BK) + 1;
+    __syncthreads();  // barrier init and s_last = -1 are visible
+    // The consumers load Q and pre-scan the index row (the last valid slot decides how many block
+    // pairs are visited) while the producer already gathers pair 0; it learns the count on NB_SCAN.
+    auto npairs_of = [](int last) { return last < 0 ? 0 : last / (2 * BK) + 1; };
 
     if (wg == 0) {  // ------------------------------------------------------------------ producer
         hop::setmaxnreg_dec<72>();
@@ -123,11 +100,8 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
         const T *krb = static_cast<const T *>(p.kr) + b * p.skr[0] + n2 * p.skr[2] + ig * 8;
         // keys are reused by many query tokens: keep them in L2 (evict_last), fetch 256-byte
         // sectors (a row's neighbouring box comes with it)
-        uint64_t pol;
-        asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
         auto cp16 = [&](unsigned char *dst, const T *src, int bytes) {
-            asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(hop::smem_u32(dst)),
-                         "l"(src), "r"(bytes), "l"(pol)
+            asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(hop::smem_u32(dst)), "l"(src), "r"(bytes)
                          : "memory");
         };
         auto copy = [&](unsigned char *dst, const int (&key)[4], int box0, int box1) {
@@ -141,7 +115,8 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
                     cp16(dst + x * BOX + sw128(row, ig), x < 8 ? nope + x * 64 : rope, ok ? 16 : 0);
             }
         };
-        for (int i = 0; i < npairs; i++) {
+        int np = 1;  // pair 0 is gathered before the scan's answer (harmless when it is 0)
+        for (int i = 0; i < np; i++) {
             const uint32_t fp = (i & 1) ^ 1;
             int k0[4], k1[4];
 #pragma unroll
@@ -170,6 +145,10 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
                 }
                 hop::mbar_arrive(vbar);
             }
+            if (i == 0) {
+                hop::bar_sync(NB_SCAN, 384);
+                np = npairs_of(*s_last);
+            }
         }
         sfa::cp_async_wait<0>();
         return;
@@ -190,9 +169,33 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
     // -1e30 instead of -inf keeps exp2(m_old - m_new) finite when a block is fully masked
     float m0 = -1e30f, m1 = -1e30f, l0 = 0.f, l1 = 0.f;
 
+    {  // Q (rows past nh are zero)
+        for (int x = t + c * 128; x < BH * NBOX * 8; x += 256) {
+            const int h = x / (NBOX * 8), ch = x % (NBOX * 8), ok = h < nh;
+            const T *src = !ok ? qb : ch < 64 ? qb + (int64_t)(head0 + h) * p.sq[2] + ch * 8
+                                              : qrb + (int64_t)(head0 + h) * p.sqr[2] + (ch - 64) * 8;
+            sfa::cp_async16(sQ + (ch >> 3) * BOX + sw128(h, ch & 7), src, ok ? 16 : 0);
+        }
+        sfa::cp_async_commit();
+    }
+    {  // pre-scan
+        const int kmax = min(p.S2 - 1, lim);
+        int last = -1;
+        for (int e = t + c * 128; e < p.K; e += 256) {
+            const int bi = __ldg(irow + e * si3);
+            if (bi >= 0 && bi < p.nblk) {
+                const long long k0 = (long long)bi << p.log2sbs;
+                if (k0 <= kmax) last = max(last, (e << p.log2sbs) + (int)min((long long)p.sbs - 1, kmax - k0));
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) last = max(last, __shfl_xor_sync(0xffffffffu, last, o));
+        if (lane == 0 && last >= 0) atomicMax(s_last, last);
+    }
     sfa::cp_async_wait<0>();
     hop::fence_proxy_async();
     hop::bar_sync(NB_Q, 256);
+    const int npairs = npairs_of(*s_last);
+    hop::bar_arrive(NB_SCAN, 384);
 
     // Descriptors: one base each, k-steps added to the address field (addr >> 4; shared memory
     // offsets never carry out of it) at each use (hop::desc_add).
@@ -311,7 +314,9 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
             float t0, t1;
             rowmax(t0, t1);
             if (q4 == 0) sM[quad] = make_float2(fmaxf(m0, t0), fmaxf(m1, t1));
-            hop::bar_arrive(NB_M0, 256);
+            // a full rendezvous (not an arrival): it also orders this warpgroup's read of sM in the
+            // previous pair before warpgroup 2 overwrites it (racecheck); no cost, NB_M1 waits anyway
+            hop::bar_sync(NB_M0, 256);
             hop::bar_sync(NB_M1, 256);  // the pair's max m'
             const float2 mp = sM[quad];
             softmax(mp.x, mp.y);
@@ -416,8 +421,8 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
     for (int x = t; x < 64 * 32; x += 128) {
         const int row = x >> 5, ch = x & 31;
         if (row < nh)
-            *reinterpret_cast<uint4 *>(ob + (int64_t)row * p.so[2] + ch * 8) =
-                *reinterpret_cast<const uint4 *>(so + (ch >> 3) * BOX + sw128(row, ch & 7));
+            __stcs(reinterpret_cast<int4 *>(ob + (int64_t)row * p.so[2] + ch * 8),
+                   *reinterpret_cast<const int4 *>(so + (ch >> 3) * BOX + sw128(row, ch & 7)));  // streamed
     }
     const bool ok0 = r0 < nh, ok1 = r0 + 8 < nh;
     if (c == 0 && q4 == 0 && p.out_lse) {
