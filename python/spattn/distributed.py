@@ -28,6 +28,8 @@ synchronous torch.distributed calls; with NCCL call ``torch.cuda.set_device`` fi
 """
 from __future__ import annotations
 
+import itertools
+import weakref
 from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -39,7 +41,8 @@ from ._merge_ops import merge_into
 
 Tensor = torch.Tensor
 
-__all__ = ["shard", "unshard", "shard_positions", "sparse_flash_attention", "block_sparse_attention"]
+__all__ = ["shard", "unshard", "shard_positions", "sparse_flash_attention", "block_sparse_attention",
+           "RingMask", "create_ring_mask"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -285,24 +288,35 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor,
     """Context-parallel ``spattn.block_sparse_attention`` (BNSD).
 
     q [B, N, Sl, D], k, v [B, Nkv, Sl, D]: this rank's shards; block_mask: the GLOBAL mask
-    [B, N, S/bx, S/by] (S = W * Sl; the same on every rank; stride-0 expanded views are fine).
-    ``mode``: "ring" (skips empty ring steps) or "allgather".  Returns the local o (and lse).
+    [B, N, S/bx, S/by] (S = W * Sl; the same on every rank; stride-0 expanded views are fine),
+    or a :class:`RingMask` of it (:func:`create_ring_mask`: the ring's work map and plans built
+    once, reused by every call).  ``mode``: "ring" (overlapped ring, skips empty steps),
+    "allgather", or "ring_v1" (the previous ring schedule, kept for comparison: a kernel and a
+    merge per chunk pair, buffers allocated per step).  Returns the local o (and lse).
     """
     bx, by = _pair(block_size)
     name = _group_name(group)
     rank, world = _rank_world(group)
-    m = _ops.as_mask(block_mask)
+    rmask = block_mask if isinstance(block_mask, RingMask) else None
+    m = rmask.mask if rmask is not None else _ops.as_mask(block_mask)
     S, L, n = _bsa_layout(q, k, m, bx, by, world, load_balance)
     scale_arg = _lib.scale_arg(scale)
     if mode == "ring":
-        o, lse = torch.ops.spattn.cp_bsa_ring_fwd(q, k, v, m, bx, by, scale_arg, load_balance, name)
+        if rmask is None and not _ops._compiling():
+            # built here (one host sync) so that the forward and the backward share it; while
+            # torch.compile traces, the op builds it when it runs
+            rmask = RingMask(m, bx, by, k.shape[1], load_balance, name)
+        pid = rmask.id if rmask is not None else 0
+        o, lse = torch.ops.spattn.cp_bsa_ring_fwd(q, k, v, m, bx, by, scale_arg, load_balance, name, pid)
+    elif mode == "ring_v1":
+        o, lse = torch.ops.spattn.cp_bsa_ring_v1_fwd(q, k, v, m, bx, by, scale_arg, load_balance, name)
     elif mode == "allgather":
         kf = cp_gather_seq(k, 2, load_balance, name)
         vf = cp_gather_seq(v, 2, load_balance, name)
         ml = _local_mask_rows(m, _chunks(rank, world, load_balance), L // bx)
         o, lse = torch.ops.spattn.bsa_fwd(q, kf, vf, ml, bx, by, scale_arg)
     else:
-        raise ValueError(f"mode: 'ring' or 'allgather', got {mode!r}")
+        raise ValueError(f"mode: 'ring', 'allgather' or 'ring_v1', got {mode!r}")
     return (o, lse) if return_lse else o
 
 
@@ -394,7 +408,7 @@ def _kv_step(ring: _Ring, t: int, k: Tensor, v: Tensor):
     return reqs, bufs, in_r
 
 
-def _ring_fwd_impl(q, k, v, mask, bx, by, scale, load_balance, group_name):
+def _ring_v1_fwd_impl(q, k, v, mask, bx, by, scale, load_balance, group_name):
     ring = _Ring(q, k, mask, bx, by, load_balance, group_name)
     r, W, Lx = ring.rank, ring.world, ring.Lx
     k, v = k.contiguous(), v.contiguous()
@@ -418,18 +432,18 @@ def _ring_fwd_impl(q, k, v, mask, bx, by, scale, load_balance, group_name):
     return acc_o.to(q.dtype), acc_l
 
 
-@torch.library.custom_op("spattn::cp_bsa_ring_fwd", mutates_args=())
-def cp_bsa_ring_fwd(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, bx: int, by: int, scale: float,
-                    load_balance: bool, group_name: str) -> Tuple[Tensor, Tensor]:
-    return _ring_fwd_impl(q, k, v, block_mask, bx, by, scale, load_balance, group_name)
+@torch.library.custom_op("spattn::cp_bsa_ring_v1_fwd", mutates_args=())
+def cp_bsa_ring_v1_fwd(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, bx: int, by: int, scale: float,
+                       load_balance: bool, group_name: str) -> Tuple[Tensor, Tensor]:
+    return _ring_v1_fwd_impl(q, k, v, block_mask, bx, by, scale, load_balance, group_name)
 
 
-@cp_bsa_ring_fwd.register_fake
+@cp_bsa_ring_v1_fwd.register_fake
 def _(q, k, v, block_mask, bx, by, scale, load_balance, group_name):
     return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
-def _ring_bwd_impl(q, k, v, mask, o, dout, lse, bx, by, scale, load_balance, group_name):
+def _ring_v1_bwd_impl(q, k, v, mask, o, dout, lse, bx, by, scale, load_balance, group_name):
     ring = _Ring(q, k, mask, bx, by, load_balance, group_name)
     r, W, L, Lx = ring.rank, ring.world, ring.L, ring.Lx
     k, v = k.contiguous(), v.contiguous()
@@ -484,19 +498,19 @@ def _ring_bwd_impl(q, k, v, mask, o, dout, lse, bx, by, scale, load_balance, gro
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
-@torch.library.custom_op("spattn::cp_bsa_ring_bwd", mutates_args=())
-def cp_bsa_ring_bwd(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, o: Tensor, dout: Tensor, lse: Tensor,
-                    bx: int, by: int, scale: float, load_balance: bool,
-                    group_name: str) -> Tuple[Tensor, Tensor, Tensor]:
-    return _ring_bwd_impl(q, k, v, block_mask, o, dout, lse, bx, by, scale, load_balance, group_name)
+@torch.library.custom_op("spattn::cp_bsa_ring_v1_bwd", mutates_args=())
+def cp_bsa_ring_v1_bwd(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, o: Tensor, dout: Tensor, lse: Tensor,
+                       bx: int, by: int, scale: float, load_balance: bool,
+                       group_name: str) -> Tuple[Tensor, Tensor, Tensor]:
+    return _ring_v1_bwd_impl(q, k, v, block_mask, o, dout, lse, bx, by, scale, load_balance, group_name)
 
 
-@cp_bsa_ring_bwd.register_fake
+@cp_bsa_ring_v1_bwd.register_fake
 def _(q, k, v, block_mask, o, dout, lse, bx, by, scale, load_balance, group_name):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def _ring_setup(ctx, inputs, output):
+def _ring_v1_setup(ctx, inputs, output):
     q, k, v, block_mask, bx, by, scale, load_balance, group_name = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, block_mask, o, lse)
@@ -504,10 +518,388 @@ def _ring_setup(ctx, inputs, output):
     ctx.mark_non_differentiable(lse)
 
 
+def _ring_v1_backward(ctx, grad_o, grad_lse):
+    q, k, v, block_mask, o, lse = ctx.saved_tensors
+    dq, dk, dv = cp_bsa_ring_v1_bwd(q, k, v, block_mask, o, grad_o.contiguous(), lse, *ctx.args)
+    return dq, dk, dv, None, None, None, None, None, None
+
+
+cp_bsa_ring_v1_fwd.register_autograd(_ring_v1_backward, setup_context=_ring_v1_setup)
+
+
+# ----------------------------------------------------------------------------------------------
+# bsa ring, overlapped schedule (mode="ring"): a work map and one library plan per step, built
+# once; double-buffered asynchronous point-to-point; one kernel call and one in-place merge per
+# step; buffers reused across steps
+# ----------------------------------------------------------------------------------------------
+_RING_LIVE: "weakref.WeakValueDictionary[int, RingMask]" = weakref.WeakValueDictionary()
+_RING_IDS = itertools.count(1)
+
+
+class _Step:
+    """Step t of the ring on this rank: keys of rank src come in (packed ranges `recv`, `nrecv`
+    tokens), ours go to rank dst (`send`, `nsend` tokens; the partial dK/dV of the backward
+    come back from dst in the same layout).  `plan`: the library plan of the step's mask (local
+    query rows x the packed key columns); None when this rank has no work in the step."""
+
+    __slots__ = ("t", "src", "dst", "recv", "nrecv", "send", "nsend", "plan")
+
+    def __init__(self, t, src, dst, recv, nrecv, send, nsend, plan):
+        self.t, self.src, self.dst, self.recv, self.nrecv = t, src, dst, recv, nrecv
+        self.send, self.nsend, self.plan = send, nsend, plan
+
+
+class RingMask:
+    """A global bsa block mask prepared for the ring schedule of this rank (make one with
+    :func:`create_ring_mask`; reuse it for every call with the same mask, layout and group).
+
+    Holds the work map (which block-column range of which key chunk each step needs: one host
+    synchronisation when it is built, none afterwards) and one reusable library plan
+    (``spattn.BlockMask``) per ring step with work.  ``close()`` frees the plans (also on
+    garbage collection; a pending backward keeps the object alive)."""
+
+    def __init__(self, mask: Tensor, bx: int, by: int, num_kv_heads: int, load_balance: bool, group_name: str):
+        from .block_mask import create_block_mask
+        m = _ops.as_mask(mask)
+        if m.dim() != 4:
+            raise ValueError(f"block_mask: expected [B, N, S/bx, S/by], got {list(m.shape)}")
+        self.pg = _pg(group_name)
+        self.group_name, self.bx, self.by, self.lb = group_name, int(bx), int(by), bool(load_balance)
+        self.rank, self.world = dist.get_rank(self.pg), dist.get_world_size(self.pg)
+        W, r = self.world, self.rank
+        B, N, nbx, nby = (int(s) for s in m.shape)
+        S = nbx * bx
+        if nby * by != S:
+            raise ValueError(f"block_mask: {nbx} x {bx} query tokens but {nby} x {by} key tokens (self-attention)")
+        n = _nchunks(W, self.lb)
+        if S % n or (S // n) % bx or (S // n) % by:
+            raise ValueError(f"the chunk length S/{n} = {S / n:g} (S = {S}) must be a multiple of bx={bx} and "
+                             f"by={by}")
+        self.mask, self.B, self.N, self.Nkv, self.S = m, B, N, int(num_kv_heads), S
+        self.L, self.Lx, self.Ly = S // n, S // n // bx, S // n // by
+        self.Sl = S // W
+        self.device = m.device
+        L, Lx, Ly = self.L, self.Lx, self.Ly
+        nz = m.ne(0).any(0).any(0)                                      # [S/bx, S/by]
+        cols = nz.view(n, Lx, n, Ly).any(1)                             # [a, c, Ly]
+        ar = torch.arange(Ly, device=cols.device)
+        lo = torch.where(cols, ar, Ly).amin(-1)
+        hi = torch.where(cols, ar + 1, 0).amax(-1)
+        self.lo, self.hi = torch.stack([lo, hi]).cpu().tolist()        # the one host sync
+        mine = _chunks(r, W, self.lb)
+        rows = [m[:, :, a * Lx:(a + 1) * Lx] for a in mine]
+        self.steps: List[_Step] = []
+        for t in range(W):
+            src, dst = (r - t) % W, (r + t) % W
+            if t == 0:  # our own keys, in place: the whole local shard
+                recv = [(i, c, 0, Ly, i * L) for i, c in enumerate(mine)
+                        if any(self.hi[a][c] > 0 for a in mine)]
+                send, nsend, nrecv = [], 0, self.Sl
+            else:
+                recv, send = self._ranges(r, src), self._ranges(dst, r)
+                nrecv, nsend = _packed_len(recv, by), _packed_len(send, by)
+            plan = None
+            if recv:
+                if t == 0:
+                    recv = [(i, c, 0, Ly, i * L) for i, c in enumerate(mine)]
+                # the step's mask: local rows x the packed columns, built on the mask's device
+                sm = torch.cat([torch.cat([x[..., c * Ly + lo_:c * Ly + hi_] for i, c, lo_, hi_, off in recv], 3)
+                                for x in rows], 2)
+                plan = create_block_mask(sm, (bx, by), seq_lens=(self.Sl, nrecv), num_kv_heads=self.Nkv)
+            self.steps.append(_Step(t, src, dst, recv, nrecv, send, nsend, plan))
+        self.max_tokens = max([s.nrecv for s in self.steps[1:]] + [s.nsend for s in self.steps[1:]] + [0])
+        self.id = next(_RING_IDS)
+        _RING_LIVE[self.id] = self
+
+    def _ranges(self, dst: int, src: int) -> List[Tuple[int, int, int, int, int]]:
+        """(local chunk i of src, global chunk c, lo, hi, token offset in the packed buffer): per
+        key chunk of src, the union of the block-column ranges dst's query chunks attend."""
+        out, off = [], 0
+        for i, c in enumerate(_chunks(src, self.world, self.lb)):
+            live = [a for a in _chunks(dst, self.world, self.lb) if self.hi[a][c] > 0]
+            if not live:
+                continue
+            lo, hi = min(self.lo[a][c] for a in live), max(self.hi[a][c] for a in live)
+            out.append((i, c, lo, hi, off))
+            off += (hi - lo) * self.by
+        return out
+
+    def check(self, q: Tensor, k: Tensor, bx: int, by: int, load_balance: bool, group_name: str) -> None:
+        want = (self.B, self.N, self.Sl)
+        if tuple(q.shape[:3]) != want or k.shape[0] != self.B or k.shape[1] != self.Nkv or k.shape[2] != self.Sl:
+            raise ValueError(f"RingMask: made for q [B, N, Sl] = {list(want)} and Nkv = {self.Nkv}, got q "
+                             f"{list(q.shape)}, k {list(k.shape)}")
+        if (bx, by) != (self.bx, self.by) or bool(load_balance) != self.lb or group_name != self.group_name:
+            raise ValueError(f"RingMask: made for block_size {(self.bx, self.by)}, load_balance={self.lb}, "
+                             f"group {self.group_name!r}; called with {(bx, by)}, {bool(load_balance)}, "
+                             f"{group_name!r}")
+        if q.device != self.device:
+            raise ValueError(f"RingMask: made on {self.device}, q on {q.device}")
+
+    def close(self) -> None:
+        """Free the library plans now (idempotent)."""
+        _RING_LIVE.pop(self.id, None)
+        for s in self.steps:
+            if s.plan is not None:
+                s.plan.close()
+                s.plan = None
+
+    def __repr__(self) -> str:
+        work = [s.t for s in self.steps if s.plan is not None]
+        return (f"RingMask(rank={self.rank}/{self.world}, S={self.S}, block_size={(self.bx, self.by)}, "
+                f"load_balance={self.lb}, steps with work={work})")
+
+
+def create_ring_mask(block_mask: Tensor, block_size: Union[int, Sequence[int]] = (64, 64),
+                     num_kv_heads: Optional[int] = None, *, group=None, load_balance: bool = True) -> RingMask:
+    """Prepare the GLOBAL block mask [B, N, S/bx, S/by] once for ``block_sparse_attention(...,
+    mode="ring")``: the ring's work map and one library plan per step.  Pass the result in
+    place of the mask to every call with the same mask, block size, Nkv (default N), group and
+    load_balance; a raw mask rebuilds this on every call (forward and backward share it)."""
+    bx, by = _pair(block_size)
+    m = _ops.as_mask(block_mask)
+    nkv = int(num_kv_heads) if num_kv_heads is not None else int(m.shape[1])
+    return RingMask(m, bx, by, nkv, load_balance, _group_name(group))
+
+
+def _ring_mask(plan_id: int, q, k, mask, bx, by, load_balance, group_name) -> RingMask:
+    if plan_id:
+        rm = _RING_LIVE.get(int(plan_id))
+        if rm is None:
+            raise ValueError("RingMask: this ring mask was closed")
+    else:
+        rm = RingMask(mask, bx, by, k.shape[1], load_balance, group_name)
+    rm.check(q, k, bx, by, load_balance, group_name)
+    return rm
+
+
+class _Exchange:
+    """Double-buffered asynchronous point-to-point of one ring call.  Step t's transfer is posted
+    at the start of step t-1 (right after step t-1's own transfer completed) into the receive
+    slot t % 2, so it runs while step t-1 computes; the only waits are on the transfer whose
+    buffer is about to be used.  K and V travel as one [2, B, Nkv, n, D] message.
+
+    Deadlock freedom: every rank derives the same work map from the same global mask, and
+    rank r sends to r+t in step t exactly when rank r+t receives from r in step t (both test
+    ``_ranges(r+t, r)`` non-empty).  Every rank posts its operations in the same order (step by
+    step, each step's key transfer before its gradient transfer), so each pair of ranks matches
+    its sends and receives one to one, in order, whatever the skipped steps are (a skipped
+    transfer is skipped on both of its ends); tags (4t + kind) keep steps apart for gloo."""
+
+    def __init__(self, rm: RingMask, shape: Tuple[int, ...], dtype: torch.dtype, device: torch.device):
+        self.rm = rm
+        self.shape = shape  # (B, Nkv, D)
+        n = 2 * shape[0] * shape[1] * rm.max_tokens * shape[2]
+        self.slots = [torch.empty(n, dtype=dtype, device=device) for _ in range(2 if n else 0)]
+        self.sendbuf = torch.empty(n, dtype=dtype, device=device) if n else None
+        self.reqs: List = []
+
+    def view(self, flat: Tensor, tokens: int) -> Tensor:
+        B, H, D = self.shape
+        return flat[:2 * B * H * tokens * D].view(2, B, H, tokens, D)
+
+    def post(self, send: Optional[Tensor], to: Optional[int], recv: Optional[Tensor], frm: Optional[int], tag: int):
+        rm = self.rm
+        ops = []
+        if send is not None and to is not None:
+            ops.append(dist.P2POp(dist.isend, send, dist.get_global_rank(rm.pg, to), rm.pg, tag))
+        if recv is not None and frm is not None:
+            ops.append(dist.P2POp(dist.irecv, recv, dist.get_global_rank(rm.pg, frm), rm.pg, tag))
+        return dist.batch_isend_irecv(ops) if ops else []
+
+    def post_kv(self, t: int, k: Tensor, v: Tensor) -> None:
+        """Step t's keys: pack ours for rank r+t into the send buffer, receive rank r-t's."""
+        st, rm = self.rm.steps[t], self.rm
+        send = None
+        if st.send:
+            send = self.view(self.sendbuf, st.nsend)
+            for i, c, lo, hi, off in st.send:
+                a, b = i * rm.L + lo * rm.by, i * rm.L + hi * rm.by
+                send[0, :, :, off:off + b - a].copy_(k[:, :, a:b])
+                send[1, :, :, off:off + b - a].copy_(v[:, :, a:b])
+        recv = self.view(self.slots[t % 2], st.nrecv) if st.recv else None
+        self.reqs = self.post(send, st.dst, recv, st.src, 4 * t)
+
+    def wait(self) -> None:
+        for req in self.reqs:
+            req.wait()
+        self.reqs = []
+
+    def keys(self, t: int, k: Tensor, v: Tensor) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+        """Waits for step t's transfer, posts step t+1's, returns step t's (k, v) or (None, None)."""
+        self.wait()
+        if t + 1 < self.rm.world:
+            self.post_kv(t + 1, k, v)
+        st = self.rm.steps[t]
+        if st.plan is None:
+            return None, None
+        if t == 0:
+            return k, v
+        kv = self.view(self.slots[t % 2], st.nrecv)
+        return kv[0], kv[1]
+
+
+def _workspace(rm: RingMask, descs, backward: bool, dev: torch.device):
+    """(options, workspace tensor): one caller workspace for all steps on CUDA (the largest)."""
+    from . import block_mask as _bm
+    opt = _ops._opts(dev)
+    if dev.type != "cuda":
+        return opt, None
+    n = 0
+    for st, (qd, kd, vd) in descs:
+        n = max(n, _bm.workspace_size(st.plan, qd, kd, vd, backward, opt))
+    ws = torch.empty(max(n, 1), dtype=torch.uint8, device=dev)
+    if n:
+        opt.workspace, opt.workspace_size = ws.data_ptr(), n
+    return opt, ws
+
+
+def _ring_fwd_impl(q, k, v, mask, bx, by, scale, load_balance, group_name, plan_id):
+    from . import block_mask as _bm
+    rm = _ring_mask(plan_id, q, k, mask, bx, by, load_balance, group_name)
+    W, dev, f32, d = rm.world, q.device, torch.float32, _ops._desc
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    ex = _Exchange(rm, (k.shape[0], k.shape[1], k.shape[3]), k.dtype, dev)
+    acc_o = torch.empty(q.shape, dtype=f32, device=dev)
+    acc_l = torch.empty(q.shape[:-1], dtype=f32, device=dev)
+    # step results: reused by every step (fp32 inputs write the first step straight into acc)
+    op = torch.empty_like(q)
+    lp = torch.empty(q.shape[:-1], dtype=f32, device=dev)
+    qd, opd, lpd = d("q", q), d("o", op), d("lse", lp)
+    kd = {}
+    for st in rm.steps:  # descriptors of every step's keys (the receive slots are fixed)
+        if st.plan is not None:
+            kt, vt = (k, v) if st.t == 0 else ex.view(ex.slots[st.t % 2], st.nrecv)
+            kd[st.t] = (d("k", kt), d("v", vt))
+    opt, ws = _workspace(rm, [(rm.steps[t], (qd,) + kv) for t, kv in kd.items()], False, dev)
+    first = True
+    for t in range(W):
+        kt, vt = ex.keys(t, k, v)
+        if kt is None:
+            continue  # nothing attended in this step: skipped (its transfer was skipped too)
+        st = rm.steps[t]
+        if first and q.dtype == f32:
+            _bm.fwd(st.plan, qd, kd[t][0], kd[t][1], scale, d("o", acc_o), d("lse", acc_l), opt)
+        elif first:
+            _bm.fwd(st.plan, qd, kd[t][0], kd[t][1], scale, opd, lpd, opt)
+            acc_o.copy_(op)
+            acc_l.copy_(lp)
+        else:
+            _bm.fwd(st.plan, qd, kd[t][0], kd[t][1], scale, opd, lpd, opt)
+            merge_into(acc_o, acc_l, op, lp, acc_o, acc_l)
+        first = False
+    ex.wait()
+    del ws
+    if first:  # no key attended by any local row
+        acc_o.zero_()
+        acc_l.fill_(float("-inf"))
+    return acc_o.to(q.dtype), acc_l
+
+
+def _ring_bwd_impl(q, k, v, mask, o, dout, lse, bx, by, scale, load_balance, group_name, plan_id):
+    from . import block_mask as _bm
+    rm = _ring_mask(plan_id, q, k, mask, bx, by, load_balance, group_name)
+    W, dev, f32, d = rm.world, q.device, torch.float32, _ops._desc
+    q, k, v, o, dout, lse = (x.contiguous() for x in (q, k, v, o, dout, lse))
+    B, H, D = k.shape[0], k.shape[1], k.shape[3]
+    ex = _Exchange(rm, (B, H, D), k.dtype, dev)           # keys, as in the forward
+    n = 2 * B * H * rm.max_tokens * D
+    gsend = [torch.empty(n, dtype=f32, device=dev) for _ in range(2 if n else 0)]  # partial dK/dV out
+    grecv = [torch.empty(n, dtype=f32, device=dev) for _ in range(2 if n else 0)]  # ours coming home
+    gbuf = torch.empty(2 * B * H * max(rm.Sl, rm.max_tokens) * D, dtype=k.dtype, device=dev)
+    dq = torch.zeros(q.shape, dtype=f32, device=dev)
+    dkv = torch.zeros((2,) + tuple(k.shape), dtype=f32, device=dev)
+    gq = torch.empty_like(q)
+    qd, od, dod, ld, gqd = d("q", q), d("o", o), d("dout", dout), d("lse", lse), d("dq", gq)
+    descs, gout = {}, {}
+    for st in rm.steps:
+        if st.plan is None:
+            continue
+        kt, vt = (k, v) if st.t == 0 else ex.view(ex.slots[st.t % 2], st.nrecv)
+        # fp32: the partial dK/dV are written straight into the send slot
+        g = ex.view(gsend[st.t % 2], st.nrecv) if st.t and k.dtype == f32 else ex.view(gbuf, st.nrecv)
+        descs[st.t] = (d("k", kt), d("v", vt))
+        gout[st.t] = (g, d("dk", g[0]), d("dv", g[1]))
+    opt, ws = _workspace(rm, [(rm.steps[t], (qd,) + kv) for t, kv in descs.items()], True, dev)
+
+    def settle(p):
+        if p is None:
+            return
+        reqs, back, st = p
+        for req in reqs:
+            req.wait()
+        if back is not None:
+            for i, c, lo, hi, off in st.send:
+                a, b = i * rm.L + lo * rm.by, i * rm.L + hi * rm.by
+                dkv[:, :, :, a:b] += back[:, :, :, off:off + b - a]
+
+    pending = None  # the previous step's gradient transfer: settled after this step's compute
+    for t in range(W):
+        kt, vt = ex.keys(t, k, v)
+        st = rm.steps[t]
+        out = None
+        if kt is not None:
+            g, gkd, gvd = gout[t]
+            _bm.bwd(st.plan, qd, descs[t][0], descs[t][1], od, dod, ld, scale, gqd, gkd, gvd, opt)
+            dq += gq
+            if t == 0:
+                dkv += g
+            elif k.dtype == f32:
+                out = g
+            else:
+                out = ex.view(gsend[t % 2], st.nrecv)
+                out.copy_(g)
+        if t > 0:
+            # partial dK/dV (fp32, packed like the keys we got) go home to rank r-t; those of our
+            # own keys come back from rank r+t (in the layout we sent them)
+            back = ex.view(grecv[t % 2], st.nsend) if st.send else None
+            reqs = ex.post(out, st.src, back, st.dst, 4 * t + 2)
+            settle(pending)
+            pending = (reqs, back, st)
+    settle(pending)
+    ex.wait()
+    del ws
+    dk = dkv[0].to(k.dtype) if k.dtype != f32 else dkv[0].clone()
+    return dq.to(q.dtype), dk, dkv[1].to(v.dtype)
+
+
+@torch.library.custom_op("spattn::cp_bsa_ring_fwd", mutates_args=())
+def cp_bsa_ring_fwd(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, bx: int, by: int, scale: float,
+                    load_balance: bool, group_name: str, plan_id: int) -> Tuple[Tensor, Tensor]:
+    """Ring forward; plan_id: a live RingMask's id (0: build one for this call)."""
+    return _ring_fwd_impl(q, k, v, block_mask, bx, by, scale, load_balance, group_name, plan_id)
+
+
+@cp_bsa_ring_fwd.register_fake
+def _(q, k, v, block_mask, bx, by, scale, load_balance, group_name, plan_id):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("spattn::cp_bsa_ring_bwd", mutates_args=())
+def cp_bsa_ring_bwd(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, o: Tensor, dout: Tensor, lse: Tensor,
+                    bx: int, by: int, scale: float, load_balance: bool, group_name: str,
+                    plan_id: int) -> Tuple[Tensor, Tensor, Tensor]:
+    return _ring_bwd_impl(q, k, v, block_mask, o, dout, lse, bx, by, scale, load_balance, group_name, plan_id)
+
+
+@cp_bsa_ring_bwd.register_fake
+def _(q, k, v, block_mask, o, dout, lse, bx, by, scale, load_balance, group_name, plan_id):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _ring_setup(ctx, inputs, output):
+    q, k, v, block_mask, bx, by, scale, load_balance, group_name, plan_id = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, block_mask, o, lse)
+    ctx.args = (bx, by, scale, load_balance, group_name, plan_id)
+    ctx.ring = _RING_LIVE.get(int(plan_id)) if plan_id else None  # alive until the backward
+    ctx.mark_non_differentiable(lse)
+
+
 def _ring_backward(ctx, grad_o, grad_lse):
     q, k, v, block_mask, o, lse = ctx.saved_tensors
     dq, dk, dv = cp_bsa_ring_bwd(q, k, v, block_mask, o, grad_o.contiguous(), lse, *ctx.args)
-    return dq, dk, dv, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None
 
 
 cp_bsa_ring_fwd.register_autograd(_ring_backward, setup_context=_ring_setup)
