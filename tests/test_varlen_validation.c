@@ -3,8 +3,8 @@
  * block table, index value, shape, dtype and device is refused with its status and a message
  * naming the argument, before any output is written (outputs are compared byte for byte with
  * their poison after each refusal).  Also: the unused parts (rows past cu[B], unused table
- * slots) are never read, and bsa backward with pages / CUDA tensors are refused as
- * SPATTN_STATUS_NOT_SUPPORTED (or BACKEND_UNAVAILABLE in a build without CUDA).
+ * slots) are never read, and CUDA tensors are refused as SPATTN_STATUS_NOT_SUPPORTED (or
+ * BACKEND_UNAVAILABLE in a build without CUDA), the paged bsa backward included.
  */
 #include "varlen_testkit.h"
 
@@ -14,7 +14,7 @@ typedef struct fx {
     int32_t cuq[B + 1], cuk[B + 1], tab[B * MAXP];
     int64_t Tq, Tk, mq, mk;
     vt_buf q, k, v, m, kp, vp, idx;
-    vt_buf o, lse, dq, dk, dv, o_sfa, lse_sfa, dq_sfa, dk_sfa, dkp_sfa;
+    vt_buf o, lse, dq, dk, dv, o_sfa, lse_sfa, dq_sfa, dk_sfa, dkp_sfa, dkp, dvp;
     spattn_tensor cq, ck, tt;
     spattn_varlen vl;
 } fx;
@@ -72,18 +72,23 @@ static void fx_init(fx *f, tu_rng *r) {
     f->dq_sfa = vt_alloc(SPATTN_DTYPE_F32, 3, sq, 0);
     f->dk_sfa = vt_alloc(SPATTN_DTYPE_F32, 3, sk, 0);
     f->dkp_sfa = vt_alloc(SPATTN_DTYPE_F32, 4, sp, 0);
+    f->dkp = vt_alloc(SPATTN_DTYPE_F32, 4, sp, 0); /* paged bsa backward */
+    f->dvp = vt_alloc(SPATTN_DTYPE_F32, 4, sp, 0);
 }
 
 static void fx_free(fx *f) {
     vt_buf *all[] = {&f->q, &f->k, &f->v, &f->m, &f->kp, &f->vp, &f->idx, &f->o, &f->lse, &f->dq,
-                     &f->dk, &f->dv, &f->o_sfa, &f->lse_sfa, &f->dq_sfa, &f->dk_sfa, &f->dkp_sfa};
+                     &f->dk, &f->dv, &f->o_sfa, &f->lse_sfa, &f->dq_sfa, &f->dk_sfa, &f->dkp_sfa,
+                     &f->dkp, &f->dvp};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) vt_free(all[i]);
 }
 
 /* Runs the four operators (plus the paged forms) on the fixture; returns the statuses. */
-enum { OP_BSA_FWD, OP_BSA_BWD, OP_BSA_FWD_PAGED, OP_SFA_FWD, OP_SFA_BWD, OP_SFA_FWD_PAGED, OP_SFA_BWD_PAGED, OP_N };
+enum { OP_BSA_FWD, OP_BSA_BWD, OP_BSA_FWD_PAGED, OP_SFA_FWD, OP_SFA_BWD, OP_SFA_FWD_PAGED, OP_SFA_BWD_PAGED,
+       OP_BSA_BWD_PAGED, OP_N };
 static const char *const op_name[OP_N] = {"bsa_fwd", "bsa_bwd", "bsa_fwd paged", "sfa_fwd",
-                                          "sfa_bwd", "sfa_fwd paged", "sfa_bwd paged"};
+                                          "sfa_bwd", "sfa_fwd paged", "sfa_bwd paged",
+                                          "bsa_bwd paged"};
 
 /* The softmax scale every op is called with (0 = the default); one check sets it to a value
  * beyond fp32. */
@@ -108,6 +113,9 @@ static spattn_status run_op(fx *f, int op, const spattn_varlen *vl) {
         return spattn_sfa_bwd_varlen(&f->q.t, NULL, &f->k.t, NULL, NULL, &f->q.t, &f->q.t, &f->lse.t,
                                      &f->idx.t, 1, 3, g_scale, vl, &f->dq_sfa.t, NULL, &f->dk_sfa.t, NULL,
                                      NULL, NULL);
+    case OP_BSA_BWD_PAGED:
+        return spattn_bsa_bwd_varlen(&f->q.t, &f->kp.t, &f->vp.t, &f->q.t, &f->q.t, &f->lse.t, &f->m.t, BX,
+                                     BY, g_scale, &pv, &f->dq.t, &f->dkp.t, &f->dvp.t, NULL);
     case OP_SFA_FWD_PAGED:
         return spattn_sfa_fwd_varlen(&f->q.t, NULL, &f->kp.t, NULL, &f->vp.t, &f->idx.t, 1, 0, g_scale,
                                      &pv, &f->o_sfa.t, &f->lse_sfa.t, NULL);
@@ -124,6 +132,7 @@ static int outputs_poisoned(fx *f, int op) {
     switch (op) {
     case OP_BSA_FWD: case OP_BSA_FWD_PAGED: o[0] = &f->o; o[1] = &f->lse; break;
     case OP_BSA_BWD: o[0] = &f->dq; o[1] = &f->dk; o[2] = &f->dv; break;
+    case OP_BSA_BWD_PAGED: o[0] = &f->dq; o[1] = &f->dkp; o[2] = &f->dvp; break;
     case OP_SFA_FWD: case OP_SFA_FWD_PAGED: o[0] = &f->o_sfa; o[1] = &f->lse_sfa; break;
     case OP_SFA_BWD: o[0] = &f->dq_sfa; o[1] = &f->dk_sfa; break;
     default: o[0] = &f->dq_sfa; o[1] = &f->dkp_sfa; break;
@@ -183,12 +192,11 @@ int main(void) {
     for (int i = 0; i < 4; i++) {
         int op = packed[i];
         EXPECT(op, SPATTN_STATUS_BAD_INDEX, "exceeds the", f.cuk[3] = (int32_t)f.Tk + 1);
-        EXPECT(op, op == OP_BSA_BWD ? SPATTN_STATUS_NOT_SUPPORTED : SPATTN_STATUS_BAD_NDIM,
-               op == OP_BSA_BWD ? "block_table" : "pages", vl.block_table = &f.tt);
+        EXPECT(op, SPATTN_STATUS_BAD_NDIM, "pages", vl.block_table = &f.tt);
     }
     /* paged forms */
-    int paged[3] = {OP_BSA_FWD_PAGED, OP_SFA_FWD_PAGED, OP_SFA_BWD_PAGED};
-    for (int i = 0; i < 3; i++) {
+    int paged[4] = {OP_BSA_FWD_PAGED, OP_SFA_FWD_PAGED, OP_SFA_BWD_PAGED, OP_BSA_BWD_PAGED};
+    for (int i = 0; i < 4; i++) {
         int op = paged[i];
         EXPECT(op, SPATTN_STATUS_BAD_INDEX, "page id", f.tab[1] = NP);
         EXPECT(op, SPATTN_STATUS_BAD_INDEX, "page id", f.tab[3] = -1);
@@ -212,13 +220,22 @@ int main(void) {
            ((int32_t *)f.idx.mem)[4 * N * K] = 3; f.cuq[1] = 4);
     EXPECT(OP_SFA_BWD, SPATTN_STATUS_BAD_INDEX, "indices", ((int32_t *)f.idx.mem)[1] = -2);
     EXPECT(OP_SFA_BWD_PAGED, SPATTN_STATUS_BAD_NDIM, "dk", f.dkp_sfa.t.ndim = 3);
+    /* paged bsa backward: dk / dv are pages shaped as k, and outputs */
+    EXPECT(OP_BSA_BWD_PAGED, SPATTN_STATUS_BAD_NDIM, "dk", f.dkp.t.ndim = 3);
+    EXPECT(OP_BSA_BWD_PAGED, SPATTN_STATUS_BAD_SHAPE, "dv: dimension 1 (page_size)", f.dvp.t.shape[1] = PS - 1);
+    EXPECT(OP_BSA_BWD_PAGED, SPATTN_STATUS_BAD_SHAPE, "dk: dimension 0 (num_pages)", f.dkp.t.shape[0] = NP - 1);
+    EXPECT(OP_BSA_BWD_PAGED, SPATTN_STATUS_BAD_DTYPE, "dv", f.dvp.t.dtype = SPATTN_DTYPE_F16);
+    EXPECT(OP_BSA_BWD_PAGED, SPATTN_STATUS_ALIASING, "dk", f.dkp.t.data = f.kp.mem);
+    EXPECT(OP_BSA_BWD_PAGED, SPATTN_STATUS_ALIASING, "dv", f.dvp.t.data = f.tab);
+    EXPECT(OP_BSA_BWD_PAGED, SPATTN_STATUS_BAD_NDIM, "v", f.vp.t.ndim = 3);
     /* CUDA tensors: not supported (or no CUDA in this build) before anything is read */
     for (int op = 0; op < OP_N; op++) {
         fx f;
         fx_init(&f, &r);
         spattn_tensor *ts[] = {&f.q.t, &f.k.t, &f.v.t, &f.m.t, &f.kp.t, &f.vp.t, &f.idx.t, &f.o.t,
                                &f.lse.t, &f.dq.t, &f.dk.t, &f.dv.t, &f.o_sfa.t, &f.lse_sfa.t,
-                               &f.dq_sfa.t, &f.dk_sfa.t, &f.dkp_sfa.t, &f.cq, &f.ck, &f.tt};
+                               &f.dq_sfa.t, &f.dk_sfa.t, &f.dkp_sfa.t, &f.dkp.t, &f.dvp.t, &f.cq,
+                               &f.ck, &f.tt};
         for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) ts[i]->device_type = SPATTN_DEVICE_CUDA;
         spattn_status st = run_op(&f, op, &f.vl);
         TU_CHECK((st == SPATTN_STATUS_NOT_SUPPORTED || st == SPATTN_STATUS_BACKEND_UNAVAILABLE) &&

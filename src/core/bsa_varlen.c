@@ -92,14 +92,17 @@ static spattn_status check_inputs(const spattn_tensor *q, const spattn_tensor *k
     return SPATTN_STATUS_SUCCESS;
 }
 
-/* A [T, H, D] tensor of q's dtype and device shaped like `like` (o, dout, dq like q; dk, dv
- * like k). */
+/* A tensor of q's dtype and device shaped like `like` (o, dout, dq like q; dk, dv like k:
+ * packed [Tkv, Nkv, D], or pages [num_pages, page_size, Nkv, D] when k is paged). */
 static spattn_status check_like(const char *name, const spattn_tensor *t, const spattn_tensor *like,
                                 const char *likename, const char *const *dn, int is_output) {
     TRY(spattn_check_present(name, t));
-    TRY(spattn_check_ndim(name, t, 3, dn == kTND_q ? "[Tq, N, D]" : "[Tkv, Nkv, D]"));
+    TRY(spattn_check_ndim(name, t, like->ndim,
+                          dn == kTND_q ? "[Tq, N, D]"
+                          : dn == kPages ? "[num_pages, page_size, Nkv, D] (pages, as k)"
+                                         : "[Tkv, Nkv, D]"));
     TRY(spattn_check_dtype(name, t, like->dtype, "dtype of q"));
-    for (int d = 0; d < 3; d++) TRY(spattn_check_dim(name, t, d, dn[d], like->shape[d], likename));
+    for (int d = 0; d < like->ndim; d++) TRY(spattn_check_dim(name, t, d, dn[d], like->shape[d], likename));
     TRY(spattn_check_strides(name, t));
     if (is_output) TRY(spattn_check_no_self_overlap(name, t));
     return spattn_check_same_device(name, t, "q", like);
@@ -157,10 +160,6 @@ spattn_status spattn_bsa_bwd_varlen(const spattn_tensor *q, const spattn_tensor 
                                     const spattn_tensor *dk, const spattn_tensor *dv,
                                     const spattn_options *opt) {
     spattn_clear_error();
-    if (vl && vl->block_table)
-        return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
-                                "vl.block_table: the bsa backward takes packed k/v, not pages "
-                                "(paged keys are a forward-only (inference) layout for bsa)");
     spattn_bsa_problem p = {0};
     spattn_seqs s;
     TRY(check_inputs(q, k, v, block_mask, bx, by, scale, vl, &p, &s));
@@ -168,13 +167,17 @@ spattn_status spattn_bsa_bwd_varlen(const spattn_tensor *q, const spattn_tensor 
     TRY(check_like("dout", dout, q, "shape of q", kTND_q, 0));
     TRY(check_lse(lse, &p, 0));
     TRY(check_like("dq", dq, q, "shape of q", kTND_q, 1));
-    TRY(check_like("dk", dk, k, "shape of k", kTND_kv, 1));
-    TRY(check_like("dv", dv, k, "shape of k", kTND_kv, 1));
+    /* paged k / v: dk / dv are pages too (rows no sequence uses get 0, shared pages the sum) */
+    const char *const *kdn = s.table ? kPages : kTND_kv;
+    TRY(check_like("dk", dk, k, "shape of k", kdn, 1));
+    TRY(check_like("dv", dv, k, "shape of k", kdn, 1));
     const char *on[] = {"dq", "dk", "dv"};
     const spattn_tensor *os[] = {dq, dk, dv};
-    const char *in[] = {"q", "k", "v", "o", "dout", "lse", "block_mask", "cu_seqlens_q", "cu_seqlens_kv"};
-    const spattn_tensor *is[] = {q, k, v, o, dout, lse, block_mask, vl->cu_seqlens_q, vl->cu_seqlens_kv};
-    TRY(spattn_check_aliasing(on, os, 3, in, is, 9));
+    const char *in[] = {"q", "k", "v", "o", "dout", "lse", "block_mask", "cu_seqlens_q",
+                        "cu_seqlens_kv", "block_table"};
+    const spattn_tensor *is[] = {q, k, v, o, dout, lse, block_mask, vl->cu_seqlens_q,
+                                 vl->cu_seqlens_kv, vl->block_table};
+    TRY(spattn_check_aliasing(on, os, 3, in, is, 10));
     p.o = o;
     p.dout = dout;
     p.lse = lse;

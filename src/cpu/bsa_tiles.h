@@ -15,6 +15,7 @@
 
 #include "../core/internal.h"
 #include "../core/seqs.h"
+#include "bsa_pages.h"
 
 #define BSA_COL_ALIGN 16 /* floats: multiple of every ISA's vector width, 64 bytes */
 
@@ -142,7 +143,9 @@ static inline size_t bsa_workspace_bytes(const spattn_bsa_problem *p, int backwa
     size_t shared = backward ? bsa_delta_floats(p) : 0;
     /* varlen: work-item offsets of the sequences (queries, keys) after the thread regions */
     size_t offsets = p->seqs ? 2 * sizeof(int64_t) * (size_t)(p->seqs->B + 1) : 0;
-    return 64 + sizeof(float) * (shared + (size_t)threads * per) + offsets;
+    /* paged backward: the page schedule and fp32 rows for shared pages (bsa_pages.h) */
+    size_t pages = backward ? bsa_pages_bytes(p) : 0;
+    return 64 + sizeof(float) * (shared + (size_t)threads * per) + offsets + pages;
 }
 
 #endif
