@@ -115,6 +115,84 @@ def _run_bsa(res, world, rank, cpd, spattn):
         res["n"] += 1
 
 
+def _ring_mask_case(kind, B, N, S, bx, by, world, lb, seed):
+    """Global block masks for the overlapped ring: random with empty block rows and a never
+    attended key chunk (steps without work for some ranks), "offset" (each query chunk attends
+    only the key chunk owned by the rank two (W=2: one) before: step 0 empty, later steps not),
+    window with bx != by, causal, "none" (a rank whose rows attend nothing)."""
+    g = torch.Generator().manual_seed(seed)
+    nbx, nby = S // bx, S // by
+    n = 2 * world if lb else world
+    Lx, Ly = nbx // n, nby // n
+    qi = torch.arange(nbx)[:, None]
+    kj = torch.arange(nby)[None, :]
+    if kind == "random":
+        m = torch.rand(B, N, nbx, nby, generator=g) < 0.3
+        m[..., 2, :] = False                       # empty block rows
+        m[..., :, Ly:2 * Ly] = False               # key chunk 1 never attended: its ring steps skip
+        return m.to(torch.uint8)
+    if kind == "offset":
+        owner = {c: r for r in range(world) for c in ([r, 2 * world - 1 - r] if lb else [r])}
+        back = 2 if world > 2 else 1
+        qr = torch.tensor([owner[int(i) // Lx] for i in range(nbx)])[:, None]
+        kr = torch.tensor([owner[int(j) // Ly] for j in range(nby)])[None, :]
+        m = (kr == (qr - back) % world) & (torch.rand(B, N, nbx, nby, generator=g) < 0.5)
+        return m.to(torch.uint8)
+    if kind == "window":  # token window of 24 on blocks bx x by
+        m = (kj * by <= (qi + 1) * bx - 1) & ((kj + 1) * by - 1 >= qi * bx - 24)
+    elif kind == "causal":
+        m = kj * by <= (qi + 1) * bx - 1
+    else:  # "none": the rows of the first query chunk attend nothing, the others causal
+        m = (kj * by <= (qi + 1) * bx - 1) & (qi >= Lx)
+    return m.to(torch.uint8).expand(B, N, nbx, nby)
+
+
+def _ring_cases(world):
+    bf, f32, f16 = torch.bfloat16, torch.float32, torch.float16
+    # (dtype, mask kind, load_balance, N, Nkv, bx, by, blocks per chunk along x)
+    if world == 2:
+        return [(bf, "random", True, 4, 2, 16, 16, 3), (f32, "offset", False, 2, 2, 16, 16, 3),
+                (bf, "window", False, 4, 1, 16, 8, 3), (f32, "causal", True, 4, 2, 8, 16, 4),
+                (f16, "none", True, 2, 1, 16, 16, 1)]
+    return [(bf, "random", False, 4, 2, 16, 16, 3), (f32, "offset", True, 2, 1, 16, 16, 1),
+            (bf, "window", True, 2, 2, 8, 16, 4), (f32, "none", False, 4, 2, 16, 8, 3)]
+
+
+def _run_ring(res, world, rank, cpd, spattn):
+    """The overlapped ring (mode="ring") against the single-process result: forward and every
+    gradient within eco; bitwise the same on a second call and through a reused RingMask."""
+    B, D = 1, 16
+    for ci, (dt, kind, lb, N, NKV, bx, by, lx) in enumerate(_ring_cases(world)):
+        n = 2 * world if lb else world
+        S = n * lx * bx
+        g = torch.Generator().manual_seed(400 + ci)
+        q, k, v, do = (torch.randn(B, h, S, D, generator=g).to(dt) for h in (N, NKV, NKV, N))
+        mask = _ring_mask_case(kind, B, N, S, bx, by, world, lb, 50 + ci)
+        qf, kf, vf = (x.clone().requires_grad_() for x in (q, k, v))
+        o_ref, lse_ref = spattn.block_sparse_attention(qf, kf, vf, mask, (bx, by), return_lse=True)
+        (o_ref.float() * do.float()).sum().backward()
+        sh = lambda x: cpd.shard(x, 2, load_balance=lb)  # noqa: E731
+        rm = cpd.create_ring_mask(mask, (bx, by), NKV, load_balance=lb)
+        runs = []
+        for m in (mask, mask, rm):
+            ql, kl, vl = (sh(x).requires_grad_() for x in (q, k, v))
+            o, lse = cpd.block_sparse_attention(ql, kl, vl, m, (bx, by), return_lse=True, mode="ring",
+                                                load_balance=lb)
+            (o.float() * sh(do).float()).sum().backward()
+            runs.append((o, lse, ql.grad, kl.grad, vl.grad))
+        rm.close()
+        name = f"ring W{world} {str(dt)[6:]} {kind} lb={int(lb)} N{N}/{NKV} {bx}x{by}"
+        o, lse, dq, dk, dv = runs[0]
+        _check_all(res, name, [("o", o, sh(o_ref), None), ("lse", lse, sh(lse_ref), "lse"),
+                               ("dq", dq, sh(qf.grad), None), ("dk", dk, sh(kf.grad), None),
+                               ("dv", dv, sh(vf.grad), None)])
+        for j, what in ((1, "second call"), (2, "RingMask")):
+            for nm, a, b in zip(("o", "lse", "dq", "dk", "dv"), runs[0], runs[j]):
+                if not torch.equal(a, b):  # (no NaN here; -inf == -inf)
+                    res["fail"].append(f"{name}: {nm} of the {what} is not bitwise equal")
+        res["n"] += 1
+
+
 def _run_sfa(res, world, rank, cpd, spattn):
     B, N1, N2, D, Dr, K = 1, 4, 1, 32, 16, 12
     for ci, c in enumerate(_sfa_cases(world)):
@@ -151,6 +229,13 @@ def _run_skip(res, world, rank, cpd):
     """The ring skips steps without work: a block-diagonal mask needs no transfer at all."""
     if world < 2:
         return
+    for mode in ("ring", "ring_v1"):
+        _run_skip_mode(res, world, rank, cpd, mode)
+
+
+def _run_skip_mode(res, world, rank, cpd, mode):
+    # "ring" sends k and v as one [2, B, Nkv, n, D] message, "ring_v1" as two [B, Nkv, n, D]
+    per = 1 if mode == "ring" else 2
     bs, S, D = 16, 2 * world * 32, 32
     mask = torch.eye(S // bs, dtype=torch.uint8).expand(1, 1, -1, -1)
     calls = {"p2p": 0}
@@ -162,24 +247,25 @@ def _run_skip(res, world, rank, cpd):
     dist.batch_isend_irecv = counting
     try:
         q = torch.randn(1, 1, S // world, D, requires_grad=True)
-        o = cpd.block_sparse_attention(q, q, q, mask, bs, mode="ring")
+        o = cpd.block_sparse_attention(q, q, q, mask, bs, mode=mode)
         o.sum().backward()
     finally:
         dist.batch_isend_irecv = orig
     if calls["p2p"]:
-        res["fail"].append(f"ring skip W{world}: {calls['p2p']} point-to-point transfers on a block-diagonal mask")
+        res["fail"].append(f"{mode} skip W{world}: {calls['p2p']} point-to-point transfers on a block-diagonal "
+                           "mask")
     # causal without load balancing: rank 0 needs nothing from the others
     mask = torch.ones(S // bs, S // bs, dtype=torch.uint8).tril().expand(1, 1, -1, -1)
     calls["p2p"] = 0
     dist.batch_isend_irecv = counting
     try:
         q = torch.randn(1, 1, S // world, D)
-        cpd.block_sparse_attention(q, q, q, mask, bs, mode="ring", load_balance=False)
+        cpd.block_sparse_attention(q, q, q, mask, bs, mode=mode, load_balance=False)
     finally:
         dist.batch_isend_irecv = orig
-    want = (world - 1 - rank) * 2 + rank * 2  # k, v sent to every later rank, received from every earlier
+    want = ((world - 1 - rank) + rank) * per  # k, v sent to every later rank, received from every earlier
     if calls["p2p"] != want:
-        res["fail"].append(f"ring skip W{world} rank {rank}: {calls['p2p']} transfers on causal, expected {want}")
+        res["fail"].append(f"{mode} skip W{world} rank {rank}: {calls['p2p']} transfers on causal, expected {want}")
     # window of one block, contiguous shards: each rank r > 0 receives only the last key block of
     # rank r-1 (one block of k and of v), in the forward
     nb = S // bs
@@ -188,16 +274,16 @@ def _run_skip(res, world, rank, cpd):
     sizes = []
 
     def sizing(ops):
-        sizes.extend(op.tensor.shape[2] for op in ops if op.op is dist.irecv)
+        sizes.extend(op.tensor.shape[-2] for op in ops if op.op is dist.irecv)
         return orig(ops)
     dist.batch_isend_irecv = sizing
     try:
         q = torch.randn(1, 1, S // world, D)
-        cpd.block_sparse_attention(q, q, q, mask, bs, mode="ring", load_balance=False)
+        cpd.block_sparse_attention(q, q, q, mask, bs, mode=mode, load_balance=False)
     finally:
         dist.batch_isend_irecv = orig
-    if sizes != ([bs, bs] if rank > 0 else []):
-        res["fail"].append(f"ring window W{world} rank {rank}: received key lengths {sizes}, expected one block")
+    if sizes != ([bs] * per if rank > 0 else []):
+        res["fail"].append(f"{mode} window W{world} rank {rank}: received key lengths {sizes}, expected one block")
     res["n"] += 1
 
 
@@ -249,6 +335,8 @@ def _worker(rank, world, port, outdir, parts):
         import spattn.distributed as cpd
         if "bsa" in parts:
             _run_bsa(res, world, rank, cpd, spattn)
+        if "ring" in parts:
+            _run_ring(res, world, rank, cpd, spattn)
         if "sfa" in parts:
             _run_sfa(res, world, rank, cpd, spattn)
         if "skip" in parts:
@@ -287,10 +375,10 @@ class TestDistributedGloo(unittest.TestCase):
         self.assertGreater(n, 0)
 
     def test_world2(self):
-        self.run_world(2, ("bsa", "sfa", "skip", "compile"))
+        self.run_world(2, ("bsa", "ring", "sfa", "skip", "compile"))
 
     def test_world3(self):
-        self.run_world(3, ("bsa", "sfa", "skip"))
+        self.run_world(3, ("bsa", "ring", "sfa", "skip"))
 
 
 if __name__ == "__main__":
