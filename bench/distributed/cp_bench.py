@@ -9,7 +9,8 @@ CPU smoke test of the script itself (gloo, tiny shapes):
     torchrun --nproc-per-node 2 bench/distributed/cp_bench.py --device cpu --quick
 
 Cases (issue 15): S = 32K and 64K tokens; bsa B=1 N=16 D=128 bf16 blocks 128x128, causal
-(head-tail shards) and window (2048 tokens, contiguous shards), ring and all-gather modes; sfa
+(head-tail shards) and window (2048 tokens, contiguous shards), modes (--modes) ring, ring_plan
+(ring with a RingMask made once), ring_v1 (the previous ring schedule) and allgather; sfa
 B=1 N1=64 N2=1 D=512 Dr=64 K=2048 causal bf16 (head-tail shards).  For every case:
   * correctness: the CP output / LSE / gradients on each rank vs the matching shard of the
     single-GPU result (every rank computes the full problem on its own GPU), eco criterion of
@@ -138,8 +139,12 @@ def run_case(case, args, dev, rank, world, results):
         def single(*t):
             return spattn.block_sparse_attention(*t, m, bs, return_lse=True)
 
+        mode, mm = case["mode"], m
+        if mode == "ring_plan":  # the overlapped ring with its work map and plans built once
+            mode, mm = "ring", cpd.create_ring_mask(m, bs, N, load_balance=lb)
+
         def cp(*t):
-            return cpd.block_sparse_attention(*t, m, bs, return_lse=True, mode=case["mode"], load_balance=lb)
+            return cpd.block_sparse_attention(*t, mm, bs, return_lse=True, mode=mode, load_balance=lb)
     else:
         B, N1, D, Dr, K = 1, args.heads_sfa, 512, 64, args.topk
         qc, kc, do = rnd(B, S, N1, D + Dr), rnd(B, S, 1, D + Dr), rnd(B, S, N1, D)
@@ -220,6 +225,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke test of the script)")
     ap.add_argument("--case", default="", help="substring filter on case names")
+    ap.add_argument("--modes", default="ring,ring_plan,ring_v1,allgather",
+                    help="bsa modes: ring (overlapped ring, mask prepared per call), ring_plan (the same "
+                         "with a RingMask built once), ring_v1 (the previous ring schedule), allgather")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     if args.quick:
@@ -239,7 +247,7 @@ def main():
         tag = f"{S // 1024}K" if S >= 1024 else str(S)
         if "bsa" in args.ops:
             for mask, lb in (("causal", True), ("window", False)):
-                for mode in ("ring", "allgather"):
+                for mode in args.modes.split(","):
                     cases.append(dict(op="bsa", S=S, mask=mask, lb=lb, mode=mode,
                                       name=f"bsa_{mask}_s{tag}_{mode}_lb{int(lb)}"))
         if "sfa" in args.ops:
