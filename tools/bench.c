@@ -95,7 +95,6 @@ static int run_all(sp_opts *o, const sp_case_list *cases, bset *ours) {
         }
         for (int pass = SP_PASS_FWD; pass <= SP_PASS_BWD; pass++) {
             if (!(o->passes & pass)) continue;
-            if (pass == SP_PASS_BWD && sp_case_fwd_only(c)) continue; /* paged bsa: no bwd */
             bres *r = &ours->v[ours->n++];
             snprintf(r->name, sizeof r->name, "%s", c->name);
             r->c = c;

@@ -613,8 +613,6 @@ static int64_t scale_len(int64_t s, double f) {
     return r < 1 ? 1 : r;
 }
 
-int sp_case_fwd_only(const sp_case *c) { return c->op == SP_OP_BSA && c->varlen && c->page > 0; }
-
 /* A varlen length scaled by f: lengths up to `floor` tokens stay (short sequences are what a
  * varlen case is about), longer ones become round(L * f) but not below `floor`. */
 static int32_t scale_seq(int32_t len, double f, int64_t floor) {

@@ -61,10 +61,6 @@ void sp_case_list_free(sp_case_list *l);
  * case stays valid and keeps its character (see docs/cli.md, "Scaling"). */
 void sp_case_scale(const sp_case *in, double f, sp_case *out);
 
-/* 1 when the case has no backward: bsa with paged keys (an inference layout; the library's
- * paged bsa is forward only).  verify and bench skip the backward of such a case. */
-int sp_case_fwd_only(const sp_case *c);
-
 const char *sp_op_name(int op);
 const char *sp_pattern_name(int pattern);
 /* "B=1 N=16 Sq=4096 ..." (the case's shape after scaling). */

@@ -294,11 +294,6 @@ done:
 int sp_bench_varlen(const sp_case *c, const sp_inputs *in, int pass, int warmup, int repeats,
                     int backend, int threads, double *ms, int *status, char *msg, size_t msglen) {
     *status = 0;
-    if (pass == SP_PASS_BWD && sp_case_fwd_only(c)) {
-        *status = SPATTN_STATUS_NOT_SUPPORTED;
-        snprintf(msg, msglen, "backward: bsa with paged keys is forward only");
-        return -1;
-    }
     vl_bufs h, d;
     memset(&d, 0, sizeof d);
     const vl_bufs *use = &h;
@@ -357,7 +352,6 @@ done:
 int sp_verify_varlen(const sp_case *c, const sp_inputs *in, int passes, int backend, int threads,
                      sp_verify_out *out) {
     memset(out, 0, sizeof *out);
-    if (sp_case_fwd_only(c)) passes = SP_PASS_FWD;
     vl_bufs h;
     int rc = -1;
     if (host_bufs(c, in, &h)) {

@@ -25,8 +25,8 @@ void sp_vl_tensors_make(const sp_case *c, const sp_inputs *in, void *const buf[S
 spattn_status sp_vl_call_fwd(const sp_case *c, const sp_vl_tensors *t, const spattn_options *opt);
 spattn_status sp_vl_call_bwd(const sp_case *c, const sp_vl_tensors *t, const spattn_options *opt);
 
-/* verify (backend SPATTN_BACKEND_CPU or _CUDA): as sp_verify_cpu.  A forward-only case
- * (sp_case_fwd_only) checks its forward whatever `passes` asks. */
+/* verify (backend SPATTN_BACKEND_CPU or _CUDA): as sp_verify_cpu (every varlen case, paged
+ * bsa included, has both passes). */
 int sp_verify_varlen(const sp_case *c, const sp_inputs *in, int passes, int backend, int threads,
                      sp_verify_out *out);
 /* The golden of every named tensor in out (fp64 reference, verify_varlen.c).  -1 on OOM. */

@@ -128,11 +128,11 @@ cli_test(cli_dump_not_dir 2
 
 # Issue 14: varlen / paged cases (cases/README.md, "Varlen and paged cases").  The tiny suite
 # at full size and scaled (every feature: empty sequences, pages, GQA, three dtypes), the
-# quick cases of the public varlen suites, bench (paged bsa has no backward row), list, and a
+# quick cases of the public varlen suites, bench (paged bsa and sfa with backward rows), list, and a
 # bad varlen line.  Together a few seconds on 2 cores.
 cli_test(cli_verify_varlen_tiny 0
   "verify@--backend@cpu@--suite@${cli_tests}/tiny_varlen.cases@--scale@1@--json@${out}/verify_varlen.json"
-  MATCH "bsa 4/4 passed@sfa 4/4 passed@tvl_bsa_paged +pass +fwd.o@tvl_sfa_paged +pass"
+  MATCH "bsa 4/4 passed@sfa 4/4 passed@tvl_bsa_paged +pass +fwd.o@bwd.dv[^t]+tvl_bsa_bigbird@tvl_sfa_paged +pass"
   NOMATCH "SCALED"
   CHECK_KIND verify CHECK_FILE ${out}/verify_varlen.json)
 cli_test(cli_verify_varlen_scaled 0
@@ -146,7 +146,7 @@ cli_test(cli_verify_varlen_perturb 1
   MATCH "bsa 0/1 passed@sfa 0/1 passed")
 cli_test(cli_bench_varlen 0
   "bench@--backend@cpu@--suite@${cli_tests}/tiny_varlen.cases@--repeats@2@--warmup@0@--json@${out}/bench_varlen.json"
-  MATCH "tvl_bsa_paged +fwd@tvl_sfa_paged +bwd@tvl_sfa_decode +fwd" NOMATCH "tvl_bsa_paged +bwd"
+  MATCH "tvl_bsa_paged +fwd@tvl_bsa_paged +bwd@tvl_sfa_paged +bwd@tvl_sfa_decode +fwd"
   CHECK_KIND bench CHECK_FILE ${out}/bench_varlen.json)
 cli_test(cli_list_varlen 0 "list@--backend@cpu@--suite@bsa_varlen@--suite@sfa_varlen"
   MATCH "bsav04_paged_gqa_prefill .* page=64@sfav06_paged_decode .*Tq=64@15 cases")
