@@ -3,13 +3,14 @@
   spattn::bsa_fwd_varlen(q, k, v, block_mask, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                          max_seqlen_k, block_table?, bx, by, scale) -> (o, lse)
   spattn::bsa_bwd_varlen(q, k, v, block_mask, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                         max_seqlen_k, o, dout, lse, bx, by, scale) -> (dq, dk, dv)
+                         max_seqlen_k, block_table?, o, dout, lse, bx, by, scale) -> (dq, dk, dv)
   spattn::sfa_fwd_varlen(q, k, indices, v?, q_rope?, k_rope?, cu_seqlens_q, cu_seqlens_k,
                          max_seqlen_q, max_seqlen_k, block_table?, sbs, mode, scale) -> (o, lse)
   spattn::sfa_bwd_varlen(..., block_table?, o, dout, lse, sbs, mode, scale)
       -> (dq, dk, dv, dq_rope, dk_rope)   (absent gradients are empty tensors)
 
-Packed tensors [T, N, D] (k/v pages [num_pages, page_size, Nkv, D] with block_table), LSE
+Packed tensors [T, N, D] (k/v pages [num_pages, page_size, Nkv, D] with block_table, and so
+are their gradients: page rows no sequence uses get 0, a page shared by sequences the sum), LSE
 [T, N].  The prefix sums stay where they are (int64 ones are converted to int32 on their
 device): no host synchronisation.  Output rows past cu_seqlens_q[B] are 0 (LSE -inf).
 """
@@ -75,16 +76,18 @@ def _(q, k, v, block_mask, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
 
 @torch.library.custom_op("spattn::bsa_bwd_varlen", mutates_args=())
 def bsa_bwd_varlen(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, cu_seqlens_q: Tensor,
-                   cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int, o: Tensor,
-                   dout: Tensor, lse: Tensor, bx: int, by: int,
-                   scale: float) -> Tuple[Tensor, Tensor, Tensor]:
-    m, cq, ck = as_mask(block_mask), _i32(cu_seqlens_q), _i32(cu_seqlens_k)
+                   cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                   block_table: Optional[Tensor], o: Tensor, dout: Tensor, lse: Tensor, bx: int,
+                   by: int, scale: float) -> Tuple[Tensor, Tensor, Tensor]:
+    m, cq, ck, bt = as_mask(block_mask), _i32(cu_seqlens_q), _i32(cu_seqlens_k), _i32(block_table)
     dev = _check_devices([("q", q), ("k", k), ("v", v), ("block_mask", m), ("cu_seqlens_q", cq),
-                          ("cu_seqlens_k", ck), ("o", o), ("dout", dout), ("lse", lse)])
+                          ("cu_seqlens_k", ck), ("block_table", bt), ("o", o), ("dout", dout),
+                          ("lse", lse)])
     cf = torch.contiguous_format
     dq = torch.zeros_like(q, memory_format=cf)
+    # every dk / dv row is written (packed rows past cu_seqlens_k[B] and unused page rows: 0)
     dk, dv = torch.empty_like(k, memory_format=cf), torch.empty_like(v, memory_format=cf)
-    vl, keep = _vl(cq, ck, max_seqlen_q, max_seqlen_k, None)
+    vl, keep = _vl(cq, ck, max_seqlen_q, max_seqlen_k, bt)
     _varlen.bsa_bwd(_desc("q", q), _desc("k", k), _desc("v", v), _desc("o", o), _desc("dout", dout),
                     _desc("lse", lse), _desc("block_mask", m), bx, by, scale, vl, _desc("dq", dq),
                     _desc("dk", dk), _desc("dv", dv), _opts(dev))
@@ -93,28 +96,26 @@ def bsa_bwd_varlen(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, cu_seqle
 
 
 @bsa_bwd_varlen.register_fake
-def _(q, k, v, block_mask, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, o, dout, lse,
-      bx, by, scale):
-    _fake_check_devices([("q", q), ("k", k), ("v", v), ("block_mask", block_mask), ("o", o),
-                         ("dout", dout), ("lse", lse)])
+def _(q, k, v, block_mask, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table,
+      o, dout, lse, bx, by, scale):
+    _fake_check_devices([("q", q), ("k", k), ("v", v), ("block_mask", block_mask),
+                         ("block_table", block_table), ("o", o), ("dout", dout), ("lse", lse)])
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _bsa_setup(ctx, inputs, output):
     q, k, v, block_mask, cq, ck, mq, mk, bt, bx, by, scale = inputs
     o, lse = output
-    ctx.save_for_backward(q, k, v, block_mask, cq, ck, o, lse)
+    ctx.save_for_backward(q, k, v, block_mask, cq, ck, bt, o, lse)
     ctx.args = (mq, mk, bx, by, scale)
-    ctx.paged = bt is not None
     ctx.mark_non_differentiable(lse)
 
 
 def _bsa_backward(ctx, grad_o, grad_lse):
-    if ctx.paged:
-        raise NotImplementedError("spattn: bsa with block_table (paged K/V) is forward-only")
-    q, k, v, block_mask, cq, ck, o, lse = ctx.saved_tensors
+    q, k, v, block_mask, cq, ck, bt, o, lse = ctx.saved_tensors
     mq, mk, bx, by, scale = ctx.args
-    dq, dk, dv = bsa_bwd_varlen(q, k, v, block_mask, cq, ck, mq, mk, o, grad_o, lse, bx, by, scale)
+    dq, dk, dv = bsa_bwd_varlen(q, k, v, block_mask, cq, ck, mq, mk, bt, o, grad_o, lse, bx, by,
+                                scale)
     return (dq, dk, dv) + (None,) * 9
 
 

@@ -221,8 +221,8 @@ def npu_block_sparse_attention_backward(d_out: Tensor, query: Tensor, key: Tenso
         cq = _cu("actual_seq_lengths", actual_seq_lengths, query.device, False)
         ck = _cu("actual_seq_lengths_kv", actual_seq_lengths_kv, query.device, False)
         return tuple(torch.ops.spattn.bsa_bwd_varlen(query, key, value, mask, cq, ck, mask.shape[-2] * bx,
-                                                     mask.shape[-1] * by, attention_out, d_out, lse, bx,
-                                                     by, scale))
+                                                     mask.shape[-1] * by, None, attention_out, d_out, lse,
+                                                     bx, by, scale))
     kind = "BNSD"
     full_q, full_k = query.shape[2], key.shape[2]
     segs = _segments(kind, query.shape[0], _ints("actual_seq_lengths", actual_seq_lengths),

@@ -61,13 +61,14 @@ def bsa_forward_varlen(q, k, v, block_mask, cu_seqlens_q, cu_seqlens_k, block_si
 
 def bsa_backward_varlen(q, k, v, block_mask, o, do, lse, cu_seqlens_q, cu_seqlens_k,
                         block_size=(64, 64), max_seqlen_q: Optional[int] = None,
-                        max_seqlen_k: Optional[int] = None, scale: Optional[float] = None,
-                        num_threads: int = 0):
-    """Packed bsa backward.  Returns (dq, dk, dv) shaped like q, k, v."""
+                        max_seqlen_k: Optional[int] = None, block_table=None,
+                        scale: Optional[float] = None, num_threads: int = 0):
+    """Packed bsa backward.  Returns (dq, dk, dv) shaped like q, k, v; with block_table k, v
+    and dk, dv are pages (rows no sequence uses get 0, a page shared by sequences the sum)."""
     q, k, v, m, o, do, lse = (_arr(x) for x in (q, k, v, block_mask, o, do, lse))
     bx, by = _pair(block_size)
     mq, mk = _bounds(max_seqlen_q, max_seqlen_k, m.shape[-2] * bx, m.shape[-1] * by)
-    vl, keep = _vl(cu_seqlens_q, cu_seqlens_k, mq, mk, None)
+    vl, keep = _vl(cu_seqlens_q, cu_seqlens_k, mq, mk, block_table)
     dq, dk, dv = np.zeros(q.shape, q.dtype), np.empty(k.shape, k.dtype), np.empty(v.shape, v.dtype)
     _varlen.bsa_bwd(_desc("q", q), _desc("k", k), _desc("v", v), _desc("o", o), _desc("dout", do),
                     _desc("lse", lse), _desc("block_mask", m), bx, by, _lib.scale_arg(scale), vl,

@@ -39,7 +39,8 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: Union[Te
     int64 prefix sums [B+1], on q's device) q is [Tq, N, D], k, v [Tkv, Nkv, D], block_mask
     [B, N, ceil(max_seqlen_q/bx), ceil(max_seqlen_k/by)] (block indices restart per sequence),
     lse [Tq, N]; max_seqlen_* default to the mask's extent (no host read).  block_table int32
-    [B, max_pages] makes k, v pages [num_pages, page_size, Nkv, D] (forward only).  CPU only.
+    [B, max_pages] makes k, v pages [num_pages, page_size, Nkv, D] (their gradients too: rows no
+    sequence uses get 0, a page shared by sequences the sum).  CPU only.
     """
     if isinstance(block_mask, BlockMask):
         if cu_seqlens_q is not None or cu_seqlens_k is not None or block_table is not None:

@@ -70,6 +70,41 @@ class TestNumpyVarlen(unittest.TestCase):
         op, lp = nv.bsa_forward_varlen(q, kp, vp, m, cq, ck, (bx, by), block_table=table)
         np.testing.assert_array_equal(op, o)
         np.testing.assert_array_equal(lp, lse)
+        # paged backward: page rows hold the packed rows' gradients bitwise, the rest is 0
+        dqp, dkp, dvp = nv.bsa_backward_varlen(q, kp, vp, m, o, do, lse, cq, ck, (bx, by), block_table=table)
+        np.testing.assert_array_equal(dqp, dq)
+        used = np.zeros(kp.shape[:2], bool)
+        t0 = 0
+        for b, L in enumerate(lk):
+            for j in range(L):
+                pg, r = table[b, j // 4], j % 4
+                used[pg, r] = True
+                np.testing.assert_array_equal(dkp[pg, r], dk[t0 + j])
+                np.testing.assert_array_equal(dvp[pg, r], dv[t0 + j])
+            t0 += L
+        self.assertTrue((dkp[~used] == 0).all() and (dvp[~used] == 0).all())
+        # a page shared by two sequences (a common prompt) gets the sum of their gradients
+        lk2, cq2 = [4, 4], cu_of([3, 5])
+        kp2, vp2 = kp[:2], vp[:2]
+        t2 = np.array([[1], [1]], np.int32)
+        m2 = np.ones((2, N, 2, 1), np.uint8)
+        q2, do2 = q[:8], do[:8]
+        o2, l2 = nv.bsa_forward_varlen(q2, kp2, vp2, m2, cq2, cu_of(lk2), (bx, by), block_table=t2)
+        _, dk2, dv2 = nv.bsa_backward_varlen(q2, kp2, vp2, m2, o2, do2, l2, cq2, cu_of(lk2), (bx, by),
+                                             block_table=t2)
+        want_k, want_v = np.zeros_like(kp2[1]), np.zeros_like(vp2[1])
+        for b in range(2):
+            sq = slice(cq2[b], cq2[b + 1])
+            t = lambda x: np.ascontiguousarray(x.transpose(1, 0, 2))[None]  # noqa: E731
+            mb = np.ascontiguousarray(m2[b:b + 1, :, :-(-(cq2[b + 1] - cq2[b]) // bx)])
+            kb, vb = t(kp2[1]), t(vp2[1])
+            ob, lb = spattn.bsa_forward(t(q2[sq]), kb, vb, mb, (bx, by))
+            g = spattn.bsa_backward(t(q2[sq]), kb, vb, mb, ob, t(do2[sq]), lb, (bx, by))
+            want_k += g[1][0].transpose(1, 0, 2)
+            want_v += g[2][0].transpose(1, 0, 2)
+        np.testing.assert_allclose(dk2[1], want_k, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(dv2[1], want_v, rtol=1e-5, atol=1e-5)
+        self.assertTrue((dk2[0] == 0).all() and (dv2[0] == 0).all())
 
     def test_sfa(self):
         rng = np.random.default_rng(15)
