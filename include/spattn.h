@@ -292,13 +292,16 @@ SPATTN_API spattn_status spattn_bsa_plan_workspace_size(const spattn_bsa_plan *p
 /*
  * Packed variable-length bsa (see spattn_varlen).  Shapes (T = token counts):
  *   q, o, dout, dq  [Tq, N, D]       k, v, dk, dv  [Tkv, Nkv, D]
- *   k, v with vl->block_table (forward only): [num_pages, page_size, Nkv, D]
+ *   k, v, dk, dv with vl->block_table: [num_pages, page_size, Nkv, D] (dk, dv shaped as k)
  *   block_mask      [B, N, ceil(max_seqlen_q/bx), ceil(max_seqlen_kv/by)] uint8, block
  *                   indices restart at each sequence's first token
  *   lse             [Tq, N] fp32 (any strides: an [N, Tq] buffer passes as its transpose)
- * Rows past cu_seqlens_q[B] are not written; dk/dv rows past cu_seqlens_kv[B] get 0.
- * The backward takes no block_table (SPATTN_STATUS_NOT_SUPPORTED).  opt: as in the _ex calls
- * (NULL = defaults); a caller workspace needs spattn_bsa_varlen_workspace_size bytes.
+ * Rows past cu_seqlens_q[B] are not written; dk/dv rows past cu_seqlens_kv[B] get 0.  Paged
+ * backward (as the sfa one): every dk/dv page row that no sequence's key uses gets 0, and a
+ * page shared by several sequences gets the sum of their contributions (fp32, in sequence
+ * order: deterministic).  opt: as in the _ex calls (NULL = defaults); a caller workspace needs
+ * spattn_bsa_varlen_workspace_size bytes (the paged backward's includes one fp32 row per
+ * key-side row and head for shared pages, 2 * num_pages * page_size * Nkv * D floats).
  */
 SPATTN_API spattn_status spattn_bsa_fwd_varlen(const spattn_tensor *q, const spattn_tensor *k,
                                                const spattn_tensor *v,

@@ -32,7 +32,8 @@ int64_t spattn_ref_kv_row(const spattn_ref_seqs *s, int64_t b, int64_t j);
 void spattn_ref_bsa_varlen_fwd(const spattn_ref_bsa_shape *s, const spattn_ref_seqs *sq,
                                const double *q, const double *k, const double *v,
                                const uint8_t *mask, double scale, double *o, double *lse);
-/* dq [Tq, N, D] (rows past cu_q[B] untouched), dk / dv [Tkv, Nkv, D] (all rows written). */
+/* dq [Tq, N, D] (rows past cu_q[B] untouched), dk / dv [Tkv, Nkv, D] or pages (all rows
+ * written: unused rows 0, shared pages sum their sequences' contributions). */
 void spattn_ref_bsa_varlen_bwd(const spattn_ref_bsa_shape *s, const spattn_ref_seqs *sq,
                                const double *q, const double *k, const double *v,
                                const uint8_t *mask, double scale, const double *dout, double *dq,
