@@ -540,13 +540,15 @@ class _Step:
     """Step t of the ring on this rank: keys of rank src come in (packed ranges `recv`, `nrecv`
     tokens), ours go to rank dst (`send`, `nsend` tokens; the partial dK/dV of the backward
     come back from dst in the same layout).  `plan`: the library plan of the step's mask (local
-    query rows x the packed key columns); None when this rank has no work in the step."""
+    query rows [r0, r1) x the packed key columns; step 0: all local rows); None when this rank
+    has no work in the step."""
 
-    __slots__ = ("t", "src", "dst", "recv", "nrecv", "send", "nsend", "plan")
+    __slots__ = ("t", "src", "dst", "recv", "nrecv", "send", "nsend", "plan", "r0", "r1")
 
     def __init__(self, t, src, dst, recv, nrecv, send, nsend, plan):
         self.t, self.src, self.dst, self.recv, self.nrecv = t, src, dst, recv, nrecv
         self.send, self.nsend, self.plan = send, nsend, plan
+        self.r0 = self.r1 = 0  # query rows (local tokens) of the step's kernel
 
 
 class RingMask:
@@ -589,6 +591,7 @@ class RingMask:
         mine = _chunks(r, W, self.lb)
         rows = [m[:, :, a * Lx:(a + 1) * Lx] for a in mine]
         self.steps: List[_Step] = []
+        sms = {}
         for t in range(W):
             src, dst = (r - t) % W, (r + t) % W
             if t == 0:  # our own keys, in place: the whole local shard
@@ -598,16 +601,34 @@ class RingMask:
             else:
                 recv, send = self._ranges(r, src), self._ranges(dst, r)
                 nrecv, nsend = _packed_len(recv, by), _packed_len(send, by)
-            plan = None
             if recv:
                 if t == 0:
                     recv = [(i, c, 0, Ly, i * L) for i, c in enumerate(mine)]
                 # the step's mask: local rows x the packed columns, built on the mask's device
-                sm = torch.cat([torch.cat([x[..., c * Ly + lo_:c * Ly + hi_] for i, c, lo_, hi_, off in recv], 3)
-                                for x in rows], 2)
-                plan = create_block_mask(sm, (bx, by), seq_lens=(self.Sl, nrecv), num_kv_heads=self.Nkv)
-            self.steps.append(_Step(t, src, dst, recv, nrecv, send, nsend, plan))
+                sms[t] = torch.cat([torch.cat([x[..., c * Ly + lo_:c * Ly + hi_] for i, c, lo_, hi_, off in recv],
+                                              3) for x in rows], 2)
+            self.steps.append(_Step(t, src, dst, recv, nrecv, send, nsend, None))
+        # the block rows with work of each later step (one more host sync): their kernels and
+        # merges cover only those rows (a window mask touches a few rows per step)
+        later = [t for t in sms if t > 0]
+        live = torch.stack([sms[t].ne(0).any(3).any(1).any(0) for t in later]).cpu() if later else None
+        for t, sm in sms.items():
+            st = self.steps[t]
+            a0, a1 = 0, sm.shape[2]
+            if t > 0:
+                idx = live[later.index(t)].nonzero().flatten().tolist()
+                a0, a1 = idx[0], idx[-1] + 1
+            st.r0, st.r1 = a0 * bx, a1 * bx
+            st.plan = create_block_mask(sm[:, :, a0:a1], (bx, by), seq_lens=(st.r1 - st.r0, st.nrecv),
+                                        num_kv_heads=self.Nkv)
         self.max_tokens = max([s.nrecv for s in self.steps[1:]] + [s.nsend for s in self.steps[1:]] + [0])
+        work = [s for s in self.steps[1:] if s.plan is not None]
+        # rows merged in fp32 (query rows of later steps) and keys whose gradient sums partials
+        # of other ranks: everything else is written once, by the step-0 kernel
+        self.max_rows = max([s.r1 - s.r0 for s in work] + [0])
+        self.rows = (min(s.r0 for s in work), max(s.r1 for s in work)) if work else (0, 0)
+        spans = [(i * L + lo_ * by, i * L + hi_ * by) for s in self.steps[1:] for i, c, lo_, hi_, off in s.send]
+        self.keys = (min(a for a, b in spans), max(b for a, b in spans)) if spans else (0, 0)
         self.id = next(_RING_IDS)
         _RING_LIVE[self.id] = self
 
@@ -754,73 +775,118 @@ def _workspace(rm: RingMask, descs, backward: bool, dev: torch.device):
     return opt, ws
 
 
+def _flat_view(flat: Tensor, shape: Sequence[int]) -> Tensor:
+    n = 1
+    for x in shape:
+        n *= x
+    return flat[:n].view(tuple(shape))
+
+
 def _ring_fwd_impl(q, k, v, mask, bx, by, scale, load_balance, group_name, plan_id):
+    """Step 0 (our own keys) writes o and lse directly for all local rows; the rows later steps
+    attend (rm.rows) are then merged in fp32: an accumulator over those rows only, initialised
+    from step 0's result, one kernel (on the step's rows) and one in-place merge per step, in
+    step order; the rows are written back once at the end."""
     from . import block_mask as _bm
     rm = _ring_mask(plan_id, q, k, mask, bx, by, load_balance, group_name)
     W, dev, f32, d = rm.world, q.device, torch.float32, _ops._desc
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    B, N, D = q.shape[0], q.shape[1], q.shape[3]
     ex = _Exchange(rm, (k.shape[0], k.shape[1], k.shape[3]), k.dtype, dev)
-    acc_o = torch.empty(q.shape, dtype=f32, device=dev)
-    acc_l = torch.empty(q.shape[:-1], dtype=f32, device=dev)
-    # step results: reused by every step (fp32 inputs write the first step straight into acc)
-    op = torch.empty_like(q)
-    lp = torch.empty(q.shape[:-1], dtype=f32, device=dev)
-    qd, opd, lpd = d("q", q), d("o", op), d("lse", lp)
-    kd = {}
-    for st in rm.steps:  # descriptors of every step's keys (the receive slots are fixed)
-        if st.plan is not None:
-            kt, vt = (k, v) if st.t == 0 else ex.view(ex.slots[st.t % 2], st.nrecv)
-            kd[st.t] = (d("k", kt), d("v", vt))
-    opt, ws = _workspace(rm, [(rm.steps[t], (qd,) + kv) for t, kv in kd.items()], False, dev)
-    first = True
+    o = torch.empty_like(q)
+    lse = torch.empty(q.shape[:-1], dtype=f32, device=dev)
+    R0, R1 = rm.rows
+    opf = torch.empty(B * N * rm.max_rows * D, dtype=q.dtype, device=dev)   # step results, reused
+    lpf = torch.empty(B * N * rm.max_rows, dtype=f32, device=dev)
+    calls = {}
+    for st in rm.steps:  # every kernel's descriptors up front (the receive slots are fixed)
+        if st.plan is None:
+            continue
+        kt, vt = (k, v) if st.t == 0 else ex.view(ex.slots[st.t % 2], st.nrecv)
+        if st.t == 0:
+            out = (o, lse)
+        else:
+            n = st.r1 - st.r0
+            out = (_flat_view(opf, (B, N, n, D)), _flat_view(lpf, (B, N, n)))
+        calls[st.t] = (d("q", q[:, :, st.r0:st.r1]), d("k", kt), d("v", vt), d("o", out[0]), d("lse", out[1]),
+                       out)
+    opt, ws = _workspace(rm, [(rm.steps[t], c[:3]) for t, c in calls.items()], False, dev)
+    acc_o = acc_l = None
     for t in range(W):
         kt, vt = ex.keys(t, k, v)
         if kt is None:
+            if t == 0:  # no local key attended: start from empty rows
+                o.zero_()
+                lse.fill_(float("-inf"))
             continue  # nothing attended in this step: skipped (its transfer was skipped too)
-        st = rm.steps[t]
-        if first and q.dtype == f32:
-            _bm.fwd(st.plan, qd, kd[t][0], kd[t][1], scale, d("o", acc_o), d("lse", acc_l), opt)
-        elif first:
-            _bm.fwd(st.plan, qd, kd[t][0], kd[t][1], scale, opd, lpd, opt)
-            acc_o.copy_(op)
-            acc_l.copy_(lp)
-        else:
-            _bm.fwd(st.plan, qd, kd[t][0], kd[t][1], scale, opd, lpd, opt)
-            merge_into(acc_o, acc_l, op, lp, acc_o, acc_l)
-        first = False
+        st, (qd, kd, vd, od, ld, out) = rm.steps[t], calls[t]
+        _bm.fwd(st.plan, qd, kd, vd, scale, od, ld, opt)
+        if t == 0:
+            continue
+        if acc_o is None:  # fp32 accumulator of the merged rows (fp32 q: o itself, in place)
+            ov = o[:, :, R0:R1]
+            acc_o, acc_l = (ov if o.dtype == f32 else ov.float()), lse[:, :, R0:R1]
+        a_o, a_l = acc_o[:, :, st.r0 - R0:st.r1 - R0], acc_l[:, :, st.r0 - R0:st.r1 - R0]
+        merge_into(a_o, a_l, out[0], out[1], a_o, a_l)
     ex.wait()
     del ws
-    if first:  # no key attended by any local row
-        acc_o.zero_()
-        acc_l.fill_(float("-inf"))
-    return acc_o.to(q.dtype), acc_l
+    if acc_o is not None and o.dtype != f32:
+        o[:, :, R0:R1].copy_(acc_o)
+    return o, lse
 
 
 def _ring_bwd_impl(q, k, v, mask, o, dout, lse, bx, by, scale, load_balance, group_name, plan_id):
+    """Step 0 writes dq, dk, dv directly; dq rows of later steps and the keys whose partial
+    gradients come back from other ranks are summed in fp32 (step order, then returned
+    partials in step order) over those rows / keys only, and written back once."""
     from . import block_mask as _bm
     rm = _ring_mask(plan_id, q, k, mask, bx, by, load_balance, group_name)
     W, dev, f32, d = rm.world, q.device, torch.float32, _ops._desc
     q, k, v, o, dout, lse = (x.contiguous() for x in (q, k, v, o, dout, lse))
-    B, H, D = k.shape[0], k.shape[1], k.shape[3]
+    B, N, D = q.shape[0], q.shape[1], q.shape[3]
+    H = k.shape[1]
     ex = _Exchange(rm, (B, H, D), k.dtype, dev)           # keys, as in the forward
     n = 2 * B * H * rm.max_tokens * D
     gsend = [torch.empty(n, dtype=f32, device=dev) for _ in range(2 if n else 0)]  # partial dK/dV out
     grecv = [torch.empty(n, dtype=f32, device=dev) for _ in range(2 if n else 0)]  # ours coming home
-    gbuf = torch.empty(2 * B * H * max(rm.Sl, rm.max_tokens) * D, dtype=k.dtype, device=dev)
-    dq = torch.zeros(q.shape, dtype=f32, device=dev)
-    dkv = torch.zeros((2,) + tuple(k.shape), dtype=f32, device=dev)
-    gq = torch.empty_like(q)
-    qd, od, dod, ld, gqd = d("q", q), d("o", o), d("dout", dout), d("lse", lse), d("dq", gq)
-    descs, gout = {}, {}
+    gkf = torch.empty(n, dtype=k.dtype, device=dev)
+    gqf = torch.empty(B * N * rm.max_rows * D, dtype=q.dtype, device=dev)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    R0, R1 = rm.rows
+    K0, K1 = rm.keys
+    calls = {}
     for st in rm.steps:
         if st.plan is None:
             continue
-        kt, vt = (k, v) if st.t == 0 else ex.view(ex.slots[st.t % 2], st.nrecv)
-        # fp32: the partial dK/dV are written straight into the send slot
-        g = ex.view(gsend[st.t % 2], st.nrecv) if st.t and k.dtype == f32 else ex.view(gbuf, st.nrecv)
-        descs[st.t] = (d("k", kt), d("v", vt))
-        gout[st.t] = (g, d("dk", g[0]), d("dv", g[1]))
-    opt, ws = _workspace(rm, [(rm.steps[t], (qd,) + kv) for t, kv in descs.items()], True, dev)
+        r0, r1 = st.r0, st.r1
+        ins = (d("q", q[:, :, r0:r1]),) + ((d("k", k), d("v", v)) if st.t == 0 else tuple(
+            d(nm, x) for nm, x in zip("kv", ex.view(ex.slots[st.t % 2], st.nrecv))))
+        if st.t == 0:
+            g, gq = None, dq
+            outs = (d("dq", dq), d("dk", dk), d("dv", dv))
+        else:
+            # fp32: the partial dK/dV are written straight into the send slot
+            g = ex.view(gsend[st.t % 2] if k.dtype == f32 else gkf, st.nrecv)
+            gq = _flat_view(gqf, (B, N, r1 - r0, D))
+            outs = (d("dq", gq), d("dk", g[0]), d("dv", g[1]))
+        calls[st.t] = ins + (d("o", o[:, :, r0:r1]), d("dout", dout[:, :, r0:r1]), d("lse", lse[:, :, r0:r1])) \
+            + outs + (g, gq)
+    opt, ws = _workspace(rm, [(rm.steps[t], c[:3]) for t, c in calls.items()], True, dev)
+    acc = {}
+
+    def acc_q():
+        if "q" not in acc:
+            v_ = dq[:, :, R0:R1]
+            acc["q"] = v_ if dq.dtype == f32 else v_.float()
+        return acc["q"]
+
+    def acc_kv():
+        if "kv" not in acc:
+            a_kv = torch.empty((2,) + tuple(dk[:, :, K0:K1].shape), dtype=f32, device=dev)
+            a_kv[0].copy_(dk[:, :, K0:K1])
+            a_kv[1].copy_(dv[:, :, K0:K1])
+            acc["kv"] = a_kv
+        return acc["kv"]
 
     def settle(p):
         if p is None:
@@ -829,26 +895,32 @@ def _ring_bwd_impl(q, k, v, mask, o, dout, lse, bx, by, scale, load_balance, gro
         for req in reqs:
             req.wait()
         if back is not None:
+            a_kv = acc_kv()
             for i, c, lo, hi, off in st.send:
-                a, b = i * rm.L + lo * rm.by, i * rm.L + hi * rm.by
-                dkv[:, :, :, a:b] += back[:, :, :, off:off + b - a]
+                a, b = i * rm.L + lo * rm.by - K0, i * rm.L + hi * rm.by - K0
+                a_kv[:, :, :, a:b] += back[:, :, :, off:off + b - a]
 
     pending = None  # the previous step's gradient transfer: settled after this step's compute
     for t in range(W):
         kt, vt = ex.keys(t, k, v)
         st = rm.steps[t]
         out = None
-        if kt is not None:
-            g, gkd, gvd = gout[t]
-            _bm.bwd(st.plan, qd, descs[t][0], descs[t][1], od, dod, ld, scale, gqd, gkd, gvd, opt)
-            dq += gq
-            if t == 0:
-                dkv += g
-            elif k.dtype == f32:
-                out = g
-            else:
-                out = ex.view(gsend[t % 2], st.nrecv)
-                out.copy_(g)
+        if kt is None:
+            if t == 0:  # no local key attended: start from zero gradients
+                dq.zero_()
+                dk.zero_()
+                dv.zero_()
+        else:
+            c = calls[t]
+            _bm.bwd(st.plan, c[0], c[1], c[2], c[3], c[4], c[5], scale, c[6], c[7], c[8], opt)
+            if t > 0:
+                g, gq = c[9], c[10]
+                acc_q()[:, :, st.r0 - R0:st.r1 - R0] += gq
+                if k.dtype == f32:
+                    out = g
+                else:
+                    out = ex.view(gsend[t % 2], st.nrecv)
+                    out.copy_(g)
         if t > 0:
             # partial dK/dV (fp32, packed like the keys we got) go home to rank r-t; those of our
             # own keys come back from rank r+t (in the layout we sent them)
@@ -859,8 +931,12 @@ def _ring_bwd_impl(q, k, v, mask, o, dout, lse, bx, by, scale, load_balance, gro
     settle(pending)
     ex.wait()
     del ws
-    dk = dkv[0].to(k.dtype) if k.dtype != f32 else dkv[0].clone()
-    return dq.to(q.dtype), dk, dkv[1].to(v.dtype)
+    if "q" in acc and dq.dtype != f32:
+        dq[:, :, R0:R1].copy_(acc["q"])
+    if "kv" in acc:
+        dk[:, :, K0:K1].copy_(acc["kv"][0])
+        dv[:, :, K0:K1].copy_(acc["kv"][1])
+    return dq, dk, dv
 
 
 @torch.library.custom_op("spattn::cp_bsa_ring_fwd", mutates_args=())
