@@ -305,7 +305,7 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor,
         if rmask is None and not _ops._compiling():
             # built here (one host sync) so that the forward and the backward share it; while
             # torch.compile traces, the op builds it when it runs
-            rmask = RingMask(m, bx, by, k.shape[1], load_balance, name)
+            rmask = RingMask(m, bx, by, k.shape[1], load_balance, name, plans=False)
         pid = rmask.id if rmask is not None else 0
         o, lse = torch.ops.spattn.cp_bsa_ring_fwd(q, k, v, m, bx, by, scale_arg, load_balance, name, pid)
     elif mode == "ring_v1":
@@ -539,28 +539,37 @@ _RING_IDS = itertools.count(1)
 class _Step:
     """Step t of the ring on this rank: keys of rank src come in (packed ranges `recv`, `nrecv`
     tokens), ours go to rank dst (`send`, `nsend` tokens; the partial dK/dV of the backward
-    come back from dst in the same layout).  `plan`: the library plan of the step's mask (local
-    query rows [r0, r1) x the packed key columns; step 0: all local rows); None when this rank
-    has no work in the step."""
+    come back from dst in the same layout).  `mask`: the step's block mask (local query rows
+    [r0, r1) x the packed key columns; step 0: all local rows), None when this rank has no work
+    in the step; `plan`: its library plan (RingMask made with plans, else None: plain calls)."""
 
-    __slots__ = ("t", "src", "dst", "recv", "nrecv", "send", "nsend", "plan", "r0", "r1")
+    __slots__ = ("t", "src", "dst", "recv", "nrecv", "send", "nsend", "mask", "mdesc", "plan", "r0", "r1")
 
-    def __init__(self, t, src, dst, recv, nrecv, send, nsend, plan):
+    def __init__(self, t, src, dst, recv, nrecv, send, nsend):
         self.t, self.src, self.dst, self.recv, self.nrecv = t, src, dst, recv, nrecv
-        self.send, self.nsend, self.plan = send, nsend, plan
+        self.send, self.nsend = send, nsend
+        self.mask = self.mdesc = self.plan = None
         self.r0 = self.r1 = 0  # query rows (local tokens) of the step's kernel
+
+    @property
+    def work(self) -> bool:
+        return self.mask is not None
 
 
 class RingMask:
     """A global bsa block mask prepared for the ring schedule of this rank (make one with
     :func:`create_ring_mask`; reuse it for every call with the same mask, layout and group).
 
-    Holds the work map (which block-column range of which key chunk each step needs: one host
-    synchronisation when it is built, none afterwards) and one reusable library plan
-    (``spattn.BlockMask``) per ring step with work.  ``close()`` frees the plans (also on
-    garbage collection; a pending backward keeps the object alive)."""
+    Holds the work map (which block-column range of which key chunk and which query rows each
+    step needs: one host synchronisation when it is built, none afterwards), each step's mask
+    and, with ``plans=True`` (what :func:`create_ring_mask` makes), one reusable library plan
+    (``spattn.BlockMask``) per ring step with work: the calls then launch only the attention
+    kernels (on CUDA building a plan allocates and synchronises, which is why a mask prepared
+    per call uses the plain calls instead).  ``close()`` frees the plans (also on garbage
+    collection; a pending backward keeps the object alive)."""
 
-    def __init__(self, mask: Tensor, bx: int, by: int, num_kv_heads: int, load_balance: bool, group_name: str):
+    def __init__(self, mask: Tensor, bx: int, by: int, num_kv_heads: int, load_balance: bool, group_name: str,
+                 plans: bool = True):
         from .block_mask import create_block_mask
         m = _ops.as_mask(mask)
         if m.dim() != 4:
@@ -584,10 +593,14 @@ class RingMask:
         L, Lx, Ly = self.L, self.Lx, self.Ly
         nz = m.ne(0).any(0).any(0)                                      # [S/bx, S/by]
         cols = nz.view(n, Lx, n, Ly).any(1)                             # [a, c, Ly]
+        rowc = nz.view(n * Lx, n, Ly).any(2)                            # [block row, c]
         ar = torch.arange(Ly, device=cols.device)
         lo = torch.where(cols, ar, Ly).amin(-1)
         hi = torch.where(cols, ar + 1, 0).amax(-1)
-        self.lo, self.hi = torch.stack([lo, hi]).cpu().tolist()        # the one host sync
+        host = torch.cat([lo.flatten(), hi.flatten(), rowc.flatten().long()]).cpu().tolist()  # the one sync
+        self.lo = [host[a * n:(a + 1) * n] for a in range(n)]
+        self.hi = [host[n * n + a * n:n * n + (a + 1) * n] for a in range(n)]
+        rowc = host[2 * n * n:]                                         # rowc[row * n + c]
         mine = _chunks(r, W, self.lb)
         rows = [m[:, :, a * Lx:(a + 1) * Lx] for a in mine]
         self.steps: List[_Step] = []
@@ -607,22 +620,26 @@ class RingMask:
                 # the step's mask: local rows x the packed columns, built on the mask's device
                 sms[t] = torch.cat([torch.cat([x[..., c * Ly + lo_:c * Ly + hi_] for i, c, lo_, hi_, off in recv],
                                               3) for x in rows], 2)
-            self.steps.append(_Step(t, src, dst, recv, nrecv, send, nsend, None))
-        # the block rows with work of each later step (one more host sync): their kernels and
-        # merges cover only those rows (a window mask touches a few rows per step)
-        later = [t for t in sms if t > 0]
-        live = torch.stack([sms[t].ne(0).any(3).any(1).any(0) for t in later]).cpu() if later else None
+            self.steps.append(_Step(t, src, dst, recv, nrecv, send, nsend))
         for t, sm in sms.items():
             st = self.steps[t]
             a0, a1 = 0, sm.shape[2]
             if t > 0:
-                idx = live[later.index(t)].nonzero().flatten().tolist()
-                a0, a1 = idx[0], idx[-1] + 1
+                # the block rows that attend keys of src: later steps' kernels and merges cover
+                # only those rows (a window mask touches a few rows per step)
+                srcc = _chunks(st.src, W, self.lb)
+                live = [j * Lx + i for j, a in enumerate(mine) for i in range(Lx)
+                        if any(rowc[(a * Lx + i) * n + c] for c in srcc)]
+                a0, a1 = live[0], live[-1] + 1
             st.r0, st.r1 = a0 * bx, a1 * bx
-            st.plan = create_block_mask(sm[:, :, a0:a1], (bx, by), seq_lens=(st.r1 - st.r0, st.nrecv),
-                                        num_kv_heads=self.Nkv)
+            st.mask = sm[:, :, a0:a1].contiguous()
+            st.mdesc = _ops._desc("block_mask", st.mask)
+            if plans:
+                st.plan = create_block_mask(st.mask, (bx, by), seq_lens=(st.r1 - st.r0, st.nrecv),
+                                            num_kv_heads=self.Nkv)
+        self.plans = bool(plans)
         self.max_tokens = max([s.nrecv for s in self.steps[1:]] + [s.nsend for s in self.steps[1:]] + [0])
-        work = [s for s in self.steps[1:] if s.plan is not None]
+        work = [s for s in self.steps[1:] if s.work]
         # rows merged in fp32 (query rows of later steps) and keys whose gradient sums partials
         # of other ranks: everything else is written once, by the step-0 kernel
         self.max_rows = max([s.r1 - s.r0 for s in work] + [0])
@@ -666,7 +683,7 @@ class RingMask:
                 s.plan = None
 
     def __repr__(self) -> str:
-        work = [s.t for s in self.steps if s.plan is not None]
+        work = [s.t for s in self.steps if s.work]
         return (f"RingMask(rank={self.rank}/{self.world}, S={self.S}, block_size={(self.bx, self.by)}, "
                 f"load_balance={self.lb}, steps with work={work})")
 
@@ -689,7 +706,7 @@ def _ring_mask(plan_id: int, q, k, mask, bx, by, load_balance, group_name) -> Ri
         if rm is None:
             raise ValueError("RingMask: this ring mask was closed")
     else:
-        rm = RingMask(mask, bx, by, k.shape[1], load_balance, group_name)
+        rm = RingMask(mask, bx, by, k.shape[1], load_balance, group_name, plans=False)
     rm.check(q, k, bx, by, load_balance, group_name)
     return rm
 
@@ -752,7 +769,7 @@ class _Exchange:
         if t + 1 < self.rm.world:
             self.post_kv(t + 1, k, v)
         st = self.rm.steps[t]
-        if st.plan is None:
+        if not st.work:
             return None, None
         if t == 0:
             return k, v
@@ -764,7 +781,7 @@ def _workspace(rm: RingMask, descs, backward: bool, dev: torch.device):
     """(options, workspace tensor): one caller workspace for all steps on CUDA (the largest)."""
     from . import block_mask as _bm
     opt = _ops._opts(dev)
-    if dev.type != "cuda":
+    if dev.type != "cuda" or not rm.plans:
         return opt, None
     n = 0
     for st, (qd, kd, vd) in descs:
@@ -800,7 +817,7 @@ def _ring_fwd_impl(q, k, v, mask, bx, by, scale, load_balance, group_name, plan_
     lpf = torch.empty(B * N * rm.max_rows, dtype=f32, device=dev)
     calls = {}
     for st in rm.steps:  # every kernel's descriptors up front (the receive slots are fixed)
-        if st.plan is None:
+        if not st.work:
             continue
         kt, vt = (k, v) if st.t == 0 else ex.view(ex.slots[st.t % 2], st.nrecv)
         if st.t == 0:
@@ -820,7 +837,10 @@ def _ring_fwd_impl(q, k, v, mask, bx, by, scale, load_balance, group_name, plan_
                 lse.fill_(float("-inf"))
             continue  # nothing attended in this step: skipped (its transfer was skipped too)
         st, (qd, kd, vd, od, ld, out) = rm.steps[t], calls[t]
-        _bm.fwd(st.plan, qd, kd, vd, scale, od, ld, opt)
+        if st.plan is not None:
+            _bm.fwd(st.plan, qd, kd, vd, scale, od, ld, opt)
+        else:  # (bitwise the same as the plan call)
+            _lib.bsa_fwd(qd, kd, vd, st.mdesc, bx, by, scale, od, ld, opt)
         if t == 0:
             continue
         if acc_o is None:  # fp32 accumulator of the merged rows (fp32 q: o itself, in place)
@@ -856,7 +876,7 @@ def _ring_bwd_impl(q, k, v, mask, o, dout, lse, bx, by, scale, load_balance, gro
     K0, K1 = rm.keys
     calls = {}
     for st in rm.steps:
-        if st.plan is None:
+        if not st.work:
             continue
         r0, r1 = st.r0, st.r1
         ins = (d("q", q[:, :, r0:r1]),) + ((d("k", k), d("v", v)) if st.t == 0 else tuple(
@@ -912,7 +932,10 @@ def _ring_bwd_impl(q, k, v, mask, o, dout, lse, bx, by, scale, load_balance, gro
                 dv.zero_()
         else:
             c = calls[t]
-            _bm.bwd(st.plan, c[0], c[1], c[2], c[3], c[4], c[5], scale, c[6], c[7], c[8], opt)
+            if st.plan is not None:
+                _bm.bwd(st.plan, c[0], c[1], c[2], c[3], c[4], c[5], scale, c[6], c[7], c[8], opt)
+            else:
+                _lib.bsa_bwd(c[0], c[1], c[2], st.mdesc, bx, by, scale, c[3], c[4], c[5], c[6], c[7], c[8], opt)
             if t > 0:
                 g, gq = c[9], c[10]
                 acc_q()[:, :, st.r0 - R0:st.r1 - R0] += gq
