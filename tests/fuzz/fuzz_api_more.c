@@ -66,8 +66,9 @@ static void base_bsa_varlen(call *c, vlen *vl, fz_in *in) {
     make(&c->ts[5], K_LSE, SPATTN_DTYPE_F32, 2, ls, fz_u8(in) % 3, 1);
     make(&c->ts[6], K_FLOAT, dt, 3, qs, fz_u8(in), 0);
     make(&c->ts[7], K_FLOAT, dt, 3, qs, 0, 1);
-    make(&c->ts[8], K_FLOAT, dt, 3, ks, 0, 1);
-    make(&c->ts[9], K_FLOAT, dt, 3, ks, 0, 1);
+    /* dk / dv: pages like k when paged (the paged backward writes every page row) */
+    make(&c->ts[8], K_FLOAT, dt, vl->paged ? 4 : 3, vl->paged ? pk : ks, 0, 1);
+    make(&c->ts[9], K_FLOAT, dt, vl->paged ? 4 : 3, vl->paged ? pk : ks, 0, 1);
     make(&c->ts[10], K_IDX, SPATTN_DTYPE_I32, 1, cs, 0, 0);
     make(&c->ts[11], K_IDX, SPATTN_DTYPE_I32, 1, cs, 0, 0);
     make(&c->ts[12], K_IDX, SPATTN_DTYPE_I32, 2, ts, 0, 0);
