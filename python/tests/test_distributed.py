@@ -191,6 +191,24 @@ def _run_ring(res, world, rank, cpd, spattn):
                 if not torch.equal(a, b):  # (no NaN here; -inf == -inf)
                     res["fail"].append(f"{name}: {nm} of the {what} is not bitwise equal")
         res["n"] += 1
+    # a RingMask is checked against the call; a closed one is refused
+    m = _ring_mask_case("causal", 1, 2, 2 * world * 32, 16, 16, world, True, 0)
+    q = torch.randn(1, 2, 2 * 32, 16)
+    kv1 = torch.randn(1, 1, 2 * 32, 16)
+    rm = cpd.create_ring_mask(m, 16, 2)
+    for args, what in (((q, kv1, kv1, rm, 16), "Nkv 1 for a mask made with Nkv 2"),
+                       ((q, q, q, rm, (16, 8)), "another block size")):
+        try:
+            cpd.block_sparse_attention(*args, mode="ring")
+            res["fail"].append(f"RingMask W{world}: {what} was accepted")
+        except ValueError:
+            pass
+    rm.close()
+    try:
+        cpd.block_sparse_attention(q, q, q, rm, 16, mode="ring")
+        res["fail"].append(f"RingMask W{world}: a closed RingMask was accepted")
+    except ValueError:
+        pass
 
 
 def _run_sfa(res, world, rank, cpd, spattn):
