@@ -719,10 +719,13 @@ class _Exchange:
 
     Deadlock freedom: every rank derives the same work map from the same global mask, and
     rank r sends to r+t in step t exactly when rank r+t receives from r in step t (both test
-    ``_ranges(r+t, r)`` non-empty).  Every rank posts its operations in the same order (step by
-    step, each step's key transfer before its gradient transfer), so each pair of ranks matches
-    its sends and receives one to one, in order, whatever the skipped steps are (a skipped
-    transfer is skipped on both of its ends); tags (4t + kind) keep steps apart for gloo."""
+    ``_ranges(r+t, r)`` non-empty); gradients go back exactly where keys came from.  Every rank
+    runs the same loop, posting in iteration t the key transfer of step t+1, then (backward) the
+    gradient transfer of step t.  Between a sender X and a receiver Y each kind of transfer sits
+    in an iteration that depends only on Y - X (keys: step Y - X, gradients: step X - Y, mod W),
+    the same on both ends, so every pair of ranks matches its sends and receives one to one, in
+    order (what NCCL needs), whatever the skipped steps are (a skipped transfer is skipped on
+    both of its ends); tags (4t + kind) keep the steps apart for gloo."""
 
     def __init__(self, rm: RingMask, shape: Tuple[int, ...], dtype: torch.dtype, device: torch.device):
         self.rm = rm
