@@ -33,9 +33,8 @@ void sp_buffer_sizes(const sp_case *c, size_t bytes[SP_B_COUNT]) {
     bytes[SP_B_DV] = (size_t)ndv * es;
 }
 
-/* A 4-d (or 3-d) view: shape as given, row-major strides over rows of `width` elements. */
-static spattn_tensor view(void *data, int32_t dtype, int32_t dev, int ndim, const int64_t *shape,
-                          int64_t width) {
+spattn_tensor sp_view(void *data, int32_t dtype, int32_t dev, int ndim, const int64_t *shape,
+                      int64_t width) {
     spattn_tensor t;
     memset(&t, 0, sizeof t);
     t.data = data;
@@ -59,16 +58,16 @@ void sp_tensors_make(const sp_case *c, void *const buf[SP_B_COUNT], int32_t dev,
     if (c->op == SP_OP_BSA) {
         int64_t sq[4] = {c->B, c->N, c->Sq, c->D}, skv[4] = {c->B, c->Nkv, c->Skv, c->D};
         int64_t sm[4] = {c->B, c->N, (c->Sq + c->bx - 1) / c->bx, (c->Skv + c->by - 1) / c->by};
-        t->q = view(buf[SP_B_Q], dt, dev, 4, sq, c->D);
-        t->k = view(buf[SP_B_K], dt, dev, 4, skv, c->D);
-        t->v = view(buf[SP_B_V], dt, dev, 4, skv, c->D);
-        t->dout = view(buf[SP_B_DOUT], dt, dev, 4, sq, c->D);
-        t->mask = view(buf[SP_B_MASK], SPATTN_DTYPE_U8, dev, 4, sm, sm[3]);
-        t->o = view(buf[SP_B_O], dt, dev, 4, sq, c->D);
-        t->lse = view(buf[SP_B_LSE], SPATTN_DTYPE_F32, dev, 3, sq, c->Sq);
-        t->dq = view(buf[SP_B_DQ], dt, dev, 4, sq, c->D);
-        t->dk = view(buf[SP_B_DK], dt, dev, 4, skv, c->D);
-        t->dv = view(buf[SP_B_DV], dt, dev, 4, skv, c->D);
+        t->q = sp_view(buf[SP_B_Q], dt, dev, 4, sq, c->D);
+        t->k = sp_view(buf[SP_B_K], dt, dev, 4, skv, c->D);
+        t->v = sp_view(buf[SP_B_V], dt, dev, 4, skv, c->D);
+        t->dout = sp_view(buf[SP_B_DOUT], dt, dev, 4, sq, c->D);
+        t->mask = sp_view(buf[SP_B_MASK], SPATTN_DTYPE_U8, dev, 4, sm, sm[3]);
+        t->o = sp_view(buf[SP_B_O], dt, dev, 4, sq, c->D);
+        t->lse = sp_view(buf[SP_B_LSE], SPATTN_DTYPE_F32, dev, 3, sq, c->Sq);
+        t->dq = sp_view(buf[SP_B_DQ], dt, dev, 4, sq, c->D);
+        t->dk = sp_view(buf[SP_B_DK], dt, dev, 4, skv, c->D);
+        t->dv = sp_view(buf[SP_B_DV], dt, dev, 4, skv, c->D);
         t->has_v = 1;
         return;
     }
@@ -79,24 +78,24 @@ void sp_tensors_make(const sp_case *c, void *const buf[SP_B_COUNT], int32_t dev,
     t->has_rope = c->Dr > 0;
     t->has_v = !c->shared_kv;
     /* Nope and rope parts are column views of one [.., D+Dr] buffer: no copies. */
-    t->q = view(buf[SP_B_Q], dt, dev, 4, sq, W);
-    t->k = view(buf[SP_B_K], dt, dev, 4, sk, W);
-    t->dq = view(buf[SP_B_DQ], dt, dev, 4, sq, W);
-    t->dk = view(buf[SP_B_DK], dt, dev, 4, sk, W);
+    t->q = sp_view(buf[SP_B_Q], dt, dev, 4, sq, W);
+    t->k = sp_view(buf[SP_B_K], dt, dev, 4, sk, W);
+    t->dq = sp_view(buf[SP_B_DQ], dt, dev, 4, sq, W);
+    t->dk = sp_view(buf[SP_B_DK], dt, dev, 4, sk, W);
     if (t->has_rope) {
-        t->qr = view((char *)buf[SP_B_Q] + (size_t)c->D * es, dt, dev, 4, sqr, W);
-        t->kr = view((char *)buf[SP_B_K] + (size_t)c->D * es, dt, dev, 4, skr, W);
-        t->dqr = view((char *)buf[SP_B_DQ] + (size_t)c->D * es, dt, dev, 4, sqr, W);
-        t->dkr = view((char *)buf[SP_B_DK] + (size_t)c->D * es, dt, dev, 4, skr, W);
+        t->qr = sp_view((char *)buf[SP_B_Q] + (size_t)c->D * es, dt, dev, 4, sqr, W);
+        t->kr = sp_view((char *)buf[SP_B_K] + (size_t)c->D * es, dt, dev, 4, skr, W);
+        t->dqr = sp_view((char *)buf[SP_B_DQ] + (size_t)c->D * es, dt, dev, 4, sqr, W);
+        t->dkr = sp_view((char *)buf[SP_B_DK] + (size_t)c->D * es, dt, dev, 4, skr, W);
     }
     if (t->has_v) {
-        t->v = view(buf[SP_B_V], dt, dev, 4, sk, c->D);
-        t->dv = view(buf[SP_B_DV], dt, dev, 4, sk, c->D);
+        t->v = sp_view(buf[SP_B_V], dt, dev, 4, sk, c->D);
+        t->dv = sp_view(buf[SP_B_DV], dt, dev, 4, sk, c->D);
     }
-    t->dout = view(buf[SP_B_DOUT], dt, dev, 4, sq, c->D);
-    t->idx = view(buf[SP_B_IDX], SPATTN_DTYPE_I32, dev, 4, si, c->K);
-    t->o = view(buf[SP_B_O], dt, dev, 4, sq, c->D);
-    t->lse = view(buf[SP_B_LSE], SPATTN_DTYPE_F32, dev, 3, sq, c->N1);
+    t->dout = sp_view(buf[SP_B_DOUT], dt, dev, 4, sq, c->D);
+    t->idx = sp_view(buf[SP_B_IDX], SPATTN_DTYPE_I32, dev, 4, si, c->K);
+    t->o = sp_view(buf[SP_B_O], dt, dev, 4, sq, c->D);
+    t->lse = sp_view(buf[SP_B_LSE], SPATTN_DTYPE_F32, dev, 3, sq, c->N1);
 }
 
 spattn_status sp_plan_make(const sp_case *c, sp_tensors *t, const spattn_options *opt) {

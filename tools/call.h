@@ -25,6 +25,10 @@ typedef struct sp_tensors {
     spattn_bsa_plan *plan; /* bsa: when set, the calls go through the plan (sp_plan_make) */
 } sp_tensors;
 
+/* A row-major view of `ndim` dims with innermost rows of `width` elements (width >= the last
+ * dim; device_id 0). */
+spattn_tensor sp_view(void *data, int32_t dtype, int32_t dev, int ndim, const int64_t *shape,
+                      int64_t width);
 void sp_tensors_make(const sp_case *c, void *const buf[SP_B_COUNT], int32_t device_type,
                      sp_tensors *t);
 /* bsa: makes t->plan from the case's mask (nothing for sfa); sp_plan_free releases it. */

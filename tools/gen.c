@@ -285,8 +285,7 @@ double sp_pairs(const sp_case *c, const sp_inputs *in) {
 }
 
 double sp_pairs_estimate(const sp_case *c) {
-    if (c->varlen) return sp_pairs_estimate_varlen(c);
-    if (c->op == SP_OP_BSA) {
+    if (c->op == SP_OP_BSA) {  /* the mask itself (sp_gen_mask and sp_pairs take varlen cases too) */
         sp_inputs in;
         memset(&in, 0, sizeof in);
         in.nbx = (c->Sq + c->bx - 1) / c->bx;
@@ -298,6 +297,7 @@ double sp_pairs_estimate(const sp_case *c) {
         free(in.mask);
         return p;
     }
+    if (c->varlen) return sp_pairs_estimate_varlen(c);
     double pairs = 0.0;
     for (int64_t s = 0; s < c->S1; s++) {
         int64_t lim = c->mode == SPATTN_SFA_MODE_CAUSAL ? c->S2 - c->S1 + s : c->S2 - 1;

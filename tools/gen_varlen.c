@@ -195,19 +195,8 @@ double sp_pairs_varlen(const sp_case *c, const sp_inputs *in) {
 }
 
 double sp_pairs_estimate_varlen(const sp_case *c) {
-    if (c->op == SP_OP_BSA) {
-        sp_inputs in;
-        memset(&in, 0, sizeof in);
-        in.nbx = (c->Sq + c->bx - 1) / c->bx;
-        in.nby = (c->Skv + c->by - 1) / c->by;
-        in.mask = malloc((size_t)(c->B * c->N * in.nbx * in.nby));
-        if (!in.mask) return (double)c->B * c->N * c->Sq * c->Skv;
-        sp_gen_mask_varlen(c, in.mask);
-        double p = sp_pairs_varlen(c, &in);
-        free(in.mask);
-        return p;
-    }
-    /* Each query selects min(K, allowed blocks) blocks of sbs keys (as the dense estimate). */
+    /* sfa only (bsa counts its generated mask in sp_pairs_estimate): each query selects
+     * min(K, allowed blocks) blocks of sbs keys, as the dense estimate. */
     double pairs = 0.0;
     for (int64_t b = 0; b < c->B; b++) {
         const int64_t S1 = c->lens[b], S2 = c->kvlens[b];

@@ -65,6 +65,9 @@ sp_named *sp_named_add(sp_verify_out *out, const char *name, int pass, int32_t d
                        const void *buf, int64_t rows, int64_t width, int64_t col0, int64_t cols);
 /* Golden values from a fp64 / fp32 buffer laid out like the actual one.  Returns -1 on OOM. */
 int sp_named_golden_d(sp_named *t, const double *src, int64_t width, int64_t col0);
+/* The golden of every named tensor in out from the fp64 reference (verify_cpu.c), dense or
+ * varlen / paged (c->varlen) on the same rounded inputs.  -1 (out->status set) on OOM. */
+int sp_verify_golden(const sp_case *c, const sp_inputs *in, int passes, sp_verify_out *out);
 int sp_named_golden_f(sp_named *t, const float *src, int64_t width, int64_t col0);
 /* Adds the named tensors of `passes` from the implementation's host output buffers (indexed
  * by SP_B_*: o, lse, dq, dk, dv).  Returns -1 (status set) on out of memory. */

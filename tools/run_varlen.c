@@ -14,24 +14,6 @@
 #include <cuda_runtime.h>
 #endif
 
-/* Row-major view with innermost rows of `width` elements (width >= shape[ndim-1]). */
-static spattn_tensor view(void *data, int32_t dtype, int32_t dev, int ndim, const int64_t *shape,
-                          int64_t width) {
-    spattn_tensor t;
-    memset(&t, 0, sizeof t);
-    t.data = data;
-    t.dtype = dtype;
-    t.device_type = dev;
-    t.ndim = ndim;
-    int64_t stride = 1;
-    for (int d = ndim - 1; d >= 0; d--) {
-        t.shape[d] = shape[d];
-        t.strides[d] = stride;
-        stride *= d == ndim - 1 ? width : shape[d];
-    }
-    return t;
-}
-
 /* Shape of the key side with `heads` heads and `cols` columns: [Tkv, heads, cols] packed or
  * [num_pages, page, heads, cols]; returns ndim. */
 static int kv_shape(const sp_case *c, const sp_inputs *in, int64_t heads, int64_t cols,
@@ -56,24 +38,24 @@ void sp_vl_tensors_make(const sp_case *c, const sp_inputs *in, void *const buf[S
     const int32_t dt = c->dtype;
     const size_t es = in->esize;
     int64_t scu[1] = {c->B + 1}, stab[2] = {c->B, in->max_pages};
-    vt->cu_q = view(cu_q, SPATTN_DTYPE_I32, dev, 1, scu, 1);
-    vt->cu_kv = view(cu_kv, SPATTN_DTYPE_I32, dev, 1, scu, 1);
+    vt->cu_q = sp_view(cu_q, SPATTN_DTYPE_I32, dev, 1, scu, 1);
+    vt->cu_kv = sp_view(cu_kv, SPATTN_DTYPE_I32, dev, 1, scu, 1);
     vt->paged = c->page > 0;
-    if (vt->paged) vt->table = view(table, SPATTN_DTYPE_I32, dev, 2, stab, in->max_pages);
+    if (vt->paged) vt->table = sp_view(table, SPATTN_DTYPE_I32, dev, 2, stab, in->max_pages);
     int64_t sk[4];
     if (c->op == SP_OP_BSA) {
         int64_t sq[3] = {in->Tq, c->N, c->D}, sm[4] = {c->B, c->N, in->nbx, in->nby};
         int nk = kv_shape(c, in, c->Nkv, c->D, sk);
-        t->q = view(buf[SP_B_Q], dt, dev, 3, sq, c->D);
-        t->k = view(buf[SP_B_K], dt, dev, nk, sk, c->D);
-        t->v = view(buf[SP_B_V], dt, dev, nk, sk, c->D);
-        t->dout = view(buf[SP_B_DOUT], dt, dev, 3, sq, c->D);
-        t->mask = view(buf[SP_B_MASK], SPATTN_DTYPE_U8, dev, 4, sm, in->nby);
-        t->o = view(buf[SP_B_O], dt, dev, 3, sq, c->D);
-        t->lse = view(buf[SP_B_LSE], SPATTN_DTYPE_F32, dev, 2, sq, c->N);
-        t->dq = view(buf[SP_B_DQ], dt, dev, 3, sq, c->D);
-        t->dk = view(buf[SP_B_DK], dt, dev, nk, sk, c->D);
-        t->dv = view(buf[SP_B_DV], dt, dev, nk, sk, c->D);
+        t->q = sp_view(buf[SP_B_Q], dt, dev, 3, sq, c->D);
+        t->k = sp_view(buf[SP_B_K], dt, dev, nk, sk, c->D);
+        t->v = sp_view(buf[SP_B_V], dt, dev, nk, sk, c->D);
+        t->dout = sp_view(buf[SP_B_DOUT], dt, dev, 3, sq, c->D);
+        t->mask = sp_view(buf[SP_B_MASK], SPATTN_DTYPE_U8, dev, 4, sm, in->nby);
+        t->o = sp_view(buf[SP_B_O], dt, dev, 3, sq, c->D);
+        t->lse = sp_view(buf[SP_B_LSE], SPATTN_DTYPE_F32, dev, 2, sq, c->N);
+        t->dq = sp_view(buf[SP_B_DQ], dt, dev, 3, sq, c->D);
+        t->dk = sp_view(buf[SP_B_DK], dt, dev, nk, sk, c->D);
+        t->dv = sp_view(buf[SP_B_DV], dt, dev, nk, sk, c->D);
         t->has_v = 1;
         return;
     }
@@ -84,24 +66,24 @@ void sp_vl_tensors_make(const sp_case *c, const sp_inputs *in, void *const buf[S
     kv_shape(c, in, c->N2, c->Dr, skr);
     t->has_rope = c->Dr > 0;
     t->has_v = !c->shared_kv;
-    t->q = view(buf[SP_B_Q], dt, dev, 3, sq, W);
-    t->k = view(buf[SP_B_K], dt, dev, nk, sk, W);
-    t->dq = view(buf[SP_B_DQ], dt, dev, 3, sq, W);
-    t->dk = view(buf[SP_B_DK], dt, dev, nk, sk, W);
+    t->q = sp_view(buf[SP_B_Q], dt, dev, 3, sq, W);
+    t->k = sp_view(buf[SP_B_K], dt, dev, nk, sk, W);
+    t->dq = sp_view(buf[SP_B_DQ], dt, dev, 3, sq, W);
+    t->dk = sp_view(buf[SP_B_DK], dt, dev, nk, sk, W);
     if (t->has_rope) {
-        t->qr = view((char *)buf[SP_B_Q] + (size_t)c->D * es, dt, dev, 3, sqr, W);
-        t->kr = view((char *)buf[SP_B_K] + (size_t)c->D * es, dt, dev, nk, skr, W);
-        t->dqr = view((char *)buf[SP_B_DQ] + (size_t)c->D * es, dt, dev, 3, sqr, W);
-        t->dkr = view((char *)buf[SP_B_DK] + (size_t)c->D * es, dt, dev, nk, skr, W);
+        t->qr = sp_view((char *)buf[SP_B_Q] + (size_t)c->D * es, dt, dev, 3, sqr, W);
+        t->kr = sp_view((char *)buf[SP_B_K] + (size_t)c->D * es, dt, dev, nk, skr, W);
+        t->dqr = sp_view((char *)buf[SP_B_DQ] + (size_t)c->D * es, dt, dev, 3, sqr, W);
+        t->dkr = sp_view((char *)buf[SP_B_DK] + (size_t)c->D * es, dt, dev, nk, skr, W);
     }
     if (t->has_v) {
-        t->v = view(buf[SP_B_V], dt, dev, nk, sk, c->D);
-        t->dv = view(buf[SP_B_DV], dt, dev, nk, sk, c->D);
+        t->v = sp_view(buf[SP_B_V], dt, dev, nk, sk, c->D);
+        t->dv = sp_view(buf[SP_B_DV], dt, dev, nk, sk, c->D);
     }
-    t->dout = view(buf[SP_B_DOUT], dt, dev, 3, sq, c->D);
-    t->idx = view(buf[SP_B_IDX], SPATTN_DTYPE_I32, dev, 3, si, c->K);
-    t->o = view(buf[SP_B_O], dt, dev, 3, sq, c->D);
-    t->lse = view(buf[SP_B_LSE], SPATTN_DTYPE_F32, dev, 2, sq, c->N1);
+    t->dout = sp_view(buf[SP_B_DOUT], dt, dev, 3, sq, c->D);
+    t->idx = sp_view(buf[SP_B_IDX], SPATTN_DTYPE_I32, dev, 3, si, c->K);
+    t->o = sp_view(buf[SP_B_O], dt, dev, 3, sq, c->D);
+    t->lse = sp_view(buf[SP_B_LSE], SPATTN_DTYPE_F32, dev, 2, sq, c->N1);
 }
 
 /* The layout argument; it points into vt, so it is made at each call. */
@@ -361,7 +343,7 @@ int sp_verify_varlen(const sp_case *c, const sp_inputs *in, int passes, int back
     }
     if (run_impl(c, in, &h, passes, backend, threads, out)) goto done;
     if (sp_add_outputs(c, h.b, passes, out)) goto done;
-    if (sp_verify_varlen_golden(c, in, passes, out)) goto done;
+    if (sp_verify_golden(c, in, passes, out)) goto done;
     sp_verify_compare(out);
     rc = 0;
 done:

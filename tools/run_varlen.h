@@ -29,8 +29,6 @@ spattn_status sp_vl_call_bwd(const sp_case *c, const sp_vl_tensors *t, const spa
  * bsa included, has both passes). */
 int sp_verify_varlen(const sp_case *c, const sp_inputs *in, int passes, int backend, int threads,
                      sp_verify_out *out);
-/* The golden of every named tensor in out (fp64 reference, verify_varlen.c).  -1 on OOM. */
-int sp_verify_varlen_golden(const sp_case *c, const sp_inputs *in, int passes, sp_verify_out *out);
 /* bench: as sp_bench_cpu (no plans: varlen calls take the mask directly). */
 int sp_bench_varlen(const sp_case *c, const sp_inputs *in, int pass, int warmup, int repeats,
                     int backend, int threads, double *ms, int *status, char *msg, size_t msglen);

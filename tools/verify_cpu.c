@@ -7,7 +7,9 @@
 #include <string.h>
 
 #include "call.h"
+#include "gen.h"
 #include "ref.h"
+#include "ref_varlen.h"
 #include "run.h"
 
 /* fp64 copy of a dtype buffer (the rounded inputs, exactly). */
@@ -21,11 +23,17 @@ static double *to_f64(const void *buf, int32_t dtype, int64_t n) {
     return d;
 }
 
-/* Golden of every named tensor from the fp64 reference. */
-static int golden_cpu(const sp_case *c, const sp_inputs *in, int passes, sp_verify_out *out) {
+/* Golden of every named tensor from the fp64 reference on the same rounded inputs: dense
+ * cases through src/ref/ref.h, varlen / paged ones through src/ref/ref_varlen.h (each sequence
+ * gathered into a dense problem, the key side packed or paged exactly as the implementation got
+ * it; NaN page rows stay NaN, the reference never reads them). */
+int sp_verify_golden(const sp_case *c, const sp_inputs *in, int passes, sp_verify_out *out) {
     int rc = -1;
-    double *q = to_f64(in->q, c->dtype, in->nq), *k = to_f64(in->k, c->dtype, in->nk);
-    double *v = to_f64(in->v, c->dtype, in->nv), *dout = to_f64(in->dout, c->dtype, in->ndout);
+    const int paged = c->varlen && c->page > 0;
+    const void *kbuf = paged ? in->kpage : in->k, *vbuf = paged ? in->vpage : in->v;
+    const int64_t nk = paged ? in->nkpage : in->nk, nv = paged ? in->nvpage : in->nv;
+    double *q = to_f64(in->q, c->dtype, in->nq), *k = to_f64(kbuf, c->dtype, nk);
+    double *v = to_f64(vbuf, c->dtype, nv), *dout = to_f64(in->dout, c->dtype, in->ndout);
     int64_t no, nlse, ndq, ndk, ndv;
     sp_output_sizes(c, &no, &nlse, &ndq, &ndk, &ndv);
     double *o = NULL, *lse = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
@@ -38,7 +46,7 @@ static int golden_cpu(const sp_case *c, const sp_inputs *in, int passes, sp_veri
         dk = malloc((size_t)ndk * sizeof *dk);
         dv = ndv ? malloc((size_t)ndv * sizeof *dv) : NULL;
     }
-    if (!q || !k || (in->nv && !v) || !dout || ((passes & SP_PASS_FWD) && (!o || !lse)) ||
+    if (!q || !k || (nv && !v) || !dout || ((passes & SP_PASS_FWD) && (!o || !lse)) ||
         ((passes & SP_PASS_BWD) && (!dq || !dk || (ndv && !dv)))) {
         out->status = SPATTN_STATUS_OUT_OF_MEMORY;
         snprintf(out->msg, sizeof out->msg, "golden: out of memory");
@@ -46,15 +54,26 @@ static int golden_cpu(const sp_case *c, const sp_inputs *in, int passes, sp_veri
     }
     const double scale = sp_softmax_scale(c);
     double t0 = sp_now_ms();
+    spattn_ref_seqs sq = {0};
+    if (c->varlen) {
+        int64_t tq, tkv, kv_rows;
+        sp_varlen_rows(c, &tq, &tkv, &kv_rows);
+        sq = (spattn_ref_seqs){c->B, in->cu_q, in->cu_kv, paged ? in->table : NULL,
+                               paged ? in->max_pages : 0, paged ? c->page : 0, kv_rows};
+    }
     if (c->op == SP_OP_BSA) {
         spattn_ref_bsa_shape s = {c->B, c->N, c->Nkv, c->Sq, c->Skv, c->D, c->bx, c->by};
-        if (o) spattn_ref_bsa_fwd(&s, q, k, v, in->mask, scale, o, lse);
-        if (dq) spattn_ref_bsa_bwd(&s, q, k, v, in->mask, scale, dout, dq, dk, dv);
+        if (o && c->varlen) spattn_ref_bsa_varlen_fwd(&s, &sq, q, k, v, in->mask, scale, o, lse);
+        else if (o) spattn_ref_bsa_fwd(&s, q, k, v, in->mask, scale, o, lse);
+        if (dq && c->varlen) spattn_ref_bsa_varlen_bwd(&s, &sq, q, k, v, in->mask, scale, dout, dq, dk, dv);
+        else if (dq) spattn_ref_bsa_bwd(&s, q, k, v, in->mask, scale, dout, dq, dk, dv);
     } else {
         spattn_ref_sfa_shape s = {c->B, c->S1, c->S2, c->N1, c->N2, c->D,
                                   c->Dr, c->K, c->sbs, c->mode, c->shared_kv};
-        if (o) spattn_ref_sfa_fwd(&s, q, k, v, in->idx, scale, o, lse);
-        if (dq) spattn_ref_sfa_bwd(&s, q, k, v, in->idx, scale, dout, dq, dk, dv);
+        if (o && c->varlen) spattn_ref_sfa_varlen_fwd(&s, &sq, q, k, v, in->idx, scale, o, lse);
+        else if (o) spattn_ref_sfa_fwd(&s, q, k, v, in->idx, scale, o, lse);
+        if (dq && c->varlen) spattn_ref_sfa_varlen_bwd(&s, &sq, q, k, v, in->idx, scale, dout, dq, dk, dv);
+        else if (dq) spattn_ref_sfa_bwd(&s, q, k, v, in->idx, scale, dout, dq, dk, dv);
     }
     out->ref_ms = sp_now_ms() - t0;
     /* Named tensors were added in the order of sp_verify_cpu; match them by name. */
@@ -127,7 +146,7 @@ int sp_verify_cpu(const sp_case *c, const sp_inputs *in, int passes, int threads
         }
     }
     if (sp_add_outputs(c, buf, passes, out)) goto done;
-    if (golden_cpu(c, in, passes, out)) goto done;
+    if (sp_verify_golden(c, in, passes, out)) goto done;
     sp_verify_compare(out);
     rc = 0;
 done:
