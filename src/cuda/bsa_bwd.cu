@@ -8,6 +8,7 @@
 
 #include "bsa_common.cuh"
 #include "bsa_launch.h"
+#include "hopper/hopper.cuh"
 
 template <typename T> __global__ void bsa_delta_kernel(const bsa_params p, float *delta, float *lse2) {
     const int lane = threadIdx.x & 31;
@@ -341,7 +342,7 @@ template <int DP, typename T, int CFG> static cudaError_t launch_dq(const bsa_pa
     constexpr bsa_tile TL = bsa_dq_tile(DP, CFG);
     const size_t smem = (size_t)(2 * TL.bm + 4 * TL.bn) * DP * 2;
     static unsigned long long done = 0;
-    cudaError_t e = bsa_set_smem(bsa_dq_kernel<DP, T, CFG>, smem, &done);
+    cudaError_t e = hop::set_smem(bsa_dq_kernel<DP, T, CFG>, smem, &done);
     if (e != cudaSuccess) return e;
     dim3 grid((p.Sq + TL.bm - 1) / TL.bm, p.N, p.B);
     bsa_dq_kernel<DP, T, CFG><<<grid, TL.warps * 32, smem, st>>>(p);
@@ -352,7 +353,7 @@ template <int DP, typename T> static cudaError_t launch_dkdv(const bsa_params &p
     constexpr bsa_tile TL = bsa_dkdv_tile(DP);
     const size_t smem = (size_t)(2 * TL.bn + 4 * TL.bm) * DP * 2 + 4 * TL.bm * sizeof(float);
     static unsigned long long done = 0;
-    cudaError_t e = bsa_set_smem(bsa_dkdv_kernel<DP, T>, smem, &done);
+    cudaError_t e = hop::set_smem(bsa_dkdv_kernel<DP, T>, smem, &done);
     if (e != cudaSuccess) return e;
     dim3 grid((p.Skv + TL.bn - 1) / TL.bn, p.Nkv, p.B);
     bsa_dkdv_kernel<DP, T><<<grid, TL.warps * 32, smem, st>>>(p);

@@ -218,17 +218,4 @@ __device__ __forceinline__ bool bsa_mask_at(const bsa_mask_view &m, int b, int h
     return __ldg(m.p + (long long)b * m.s0 + (long long)h * m.s1 + (long long)rb * m.s2 + (long long)cb * m.s3) != 0;
 }
 
-// Raises a kernel's dynamic shared-memory limit once per device (bit d of *done_mask; devices
-// beyond 63 set it on every call).
-template <typename K> static inline cudaError_t bsa_set_smem(K kern, size_t smem, unsigned long long *done_mask) {
-    int dev = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e != cudaSuccess) return e;
-    const unsigned long long bit = dev < 64 ? 1ull << dev : 0ull;
-    if (bit && (*done_mask & bit)) return cudaSuccess;
-    e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e == cudaSuccess) *done_mask |= bit;
-    return e;
-}
-
 #endif

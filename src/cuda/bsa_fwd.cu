@@ -335,7 +335,7 @@ template <int DP, typename T>
 cudaError_t launch(const bsa_params &p, const bsa_tmaps &tm, int lu, cudaStream_t st) {
     using C = FwdCfg<DP>;
     static unsigned long long done = 0;
-    cudaError_t e = bsa_set_smem(bsa_fwd90_kernel<DP, T>, C::SMEM, &done);
+    cudaError_t e = hop::set_smem(bsa_fwd90_kernel<DP, T>, C::SMEM, &done);
     if (e != cudaSuccess) return e;
     dim3 grid((unsigned)((long long)((p.Sq + C::BM - 1) / C::BM) * p.N * p.B));
     bsa_fwd90_kernel<DP, T><<<grid, 384, C::SMEM, st>>>(p, tm.q, tm.k, tm.v, lu);

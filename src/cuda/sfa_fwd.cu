@@ -434,15 +434,8 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
 
 template <typename T> cudaError_t launch(const Params &p, cudaStream_t st) {
     static unsigned long long done = 0;
-    int dev = 0;
-    cudaError_t e = cudaGetDevice(&dev);
+    const cudaError_t e = hop::set_smem(sfa_fwd90_kernel<T>, SMEM, &done);
     if (e != cudaSuccess) return e;
-    const unsigned long long bit = dev < 64 ? 1ull << dev : 0ull;
-    if (!(bit && (done & bit))) {
-        e = cudaFuncSetAttribute(sfa_fwd90_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
-        if (e != cudaSuccess) return e;
-        done |= bit;
-    }
     const int ngroups = (p.H + BH - 1) / BH;
     dim3 grid((unsigned)((long long)p.S1 * ngroups), (unsigned)(p.B * p.N2));
     sfa_fwd90_kernel<T><<<grid, 384, SMEM, st>>>(p);

@@ -355,12 +355,11 @@ extern "C" spattn_status spattn_cuda_sfa_check_indices(const spattn_sfa_problem 
     if (e == cudaSuccess) e = cudaStreamSynchronize(st);
     if (!keep) cudaFree(d_bad);
     const unsigned long long bad = e == cudaSuccess ? *h_bad : ~0ull;
+    // position [b, s, n, j] of the first bad value (row-major linear index)
+    const int64_t j = (int64_t)(bad % p->K), r = (int64_t)(bad / p->K), n = r % p->N2, s = (r / p->N2) % p->S1,
+                  b = r / p->N2 / p->S1;
     int32_t val = 0;
     if (e == cudaSuccess && bad != ~0ull) {
-        int64_t i = (int64_t)bad, j = i % p->K, r = i / p->K;
-        int64_t n = r % p->N2;
-        r /= p->N2;
-        int64_t s = r % p->S1, b = r / p->S1;
         const int32_t *src = (const int32_t *)t->data + b * t->strides[0] + s * t->strides[1] +
                              n * t->strides[2] + j * t->strides[3];
         e = cudaMemcpy(&val, src, 4, cudaMemcpyDeviceToHost);
@@ -371,10 +370,6 @@ extern "C" spattn_status spattn_cuda_sfa_check_indices(const spattn_sfa_problem 
                                 cudaGetErrorString(e));
     }
     if (bad != ~0ull) {
-        int64_t i = (int64_t)bad, j = i % p->K, r = i / p->K;
-        int64_t n = r % p->N2;
-        r /= p->N2;
-        int64_t s = r % p->S1, b = r / p->S1;
         return spattn_set_error(SPATTN_STATUS_BAD_INDEX,
                                 "indices: value at [%lld, %lld, %lld, %lld] must be -1 or in [0, "
                                 "%lld) (ceil(S2/sbs) = ceil(%lld/%lld)), got %d",

@@ -10,6 +10,7 @@
 
 #include <cuda.h>
 #include <cuda/ptx>
+#include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -103,6 +104,20 @@ __device__ __forceinline__ void tma_load_4d(void *dst, const CUtensorMap *m, int
                                             uint64_t *bar) {
     const int32_t c[4] = {c0, c1, c2, c3};
     ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, dst, m, c, bar);
+}
+
+// ---- launch ---------------------------------------------------------------------------------
+// Raises a kernel's dynamic shared-memory limit once per device (bit d of *done_mask; devices
+// beyond 63 set it on every call).
+template <typename K> static inline cudaError_t set_smem(K kern, size_t smem, unsigned long long *done_mask) {
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) return e;
+    const unsigned long long bit = dev < 64 ? 1ull << dev : 0ull;
+    if (bit && (*done_mask & bit)) return cudaSuccess;
+    e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e == cudaSuccess) *done_mask |= bit;
+    return e;
 }
 
 // ---- element types ------------------------------------------------------------------------
