@@ -49,8 +49,8 @@ static double cpu_now_ms(void) {
 }
 
 int sp_bench_cpu(const sp_case *c, const sp_inputs *in, int pass, int warmup, int repeats,
-                 int threads, int reuse_plan, double *ms, double *cpu_ms, int *plan_same,
-                 int *status, char *msg, size_t msglen) {
+                 int threads, int reuse_plan, int deterministic, double *ms, double *cpu_ms,
+                 int *plan_same, int *status, char *msg, size_t msglen) {
     sp_tensors t;
     memset(&t, 0, sizeof t);
     size_t bytes[SP_B_COUNT];
@@ -72,6 +72,9 @@ int sp_bench_cpu(const sp_case *c, const sp_inputs *in, int pass, int warmup, in
     spattn_options_init(&opt);
     opt.backend = SPATTN_BACKEND_CPU;
     opt.num_threads = threads;
+    /* the options of the calls made for the pass timed: the backward's take --deterministic */
+    spattn_options popt = opt;
+    if (pass == SP_PASS_BWD) popt.deterministic = deterministic;
     spattn_status st = SPATTN_STATUS_SUCCESS;
     const char *what = pass == SP_PASS_FWD ? "forward" : "backward";
     if (reuse_plan) {
@@ -84,7 +87,7 @@ int sp_bench_cpu(const sp_case *c, const sp_inputs *in, int pass, int warmup, in
     }
     for (int i = 0; i < warmup + repeats && st == SPATTN_STATUS_SUCCESS; i++) {
         double t0 = sp_now_ms(), c0 = cpu_now_ms();
-        st = pass == SP_PASS_FWD ? sp_call_fwd(c, &t, &opt) : sp_call_bwd(c, &t, &opt);
+        st = pass == SP_PASS_FWD ? sp_call_fwd(c, &t, &popt) : sp_call_bwd(c, &t, &popt);
         if (i >= warmup) {
             ms[i - warmup] = sp_now_ms() - t0;
             if (cpu_ms) cpu_ms[i - warmup] = cpu_now_ms() - c0;
@@ -97,7 +100,7 @@ int sp_bench_cpu(const sp_case *c, const sp_inputs *in, int pass, int warmup, in
     }
     if (t.plan) {
         /* The plan's promise (include/spattn.h): outputs bitwise equal to a plain call's. */
-        int same = plan_same_cpu(c, &t, buf, bytes, pass, &opt, &st);
+        int same = plan_same_cpu(c, &t, buf, bytes, pass, &popt, &st);
         if (same < 0) {
             *status = st;
             snprintf(msg, msglen, "plain call to check the plan: %s: %s", spattn_status_str(st),

@@ -42,6 +42,9 @@ typedef struct sp_opts {
     const char *dump_dir; /* bench: each case's block mask / indices + a JSON header go here, so
                              that peers (bench/peers/) time the very same sparsity (docs/cli.md) */
     int peak; /* bench, cpu: measure the fp32 FMA peak first and report rates as % of it */
+    int deterministic; /* bench, verify: spattn_options.deterministic of every backward call
+                          (1 default: bitwise reproducible; 0 lets CUDA use faster kernels whose
+                          summation order may vary).  Forward calls keep the default. */
 } sp_opts;
 
 /* Loads the selected suites and applies filters and scaling.  Returns 0, or -1 with the

@@ -127,7 +127,8 @@ static void fill_sfa(const sp_case *c, const sp_tensors *t, int bwd, spattn_sfa_
 enum { G_O, G_LSE, G_DQ, G_DQR, G_DK, G_DKR, G_DV, G_COUNT };
 static const char *const kGName[G_COUNT] = {"o", "lse", "dq", "dq_rope", "dk", "dk_rope", "dv"};
 
-int sp_verify_cuda(const sp_case *c, const sp_inputs *in, int passes, sp_verify_out *out) {
+int sp_verify_cuda(const sp_case *c, const sp_inputs *in, int passes, int deterministic,
+                   sp_verify_out *out) {
     memset(out, 0, sizeof *out);
     int *status = &out->status;
     char *msg = out->msg;
@@ -148,6 +149,8 @@ int sp_verify_cuda(const sp_case *c, const sp_inputs *in, int passes, sp_verify_
     spattn_options opt;
     spattn_options_init(&opt);
     opt.backend = SPATTN_BACKEND_CUDA;
+    spattn_options bopt = opt; /* the backward's */
+    bopt.deterministic = deterministic;
     float ms = 0.f;
     CK(cudaEventRecord(e0, NULL));
     spattn_status st = sp_call_fwd(c, &t, &opt);
@@ -161,7 +164,7 @@ int sp_verify_cuda(const sp_case *c, const sp_inputs *in, int passes, sp_verify_
     }
     if (passes & SP_PASS_BWD) {
         CK(cudaEventRecord(e0, NULL));
-        st = sp_call_bwd(c, &t, &opt);
+        st = sp_call_bwd(c, &t, &bopt);
         CK(cudaEventRecord(e1, NULL));
         CK(cudaEventSynchronize(e1));
         CK(cudaEventElapsedTime(&ms, e0, e1));
@@ -281,7 +284,7 @@ done:
  * the plain entry point (plan detached, library-allocated workspace) and compares the bytes on
  * the host.  1 equal, 0 different, -1 with status/msg set. */
 static int plan_same_cuda(const sp_case *c, sp_tensors *t, void *const dbuf[], int pass,
-                          int *status, char *msg, size_t msglen) {
+                          int deterministic, int *status, char *msg, size_t msglen) {
     size_t bytes[SP_B_COUNT];
     sp_buffer_sizes(c, bytes);
     void *keep[SP_B_COUNT] = {0}, *now = NULL;
@@ -300,6 +303,7 @@ static int plan_same_cuda(const sp_case *c, sp_tensors *t, void *const dbuf[], i
     spattn_options opt;
     spattn_options_init(&opt);
     opt.backend = SPATTN_BACKEND_CUDA;
+    if (pass == SP_PASS_BWD) opt.deterministic = deterministic;
     spattn_bsa_plan *plan = t->plan;
     t->plan = NULL;
     spattn_status st = pass == SP_PASS_FWD ? sp_call_fwd(c, t, &opt) : sp_call_bwd(c, t, &opt);
@@ -332,8 +336,8 @@ done:
 }
 
 int sp_bench_cuda(const sp_case *c, const sp_inputs *in, int pass, int warmup, int repeats,
-                  int reuse_plan, double *ms_out, int *plan_same, int *status, char *msg,
-                  size_t msglen) {
+                  int reuse_plan, int deterministic, double *ms_out, int *plan_same, int *status,
+                  char *msg, size_t msglen) {
     void *dbuf[SP_B_COUNT] = {0};
     void *flush = NULL, *ws = NULL;
     sp_tensors t;
@@ -353,6 +357,9 @@ int sp_bench_cuda(const sp_case *c, const sp_inputs *in, int pass, int warmup, i
     spattn_options opt;
     spattn_options_init(&opt);
     opt.backend = SPATTN_BACKEND_CUDA;
+    /* the options of the calls made for the pass timed: the backward's take --deterministic */
+    spattn_options popt = opt;
+    if (pass == SP_PASS_BWD) popt.deterministic = deterministic;
     spattn_status st = SPATTN_STATUS_SUCCESS;
     const char *what = pass == SP_PASS_FWD ? "forward" : "backward";
     if (reuse_plan && c->op == SP_OP_BSA) {
@@ -361,11 +368,11 @@ int sp_bench_cuda(const sp_case *c, const sp_inputs *in, int pass, int warmup, i
         what = "plan";
         st = sp_plan_make(c, &t, &opt);
         if (st == SPATTN_STATUS_SUCCESS)
-            st = spattn_bsa_plan_workspace_size(t.plan, &t.q, &t.k, &t.v, pass == SP_PASS_BWD, &opt, &w);
+            st = spattn_bsa_plan_workspace_size(t.plan, &t.q, &t.k, &t.v, pass == SP_PASS_BWD, &popt, &w);
         if (st == SPATTN_STATUS_SUCCESS && w) {
             CK(cudaMalloc(&ws, w));
-            opt.workspace = ws;
-            opt.workspace_size = w;
+            opt.workspace = popt.workspace = ws;
+            opt.workspace_size = popt.workspace_size = w;
         }
     }
     if (pass == SP_PASS_BWD && st == SPATTN_STATUS_SUCCESS) {
@@ -377,7 +384,7 @@ int sp_bench_cuda(const sp_case *c, const sp_inputs *in, int pass, int warmup, i
         /* Evict the inputs from L2: every timed call starts from HBM, as in a model. */
         CK(cudaMemsetAsync(flush, i & 0xff, flush_bytes, NULL));
         CK(cudaEventRecord(e0, NULL));
-        st = pass == SP_PASS_FWD ? sp_call_fwd(c, &t, &opt) : sp_call_bwd(c, &t, &opt);
+        st = pass == SP_PASS_FWD ? sp_call_fwd(c, &t, &popt) : sp_call_bwd(c, &t, &popt);
         CK(cudaEventRecord(e1, NULL));
         CK(cudaEventSynchronize(e1));
         float ms = 0.f;
@@ -389,7 +396,8 @@ int sp_bench_cuda(const sp_case *c, const sp_inputs *in, int pass, int warmup, i
         snprintf(msg, msglen, "%s: %s: %s", what, spattn_status_str(st), spattn_last_error());
         goto done;
     }
-    if (t.plan && (*plan_same = plan_same_cuda(c, &t, dbuf, pass, status, msg, msglen)) < 0)
+    if (t.plan &&
+        (*plan_same = plan_same_cuda(c, &t, dbuf, pass, deterministic, status, msg, msglen)) < 0)
         goto done;
     rc = 0;
 done:
@@ -410,10 +418,12 @@ int sp_cuda_device_name(char *buf, size_t n) {
     return -1;
 }
 
-int sp_verify_cuda(const sp_case *c, const sp_inputs *in, int passes, sp_verify_out *out) {
+int sp_verify_cuda(const sp_case *c, const sp_inputs *in, int passes, int deterministic,
+                   sp_verify_out *out) {
     (void)c;
     (void)in;
     (void)passes;
+    (void)deterministic;
     memset(out, 0, sizeof *out);
     out->status = SPATTN_STATUS_BACKEND_UNAVAILABLE;
     snprintf(out->msg, sizeof out->msg, "backend cuda: spattn was built without CUDA");
@@ -421,9 +431,10 @@ int sp_verify_cuda(const sp_case *c, const sp_inputs *in, int passes, sp_verify_
 }
 
 int sp_bench_cuda(const sp_case *c, const sp_inputs *in, int pass, int warmup, int repeats,
-                  int reuse_plan, double *ms, int *plan_same, int *status, char *msg,
-                  size_t msglen) {
+                  int reuse_plan, int deterministic, double *ms, int *plan_same, int *status,
+                  char *msg, size_t msglen) {
     (void)reuse_plan;
+    (void)deterministic;
     *plan_same = -1;
     (void)c;
     (void)in;

@@ -38,6 +38,9 @@ static void usage(FILE *f) {
 "  --scale F           multiply sequence lengths by F (0 < F <= 1); default 1 on cuda,\n"
 "                      %g on cpu so that the suites finish in minutes\n"
 "  --threads N         CPU threads (default: all)\n"
+"  --deterministic 0|1 verify, bench: spattn_options.deterministic of the backward calls;\n"
+"                      1 (default) bitwise reproducible, 0 lets CUDA kernels sum in an order\n"
+"                      that may vary (faster; some shapes have only such a kernel)\n"
 "output:\n"
 "  --json FILE         write the results as JSON (schema: docs/cli.md)\n"
 "  --quiet             no progress on stderr\n"
@@ -105,7 +108,8 @@ int main(int argc, char **argv) {
     o.backend = SPATTN_BACKEND_AUTO;
     o.repeats = 10;
     o.warmup = 2;
-    int rc = SP_EXIT_USAGE, seen_timing = 0, seen_plan = 0;
+    o.deterministic = 1;
+    int rc = SP_EXIT_USAGE, seen_timing = 0, seen_plan = 0, seen_det = 0;
     for (int i = 2; i < argc; i++) {
         char *a = argv[i];
         if (a[0] != '-') { /* a suite file */
@@ -134,7 +138,7 @@ int main(int argc, char **argv) {
         static const char *const kWithValue[] = {
             "--suite", "--cases-dir", "--case", "--op", "--pass", "--dtype", "--backend", "--scale",
             "--threads", "--repeats", "--warmup", "--json", "--compare", "--svg", "--load",
-            "--perturb", "--plan", "--dump"};
+            "--perturb", "--plan", "--dump", "--deterministic"};
         int known = 0;
         for (size_t k = 0; k < sizeof kWithValue / sizeof kWithValue[0]; k++)
             known |= !strcmp(name, kWithValue[k]);
@@ -213,6 +217,11 @@ int main(int argc, char **argv) {
             seen_plan = 1;
         } else if (!strcmp(name, "--dump")) {
             o.dump_dir = val;
+        } else if (!strcmp(name, "--deterministic")) {
+            if (strcmp(val, "0") && strcmp(val, "1"))
+                return bad("--deterministic: expected 0 or 1, got '%s'%s", val, "");
+            o.deterministic = val[0] == '1';
+            seen_det = 1;
         }
     }
     if (strcmp(cmd, "verify") && o.perturb != 0.0)
@@ -225,6 +234,9 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "bench") && seen_plan) return bad("--plan belongs to 'spattn bench'%s%s", "", "");
     if (o.peak && (strcmp(cmd, "bench") || o.load_path))
         return bad("--peak belongs to 'spattn bench' without --load%s%s", "", "");
+    if (seen_det && (!strcmp(cmd, "list") || o.load_path))
+        return bad("--deterministic belongs to 'spattn verify' and 'spattn bench' without "
+                   "--load%s%s", "", "");
     if (o.dump_dir && (strcmp(cmd, "bench") || o.load_path))
         return bad("--dump belongs to 'spattn bench' without --load%s%s", "", "");
     if (!strcmp(cmd, "list") && o.json_path)

@@ -35,11 +35,14 @@ typedef struct sp_verify_out {
 } sp_verify_out;
 
 /* passes: SP_PASS_FWD | SP_PASS_BWD (the backward always runs our forward first).
+ * deterministic: spattn_options.deterministic of the backward call (0 or 1; the forward keeps
+ * the default).
  * Returns 0 when the comparison ran (out->t filled), -1 when a call failed (out->status,
  * out->msg).  Call sp_verify_out_free afterwards either way. */
 int sp_verify_cpu(const sp_case *c, const sp_inputs *in, int passes, int threads,
-                  sp_verify_out *out);
-int sp_verify_cuda(const sp_case *c, const sp_inputs *in, int passes, sp_verify_out *out);
+                  int deterministic, sp_verify_out *out);
+int sp_verify_cuda(const sp_case *c, const sp_inputs *in, int passes, int deterministic,
+                   sp_verify_out *out);
 void sp_verify_out_free(sp_verify_out *out);
 
 /* Benchmark one pass (SP_PASS_FWD or SP_PASS_BWD) of a case: `warmup` untimed calls, then
@@ -49,12 +52,15 @@ void sp_verify_out_free(sp_verify_out *out);
  * the timed calls the pass runs once more through the plain entry point and *plan_same says
  * whether the outputs matched bit for bit (1) or not (0); -1 when no plan was used. */
 /* cpu_ms (may be NULL): the process CPU time of each timed call (all threads together). */
+/* deterministic: spattn_options.deterministic of the calls made for SP_PASS_BWD (the timed
+ * backward calls, the plain call of the plan check and the plan's workspace query); the
+ * forward calls (SP_PASS_FWD, and the one that makes O and LSE) keep the default. */
 int sp_bench_cpu(const sp_case *c, const sp_inputs *in, int pass, int warmup, int repeats,
-                 int threads, int reuse_plan, double *ms, double *cpu_ms, int *plan_same,
-                 int *status, char *msg, size_t msglen);
+                 int threads, int reuse_plan, int deterministic, double *ms, double *cpu_ms,
+                 int *plan_same, int *status, char *msg, size_t msglen);
 int sp_bench_cuda(const sp_case *c, const sp_inputs *in, int pass, int warmup, int repeats,
-                  int reuse_plan, double *ms, int *plan_same, int *status, char *msg,
-                  size_t msglen);
+                  int reuse_plan, int deterministic, double *ms, int *plan_same, int *status,
+                  char *msg, size_t msglen);
 /* Name of the GPU (CUDA builds with a device) into buf; 0 on success. */
 int sp_cuda_device_name(char *buf, size_t n);
 

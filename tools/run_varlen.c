@@ -209,11 +209,13 @@ static void dev_bufs_free(vl_bufs *d) {
 
 /* Runs the forward (and the backward) on the backend; outputs end up in h. */
 static int run_impl(const sp_case *c, const sp_inputs *in, vl_bufs *h, int passes, int backend,
-                    int threads, sp_verify_out *out) {
+                    int threads, int deterministic, sp_verify_out *out) {
     spattn_options opt;
     spattn_options_init(&opt);
     opt.backend = backend;
     opt.num_threads = threads;
+    spattn_options bopt = opt; /* the backward's */
+    bopt.deterministic = deterministic;
     const vl_bufs *use = h;
 #ifdef SPATTN_HAVE_CUDA
     vl_bufs d;
@@ -243,7 +245,7 @@ static int run_impl(const sp_case *c, const sp_inputs *in, vl_bufs *h, int passe
     }
     if (passes & SP_PASS_BWD) {
         t0 = sp_now_ms();
-        st = sp_vl_call_bwd(c, &t, &opt);
+        st = sp_vl_call_bwd(c, &t, &bopt);
 #ifdef SPATTN_HAVE_CUDA
         if (backend == SPATTN_BACKEND_CUDA) cudaDeviceSynchronize();
 #endif
@@ -274,7 +276,8 @@ done:
 }
 
 int sp_bench_varlen(const sp_case *c, const sp_inputs *in, int pass, int warmup, int repeats,
-                    int backend, int threads, double *ms, int *status, char *msg, size_t msglen) {
+                    int backend, int threads, int deterministic, double *ms, int *status,
+                    char *msg, size_t msglen) {
     *status = 0;
     vl_bufs h, d;
     memset(&d, 0, sizeof d);
@@ -298,6 +301,8 @@ int sp_bench_varlen(const sp_case *c, const sp_inputs *in, int pass, int warmup,
     spattn_options_init(&opt);
     opt.backend = backend;
     opt.num_threads = threads;
+    spattn_options popt = opt; /* the timed calls': the backward's take --deterministic */
+    if (pass == SP_PASS_BWD) popt.deterministic = deterministic;
     sp_vl_tensors t;
     sp_vl_tensors_make(c, in, use->b, use->cu_q, use->cu_kv, use->table,
                        backend == SPATTN_BACKEND_CUDA ? SPATTN_DEVICE_CUDA : SPATTN_DEVICE_CPU, &t);
@@ -311,7 +316,7 @@ int sp_bench_varlen(const sp_case *c, const sp_inputs *in, int pass, int warmup,
      * (no L2 flush: these are correctness-shaped suites, the dense bench does the flushing). */
     for (int i = 0; i < warmup + repeats && st == SPATTN_STATUS_SUCCESS; i++) {
         double t0 = sp_now_ms();
-        st = pass == SP_PASS_FWD ? sp_vl_call_fwd(c, &t, &opt) : sp_vl_call_bwd(c, &t, &opt);
+        st = pass == SP_PASS_FWD ? sp_vl_call_fwd(c, &t, &popt) : sp_vl_call_bwd(c, &t, &popt);
 #ifdef SPATTN_HAVE_CUDA
         if (backend == SPATTN_BACKEND_CUDA) cudaDeviceSynchronize();
 #endif
@@ -332,7 +337,7 @@ done:
 }
 
 int sp_verify_varlen(const sp_case *c, const sp_inputs *in, int passes, int backend, int threads,
-                     sp_verify_out *out) {
+                     int deterministic, sp_verify_out *out) {
     memset(out, 0, sizeof *out);
     vl_bufs h;
     int rc = -1;
@@ -341,7 +346,7 @@ int sp_verify_varlen(const sp_case *c, const sp_inputs *in, int passes, int back
         snprintf(out->msg, sizeof out->msg, "out of memory allocating the outputs");
         goto done;
     }
-    if (run_impl(c, in, &h, passes, backend, threads, out)) goto done;
+    if (run_impl(c, in, &h, passes, backend, threads, deterministic, out)) goto done;
     if (sp_add_outputs(c, h.b, passes, out)) goto done;
     if (sp_verify_golden(c, in, passes, out)) goto done;
     sp_verify_compare(out);

@@ -26,11 +26,12 @@ spattn_status sp_vl_call_fwd(const sp_case *c, const sp_vl_tensors *t, const spa
 spattn_status sp_vl_call_bwd(const sp_case *c, const sp_vl_tensors *t, const spattn_options *opt);
 
 /* verify (backend SPATTN_BACKEND_CPU or _CUDA): as sp_verify_cpu (every varlen case, paged
- * bsa included, has both passes). */
+ * bsa included, has both passes; deterministic applies to the backward call). */
 int sp_verify_varlen(const sp_case *c, const sp_inputs *in, int passes, int backend, int threads,
-                     sp_verify_out *out);
+                     int deterministic, sp_verify_out *out);
 /* bench: as sp_bench_cpu (no plans: varlen calls take the mask directly). */
 int sp_bench_varlen(const sp_case *c, const sp_inputs *in, int pass, int warmup, int repeats,
-                    int backend, int threads, double *ms, int *status, char *msg, size_t msglen);
+                    int backend, int threads, int deterministic, double *ms, int *status,
+                    char *msg, size_t msglen);
 
 #endif

@@ -30,6 +30,9 @@ static void print_header(const sp_opts *o, int ncases, int nvarlen) {
         printf("SCALED RUN: sequence lengths x%g%s; --scale 1 runs the cases at full size "
                "(docs/cli.md, \"Scaling\")\n", f,
                o->scale > 0.0 ? "" : " (default of the cpu backend: the suites finish in minutes)");
+    if (!o->deterministic)
+        printf("NON-DETERMINISTIC backward (--deterministic 0): its outputs may vary in the last "
+               "bits from run to run\n");
     if (o->perturb != 0.0)
         printf("SELF-TEST: %g is added to every output before the comparison (--perturb)\n",
                o->perturb);
@@ -79,9 +82,11 @@ static void run_one(const sp_opts *o, const sp_case *c, sp_case_res *r) {
     }
     r->pairs = sp_pairs(c, &in);
     sp_verify_out out;
-    int rc = c->varlen ? sp_verify_varlen(c, &in, o->passes, o->backend, o->threads, &out)
-             : o->backend == SPATTN_BACKEND_CUDA ? sp_verify_cuda(c, &in, o->passes, &out)
-                                                 : sp_verify_cpu(c, &in, o->passes, o->threads, &out);
+    int rc = c->varlen ? sp_verify_varlen(c, &in, o->passes, o->backend, o->threads,
+                                          o->deterministic, &out)
+             : o->backend == SPATTN_BACKEND_CUDA
+                 ? sp_verify_cuda(c, &in, o->passes, o->deterministic, &out)
+                 : sp_verify_cpu(c, &in, o->passes, o->threads, o->deterministic, &out);
     r->fwd_ms = out.fwd_ms;
     r->bwd_ms = out.bwd_ms;
     r->ref_ms = out.ref_ms;
@@ -132,6 +137,7 @@ static int write_json(const sp_opts *o, const sp_case_res *res, int n, const int
     sp_json_header(&w, o, "verify");
     sp_jw_str(&w, "golden", o->backend == SPATTN_BACKEND_CUDA ? "cuda_reference" : "fp64_reference");
     sp_jw_num(&w, "perturb", o->perturb);
+    sp_jw_int(&w, "deterministic", o->deterministic);
     int all = 1;
     sp_jw_obj(&w, "summary");
     for (int op = 0; op < SP_OP_COUNT; op++) {

@@ -109,7 +109,7 @@ done:
 }
 
 int sp_verify_cpu(const sp_case *c, const sp_inputs *in, int passes, int threads,
-                  sp_verify_out *out) {
+                  int deterministic, sp_verify_out *out) {
     memset(out, 0, sizeof *out);
     size_t bytes[SP_B_COUNT];
     sp_buffer_sizes(c, bytes);
@@ -129,6 +129,8 @@ int sp_verify_cpu(const sp_case *c, const sp_inputs *in, int passes, int threads
     spattn_options_init(&opt);
     opt.backend = SPATTN_BACKEND_CPU;
     opt.num_threads = threads;
+    spattn_options bopt = opt; /* the backward's */
+    bopt.deterministic = deterministic;
     double t0 = sp_now_ms();
     spattn_status st = sp_call_fwd(c, &t, &opt);
     out->fwd_ms = sp_now_ms() - t0;
@@ -138,7 +140,7 @@ int sp_verify_cpu(const sp_case *c, const sp_inputs *in, int passes, int threads
     }
     if (passes & SP_PASS_BWD) {
         t0 = sp_now_ms();
-        st = sp_call_bwd(c, &t, &opt);
+        st = sp_call_bwd(c, &t, &bopt);
         out->bwd_ms = sp_now_ms() - t0;
         if (st != SPATTN_STATUS_SUCCESS) {
             sp_fail_status(out, st, "backward");

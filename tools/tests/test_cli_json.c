@@ -23,6 +23,9 @@ static int check_file(const char *kind, const char *path) {
     for (int i = 0; i < 6; i++) TU_CHECK(has_type(doc, top[i], SP_JSTR), "top-level \"%s\"", top[i]);
     TU_CHECK(has_type(doc, "scale", SP_JNUM) && has_type(doc, "scaled", SP_JBOOL), "scale, scaled");
     TU_CHECK(!strcmp(sp_jv_str(doc, "command") ? sp_jv_str(doc, "command") : "", kind), "command is %s", kind);
+    const double det = sp_jv_num(doc, "deterministic", -1.0);
+    TU_CHECK(has_type(doc, "deterministic", SP_JNUM) && (det == 0.0 || det == 1.0),
+             "\"deterministic\": 0 or 1");
     if (!strcmp(kind, "verify")) {
         const sp_jv *cases = sp_jv_get(doc, "cases");
         TU_CHECK(cases && cases->type == SP_JARR && cases->n > 0, "cases array");

@@ -14,7 +14,7 @@ endforeach()
 
 set(out ${CMAKE_CURRENT_BINARY_DIR})
 function(cli_test name rc args)
-  cmake_parse_arguments(T "" "MATCH;NOMATCH;CHECK_KIND;CHECK_FILE;EXISTS_FILE" "" ${ARGN})
+  cmake_parse_arguments(T "" "MATCH;NOMATCH;CHECK_KIND;CHECK_FILE;EXISTS_FILE;FILE_MATCH" "" ${ARGN})
   set(extra)
   if(T_CHECK_KIND)
     list(APPEND extra -DCHECKER=$<TARGET_FILE:test_cli_json> -DCHECK_KIND=${T_CHECK_KIND}
@@ -22,6 +22,12 @@ function(cli_test name rc args)
   endif()
   if(T_EXISTS_FILE)
     list(APPEND extra -DEXISTS_FILE=${T_EXISTS_FILE})
+  endif()
+  if(T_FILE_MATCH) # regexes CHECK_FILE must contain
+    list(APPEND extra "-DFILE_MATCH=${T_FILE_MATCH}")
+    if(NOT T_CHECK_KIND)
+      list(APPEND extra -DCHECK_FILE=${T_CHECK_FILE})
+    endif()
   endif()
   add_test(NAME ${name} COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:spattn_cli_main>
            "-DARGS=${args}" -DRC=${rc} "-DMATCH=${T_MATCH}" "-DNOMATCH=${T_NOMATCH}" ${extra}
@@ -122,6 +128,31 @@ cli_test(cli_bench_peak 0
 cli_test(cli_peak_not_bench 2 "verify@--peak" MATCH "--peak belongs to 'spattn bench'")
 cli_test(cli_cpu_cases 0 "list@--suite@${PROJECT_SOURCE_DIR}/bench/cpu.cases"
   MATCH "22 cases")
+# --deterministic 0|1 (verify, bench): spattn_options.deterministic of the backward calls; the
+# value lands in the JSON ("deterministic": 0), other values and use with list / --load are
+# usage errors; a bench file written before the key existed still loads (deterministic).
+cli_test(cli_deterministic_bad_value 2 "bench@--backend@cpu@--deterministic@2"
+  MATCH "--deterministic: expected 0 or 1, got '2'" NOMATCH "median_ms")
+cli_test(cli_deterministic_bad_value_verify 2 "verify@--deterministic=yes"
+  MATCH "--deterministic: expected 0 or 1, got 'yes'")
+cli_test(cli_deterministic_not_list 2 "list@--deterministic@0"
+  MATCH "--deterministic belongs to 'spattn verify' and 'spattn bench'")
+cli_test(cli_bench_deterministic_0 0
+  "bench@--backend@cpu@--suite@${cli_tests}/tiny.cases@--op@bsa@--case@^tiny_bsa_causal$@--pass@bwd@--repeats@1@--warmup@0@--deterministic@0@--json@${out}/bench_det0.json"
+  MATCH "NON-DETERMINISTIC backward@tiny_bsa_causal +bwd@bsa plan reused: 1/1"
+  CHECK_KIND bench CHECK_FILE ${out}/bench_det0.json
+  FILE_MATCH "\"deterministic\": 0,")
+cli_test(cli_bench_deterministic_load 0
+  "bench@--load@${cli_tests}/bench_no_det.json@--compare@${out}/bench_det0.json"
+  MATCH "tiny_bsa_causal +bwd +[0-9.]+@geometric mean vs spattn cpu nondet: [0-9.]+x over 1 ")
+set_tests_properties(cli_bench_deterministic_load PROPERTIES DEPENDS cli_bench_deterministic_0)
+cli_test(cli_deterministic_with_load 2 "bench@--load@${cli_tests}/bench_no_det.json@--deterministic@1"
+  MATCH "without --load")
+cli_test(cli_verify_deterministic_0 0
+  "verify@--backend@cpu@--suite@${cli_tests}/tiny.cases@--case@^tiny_(bsa|sfa)_causal$@--deterministic@0@--json@${out}/verify_det0.json"
+  MATCH "NON-DETERMINISTIC backward@bsa 1/1 passed@sfa 1/1 passed"
+  CHECK_KIND verify CHECK_FILE ${out}/verify_det0.json
+  FILE_MATCH "\"deterministic\": 0,")
 cli_test(cli_dump_not_dir 2
   "bench@--backend@cpu@--suite@${cli_tests}/tiny.cases@--dump@${cli_tests}/tiny.cases"
   MATCH "not a directory" NOMATCH "median_ms")
