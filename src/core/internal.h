@@ -97,6 +97,8 @@ size_t spattn_cuda_sfa_workspace(const spattn_sfa_problem *p, int backward);
 /* Scans the index tensor on the device; SPATTN_STATUS_BAD_INDEX (with a message naming the
  * first bad position and value) when any value lies outside [-1, nblk).  Synchronizes. */
 spattn_status spattn_cuda_sfa_check_indices(const spattn_sfa_problem *p, const spattn_exec *ex);
+/* Checks the index values itself (as spattn_cuda_sfa_check_indices, same status and message; the
+ * kernel is gated on the scan's result so nothing is written for a bad index).  Synchronizes. */
 spattn_status spattn_cuda_sfa_fwd(const spattn_sfa_problem *p, const spattn_exec *ex);
 spattn_status spattn_cuda_sfa_bwd(const spattn_sfa_problem *p, const spattn_exec *ex);
 /* Fills plan->mask (a device copy of `mask`) and plan->cuda (schedules) on ex->stream, then

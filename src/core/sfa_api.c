@@ -176,8 +176,11 @@ spattn_status spattn_sfa_fwd_ex(const spattn_tensor *q, const spattn_tensor *q_r
     TRY(spattn_resolve_exec(opt, q, &ex, &use_cuda));
     TRY(spattn_check_workspace(&ex, use_cuda ? spattn_cuda_sfa_workspace(&p, 0)
                                       : spattn_cpu_sfa_workspace(&p, 0, ex.num_threads)));
-    TRY(check_index_values(&p, &ex, use_cuda));
-    return use_cuda ? spattn_cuda_sfa_fwd(&p, &ex) : spattn_cpu_sfa_fwd(&p, &ex);
+    /* the CUDA forward scans the indices itself, gating its kernel on the result (no host
+       round trip before the launch; still nothing written for a bad index) */
+    if (use_cuda) return spattn_cuda_sfa_fwd(&p, &ex);
+    TRY(check_index_values(&p, &ex, 0));
+    return spattn_cpu_sfa_fwd(&p, &ex);
 }
 
 spattn_status spattn_sfa_fwd(const spattn_tensor *q, const spattn_tensor *q_rope,

@@ -1,386 +1,409 @@
-// Block-sparse attention backward, deterministic (no atomics):
-//   bsa_delta_kernel  Delta = rowsum(dO * O), lse2 = LSE * log2(e) (+inf on empty rows)
-//   bsa_dq_kernel     query-major: per query tile, walk its key tiles; dQ = scale * dS K
-//   bsa_dkdv_kernel   key-major: per key tile, walk the (head of the GQA group, query tile)
-//                     pairs that hit it; dV = P^T dO, dK = scale * dS^T Q, written once.
-// mma.sync m16n8k16 with fp32 accumulation; only partial tiles read the block mask per token.
+// Block-sparse attention backward for Hopper (sm_90a), FlashAttention-3 style: one kernel for
+// dK, dV and dQ (5 GEMMs per tile pair); Delta and lse2 come from bsa_bwd_pre.cu.  See
+// docs/runbooks/block_sparse_attention.md, "CUDA backward on Hopper".
+//   - one CTA per (b, kv head, key tile of BN = 128 keys), walking the key-major list of
+//     (group head g, query tile m of BM = 64 rows) pairs that hit it, so dK / dV of the whole GQA
+//     group accumulate in registers and are stored once (no atomics);
+//   - warpgroup 0: warp 0 = producer (lane 0: TMA of K, V once, then Q and dO tiles into a
+//     2-stage ring on mbarriers; the warp stages LSE2 / Delta of each query tile in shared
+//     memory), warp 1 = dQ writer (see below); warpgroups 1 and 2 = consumers, 64 keys each;
+//   - keys are the MMA rows: S^T = K Q^T and dP^T = V dO^T (both operands in shared memory),
+//     P^T = exp2(S^T * scale_log2 - LSE2), dS^T = P^T (dP^T - Delta), then dV += P^T dO and
+//     dK += dS^T Q with P^T / dS^T from registers;
+//   - dS^T is also written to shared memory for dQ = dS K (A read MN-major); warpgroup c computes
+//     dQ columns [64 c, 64 c + 64) (D = 64: warpgroup 0 only) and stages the fp32 partial in one
+//     of two shared buffers; the writer warp adds it to an fp32 accumulator with one bulk
+//     reduction per half (cp.reduce.async.bulk), so the consumers go on with the next tile;
+//   - deterministic mode: the adds into one (query tile, 64-column half) happen in descending
+//     key-tile order: a semaphore per (b, head, query tile, half) counts them; the writer waits
+//     until it equals its rank (the number of key tiles above its own in the query tile's
+//     q-major list), adds, waits for the add to land, increments.  Descending matches the walk:
+//     a CTA visits its query tiles in ascending order, so for causal and banded masks the CTAs
+//     of higher key tiles reach a shared query tile first.  CTAs are launched key tile
+//     descending, so every wait is on a CTA launched earlier (no deadlock).
+//   - a postprocess kernel writes dq = scale * accumulator.
 #include <math.h>
 
 #include "bsa_common.cuh"
 #include "bsa_launch.h"
 #include "hopper/hopper.cuh"
 
-template <typename T> __global__ void bsa_delta_kernel(const bsa_params p, float *delta, float *lse2) {
-    const int lane = threadIdx.x & 31;
-    const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= (long long)p.B * p.N * p.Sq) return;
-    const int i = (int)(row % p.Sq), bn = (int)(row / p.Sq), b = bn / p.N, n = bn % p.N;
-    const T *o = reinterpret_cast<const T *>(p.o.p) + b * p.o.s0 + n * p.o.s1 + i * p.o.s2;
-    const T *d = reinterpret_cast<const T *>(p.dout.p) + b * p.dout.s0 + n * p.dout.s1 + i * p.dout.s2;
-    float acc = 0.f;
-    for (int x = lane; x < p.D; x += 32)
-        acc += bsa_t<T>::tof(o[x * p.o.s3]) * bsa_t<T>::tof(d[x * p.dout.s3]);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    if (lane == 0) {
-        const float l = p.lse[(long long)b * p.lse_s0 + (long long)n * p.lse_s1 + (long long)i * p.lse_s2];
-        delta[row] = acc;
-        lse2[row] = l == -INFINITY ? INFINITY : l * BSA_LOG2E;
-    }
-}
+namespace {
 
-// ---- dQ ------------------------------------------------------------------------------------
-template <int DP, typename T, int CFG>
-__global__ void __launch_bounds__(bsa_dq_tile(DP, CFG).warps * 32, 2) bsa_dq_kernel(const bsa_params p) {
-    constexpr bsa_tile TL = bsa_dq_tile(DP, CFG);
-    constexpr int BM = TL.bm, BN = TL.bn, NT = TL.warps * 32, MT = TL.mt;
-    static_assert(BM == TL.warps * 16 * MT, "16 * mt query rows per warp");
-    extern __shared__ __align__(128) unsigned char smem_raw[];
-    __half *sQ = reinterpret_cast<__half *>(smem_raw);
-    __half *sO = sQ + BM * DP;  // dO
-    __half *sK = sO + BM * DP;
-    __half *sV = sK + 2 * BN * DP;
+constexpr int BM = 64, BN = 128, ST = 2;
 
-    const int m = gridDim.x - 1 - blockIdx.x, n = blockIdx.y, b = blockIdx.z;  // heavy (causal) tiles first
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
-    const int hk = n / p.G;
-    const long long row_id = ((long long)b * p.N + n) * gridDim.x + m;
-    const int cnt = p.sq.cnt[row_id];
-    const int *lst = p.sq.list + row_id * p.sq.stride;
-    const int r0 = m * BM, wr = warp * 16 * MT;
-    const float sl2 = p.scale_log2;
+template <int DP> struct BwdCfg {
+    static constexpr int NBOX = DP / 64, NH = DP / 64;  // 64-column boxes; dQ halves of 64 columns
+    static constexpr int T_BYTES = BM * DP * 2;         // a Q or dO tile
+    static constexpr int KV_BYTES = BN * DP * 2;
+    static constexpr int OFF_K = 0, OFF_V = KV_BYTES, OFF_Q = 2 * KV_BYTES, OFF_DO = OFF_Q + ST * T_BYTES;
+    static constexpr int OFF_DS = OFF_DO + ST * T_BYTES;          // dS^T [BN keys][BM queries] bf16
+    static constexpr int OFF_DQ = OFF_DS + BN * BM * 2;           // [2][NH][BM][64] fp32
+    static constexpr int OFF_LD = OFF_DQ + 2 * NH * BM * 64 * 4;   // [ST][2][BM] fp32: LSE2, Delta
+    static constexpr int OFF_BAR = OFF_LD + ST * 2 * BM * 4;
+    static constexpr int SMEM = OFF_BAR + (1 + 3 * ST + 4) * 8 + 1024;
+    static_assert(SMEM <= 232448, "fits in 227 KB");
+};
 
-    bsa_load_tile<BM, DP, NT, T>(sQ, p.q, b, n, r0, p.Sq, p.D, tid);
-    bsa_load_tile<BM, DP, NT, T>(sO, p.dout, b, n, r0, p.Sq, p.D, tid);
-    if (cnt > 0) {
-        int t = lst[0] >> 1;
-        bsa_load_tile<BN, DP, NT, T>(sK, p.k, b, hk, t * BN, p.Skv, p.D, tid);
-        bsa_load_tile<BN, DP, NT, T>(sV, p.v, b, hk, t * BN, p.Skv, p.D, tid);
-    }
-    cp_async_commit();
+enum { NB_DS = 1, NB_DSE = 2 };
 
-    const long long rbase = ((long long)b * p.N + n) * p.Sq;
-    float Lr[MT][2], Dr[MT][2];
-#pragma unroll
-    for (int mi = 0; mi < MT; mi++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int i = r0 + wr + mi * 16 + g + 8 * h;
-            Lr[mi][h] = i < p.Sq ? p.lse2[rbase + i] : INFINITY;
-            Dr[mi][h] = i < p.Sq ? p.delta[rbase + i] : 0.f;
+__device__ __forceinline__ uint32_t sw128(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
+
+template <int DP, typename T>
+__global__ void __launch_bounds__(384, 1)
+    bsa_bwd90_kernel(const bsa_params p, const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
+                     const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv, float *dqacc,
+                     int *sem, int det) {
+    using C = BwdCfg<DP>;
+    constexpr int NBOX = C::NBOX, NH = C::NH;
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char *sm = hop::align1024(smem_raw);
+    unsigned char *sK = sm + C::OFF_K, *sV = sm + C::OFF_V, *sQ = sm + C::OFF_Q, *sDO = sm + C::OFF_DO;
+    unsigned char *sDS = sm + C::OFF_DS;
+    float *sDQ = reinterpret_cast<float *>(sm + C::OFF_DQ);
+    float *sLD = reinterpret_cast<float *>(sm + C::OFF_LD);
+    uint64_t *barKV = reinterpret_cast<uint64_t *>(sm + C::OFF_BAR), *full = barKV + 1, *empty = full + ST, *fullLD = empty + ST;
+    uint64_t *dqfull = fullLD + ST, *dqempty = dqfull + 2;  // the two dQ staging buffers
+
+    const int nkt = (p.Skv + BN - 1) / BN, nqt = p.nqt;
+    // blocks: key tile fastest, descending (see the header); row = (b * Nkv + hk) * nkt + nt
+    const int nt = nkt - 1 - (int)(blockIdx.x % nkt);
+    const long long bh = blockIdx.x / nkt, row = bh * nkt + nt;
+    const int hk = (int)(bh % p.Nkv), b = (int)(bh / p.Nkv);
+    const int cnt = p.sk.cnt[row];
+    const int *lst = p.sk.list + row * (long long)p.sk.stride;
+    const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 7), 0), tid = threadIdx.x & 127;
+
+    if (threadIdx.x == 0) {
+        hop::mbar_init(barKV, 1);
+        for (int s = 0; s < ST; s++) {
+            hop::mbar_init(full + s, 1);
+            hop::mbar_init(empty + s, 256);
+            hop::mbar_init(fullLD + s, 32);
         }
-
-    float acc[MT][DP / 8][4];
-#pragma unroll
-    for (int mi = 0; mi < MT; mi++)
-#pragma unroll
-        for (int i = 0; i < DP / 8; i++) acc[mi][i][0] = acc[mi][i][1] = acc[mi][i][2] = acc[mi][i][3] = 0.f;
-
-    for (int it = 0; it < cnt; it++) {
-        const int e = lst[it], t = e >> 1, buf = it & 1;
-        if (it + 1 < cnt) {
-            int t2 = lst[it + 1] >> 1;
-            bsa_load_tile<BN, DP, NT, T>(sK + (buf ^ 1) * BN * DP, p.k, b, hk, t2 * BN, p.Skv, p.D, tid);
-            bsa_load_tile<BN, DP, NT, T>(sV + (buf ^ 1) * BN * DP, p.v, b, hk, t2 * BN, p.Skv, p.D, tid);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
+        for (int x = 0; x < 2; x++) {
+            hop::mbar_init(dqfull + x, 128 * NH);
+            hop::mbar_init(dqempty + x, 1);
         }
-        __syncthreads();
-        const __half *ks = sK + buf * BN * DP, *vs = sV + buf * BN * DP;
-        float s[MT][BN / 8][4], dp[MT][BN / 8][4];
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        hop::setmaxnreg_dec<24>();
+        const int pw = tid >> 5, lane = tid & 31;
+        if (pw == 0) {  // ---------------------------------------------------------- producer warp
+            // the warp stages LSE2 (rows 0-63) and Delta (64-127) of each step's query tile in shared
+            // memory (keeps registers of the consumers free); lane 0 issues the copies
+            for (int it = 0; it < cnt; it++) {
+                const int s = it % ST;
+                hop::mbar_wait(empty + s, ((it / ST) & 1) ^ 1);
+                const int e = lst[it] >> 4, g = e / nqt, m = e % nqt, n = hk * p.G + g;
+                const long long rb = ((long long)b * p.N + n) * p.Sq;
 #pragma unroll
-        for (int mi = 0; mi < MT; mi++)
-#pragma unroll
-            for (int i = 0; i < BN / 8; i++)
-                s[mi][i][0] = s[mi][i][1] = s[mi][i][2] = s[mi][i][3] = dp[mi][i][0] = dp[mi][i][1] = dp[mi][i][2] =
-                    dp[mi][i][3] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < DP / 16; kk++) {
-            uint32_t qa[MT][4], oa[MT][4];
-#pragma unroll
-            for (int mi = 0; mi < MT; mi++) {
-                bsa_lda<DP>(sQ, wr + mi * 16, kk * 16, lane, qa[mi]);
-                bsa_lda<DP>(sO, wr + mi * 16, kk * 16, lane, oa[mi]);
-            }
-#pragma unroll
-            for (int nn = 0; nn < BN / 16; nn++) {
-                uint32_t bb[4], vb[4];
-                bsa_ldb_nk<DP>(ks, nn * 16, kk * 16, lane, bb);
-                bsa_ldb_nk<DP>(vs, nn * 16, kk * 16, lane, vb);
-#pragma unroll
-                for (int mi = 0; mi < MT; mi++) {
-                    bsa_t<T>::mma(s[mi][2 * nn], qa[mi], bb[0], bb[1]);
-                    bsa_t<T>::mma(s[mi][2 * nn + 1], qa[mi], bb[2], bb[3]);
-                    bsa_t<T>::mma(dp[mi][2 * nn], oa[mi], vb[0], vb[1]);
-                    bsa_t<T>::mma(dp[mi][2 * nn + 1], oa[mi], vb[2], vb[3]);
+                for (int x = lane; x < 2 * BM; x += 32) {
+                    const int i = m * BM + (x & 63);
+                    sLD[s * 2 * BM + x] = x < 64 ? (i < p.Sq ? p.lse2[rb + i] : INFINITY) : (i < p.Sq ? p.delta[rb + i] : 0.f);
                 }
-            }
-        }
+                hop::mbar_arrive(fullLD + s);
+                if (lane == 0) {
+                    if (it == 0) {
+                        hop::tma_prefetch_desc(&tmq);
+                        hop::tma_prefetch_desc(&tmdo);
+                        hop::mbar_expect_tx(barKV, 2 * C::KV_BYTES);
 #pragma unroll
-        for (int mi = 0; mi < MT; mi++)
+                        for (int x = 0; x < NBOX; x++) {
+                            hop::tma_load_4d(sK + x * BN * 128, &tmk, x * 64, nt * BN, hk, b, barKV);
+                            hop::tma_load_4d(sV + x * BN * 128, &tmv, x * 64, nt * BN, hk, b, barKV);
+                        }
+                    }
+                    hop::mbar_expect_tx(full + s, 2 * C::T_BYTES);
 #pragma unroll
-            for (int nt = 0; nt < BN / 8; nt++) {
-                s[mi][nt][0] = bsa_exp2(s[mi][nt][0] * sl2 - Lr[mi][0]);
-                s[mi][nt][1] = bsa_exp2(s[mi][nt][1] * sl2 - Lr[mi][0]);
-                s[mi][nt][2] = bsa_exp2(s[mi][nt][2] * sl2 - Lr[mi][1]);
-                s[mi][nt][3] = bsa_exp2(s[mi][nt][3] * sl2 - Lr[mi][1]);
-            }
-        if (e & 1) {
-            const uint8_t *mb = p.mask.p + (long long)b * p.mask.s0 + (long long)n * p.mask.s1;
-#pragma unroll
-            for (int mi = 0; mi < MT; mi++) {
-                const int i0 = r0 + wr + mi * 16 + g;
-                const uint8_t *mr0 = mb + (long long)min(bsa_div(i0, p.bx, p.inv_bx), p.nbx - 1) * p.mask.s2;
-                const uint8_t *mr1 = mb + (long long)min(bsa_div(i0 + 8, p.bx, p.inv_bx), p.nbx - 1) * p.mask.s2;
-#pragma unroll
-                for (int nt = 0; nt < BN / 8; nt++) {
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const int j = t * BN + nt * 8 + 2 * c + h;
-                        const bool okc = j < p.Skv;
-                        const long long cb = (long long)min(bsa_div(j, p.by, p.inv_by), p.nby - 1) * p.mask.s3;
-                        if (!(okc && __ldg(mr0 + cb))) s[mi][nt][h] = 0.f;
-                        if (!(okc && __ldg(mr1 + cb))) s[mi][nt][2 + h] = 0.f;
+                    for (int x = 0; x < NBOX; x++) {
+                        hop::tma_load_4d(sQ + s * C::T_BYTES + x * BM * 128, &tmq, x * 64, m * BM, n, b, full + s);
+                        hop::tma_load_4d(sDO + s * C::T_BYTES + x * BM * 128, &tmdo, x * 64, m * BM, n, b, full + s);
                     }
                 }
             }
+        } else if (pw == 1 && lane == 0) {  // ------------------------------------------ dQ writer
+            for (int it = 0; it < cnt; it++) {
+                const int buf = it & 1;
+                const int e = lst[it] >> 4, g = e / nqt, m = e % nqt, n = hk * p.G + g;
+                const long long tile = ((long long)b * p.N + n) * nqt + m;
+                int rank = 0;
+                if (det) {  // key tiles above nt in the query tile's list (ascending)
+                    const int qc = p.sq.cnt[tile];
+                    const int *ql = p.sq.list + tile * (long long)p.sq.stride;
+                    int lo = 0, hi = qc;
+                    while (lo < hi) {
+                        const int mid = (lo + hi) >> 1;
+                        if ((ql[mid] >> 1) <= nt) lo = mid + 1;
+                        else hi = mid;
+                    }
+                    rank = qc - lo;
+                }
+                hop::mbar_wait(dqfull + buf, (it >> 1) & 1);
+#pragma unroll
+                for (int h = 0; h < NH; h++) {
+                    int *sp = sem + tile * NH + h;
+                    if (det) {
+                        int v;
+                        do {
+                            asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(sp) : "memory");
+                        } while (v != rank);
+                    }
+                    float *dst = dqacc + (tile * NH + h) * (long long)(BM * 64);
+                    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+                                 "r"(hop::smem_u32(sDQ + (buf * NH + h) * BM * 64)), "r"(BM * 64 * 4)
+                                 : "memory");
+                    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+                    if (det) {
+                        asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the add has landed
+                        __threadfence();
+                        atomicAdd(sp, 1);
+                    }
+                }
+                asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the buffer is read
+                hop::mbar_arrive(dqempty + buf);
+            }
+            asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
         }
+        return;
+    }
+    // ------------------------------------------------------------------------------- consumers
+    hop::setmaxnreg_inc<240>();
+    const int c = wg - 1;  // keys [64 c, 64 c + 64) of the tile
+    const int warp = tid >> 5, lane = tid & 31, q4 = lane & 3;
+    const int kr = warp * 16 + (lane >> 2);            // this thread's key rows kr, kr + 8 (of 64)
+    const int key0 = nt * BN + c * 64 + kr;           // global key of row kr
+    const float sl2 = p.scale_log2;
+    // mask column offsets of this thread's two keys (fixed for the CTA); -1: past Skv
+    long long kcol[2];
 #pragma unroll
-        for (int mi = 0; mi < MT; mi++)
+    for (int r = 0; r < 2; r++) {
+        const int key = key0 + 8 * r;
+        kcol[r] = key < p.Skv ? (long long)min(bsa_div(key, p.by, p.inv_by), p.nby - 1) * p.mask.s3 : -1;
+    }
+
+    float dk[DP / 2], dv[DP / 2], st[32], dpt[32];
+    uint32_t pa[4][4], da[4][4];
 #pragma unroll
-            for (int nt = 0; nt < BN / 8; nt++) {
-                s[mi][nt][0] *= dp[mi][nt][0] - Dr[mi][0]; s[mi][nt][1] *= dp[mi][nt][1] - Dr[mi][0];
-                s[mi][nt][2] *= dp[mi][nt][2] - Dr[mi][1]; s[mi][nt][3] *= dp[mi][nt][3] - Dr[mi][1];
-            }
+    for (int i = 0; i < DP / 2; i++) dk[i] = dv[i] = 0.f;
+
+    // descriptors (128-byte swizzle, boxes of 64 columns)
+    const uint64_t dK = hop::desc_sw128(sK + c * 64 * 128, 16, 1024), dV = hop::desc_sw128(sV + c * 64 * 128, 16, 1024);
+    auto kmaj = [&](uint64_t base, int rows, int kk) {  // K-major operand, k-step kk of 16 columns
+        return hop::desc_add(base, (kk >> 2) * rows * 128 + (kk & 3) * 32);
+    };
+
+    if (cnt > 0) hop::mbar_wait(barKV, 0);
+    for (int it = 0; it < cnt; it++) {
+        const int s = it % ST;
+        // list entry: pair e, then 2 bits per key half (0 empty, 1 full, 2 partial); broadcast so
+        // that ptxas sees the branches around the wgmma below as warp-uniform
+        const int e2 = __shfl_sync(0xffffffffu, lst[it], 0), e = e2 >> 4, g = e / nqt, m = e % nqt, n = hk * p.G + g;
+        const int act0 = e2 & 3, act1 = (e2 >> 2) & 3, my = c ? act1 : act0, part = my == 2;
+        const uint64_t dQk = hop::desc_sw128(sQ + s * C::T_BYTES, 16, 1024), dDOk = hop::desc_sw128(sDO + s * C::T_BYTES, 16, 1024);
+        // MN-major views of the same tiles (B of dV / dK: k = query rows, n = head dim)
+        const uint64_t dQn = hop::desc_sw128(sQ + s * C::T_BYTES, BM * 128, 1024);
+        const uint64_t dDOn = hop::desc_sw128(sDO + s * C::T_BYTES, BM * 128, 1024);
+        // an empty own half skips S, P, dV, dP, dS and dK (its dS rows are left out of dQ below)
+        if (my) {
+        hop::mbar_wait(full + s, (it / ST) & 1);
+
+        // S^T = K Q^T (64 keys x 64 queries).  dP^T comes after P^T is packed: S^T, dP^T and the
+        // dK / dV accumulators do not fit in registers together at D = 128.
+        hop::wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) {
-            uint32_t a[MT][4];
+        for (int kk = 0; kk < DP / 16; kk++) hop::elt<T>::template ss64<0, 0>(st, kmaj(dK, BN, kk), kmaj(dQk, BM, kk), kk > 0);
+        hop::wgmma_commit();
+        hop::wgmma_wait<0>();
+        hop::reg_fence(st);
+
+        // P^T; partial tiles: keys past Skv and the token mask (mask[i / bx][j / by])
+        hop::mbar_wait(fullLD + s, (it / ST) & 1);
+        const float *L = sLD + s * 2 * BM, *Dl = L + BM;  // per query column of the tile
+        const uint8_t *mb = p.mask.p + (long long)b * p.mask.s0 + (long long)n * p.mask.s1;
 #pragma unroll
-            for (int mi = 0; mi < MT; mi++) {
-                a[mi][0] = bsa_t<T>::pack(s[mi][2 * kk][0], s[mi][2 * kk][1]);
-                a[mi][1] = bsa_t<T>::pack(s[mi][2 * kk][2], s[mi][2 * kk][3]);
-                a[mi][2] = bsa_t<T>::pack(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
-                a[mi][3] = bsa_t<T>::pack(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
-            }
+        for (int j = 0; j < 8; j++)
 #pragma unroll
-            for (int dd = 0; dd < DP / 16; dd++) {
-                uint32_t bb[4];
-                bsa_ldb_kn<DP>(ks, kk * 16, dd * 16, lane, bb);
+            for (int h = 0; h < 2; h++) {
+                const int i = m * BM + 8 * j + 2 * q4 + h;  // query column of accumulators 4 j + 2 r + h
+                const uint8_t *mrow = mb + (long long)min(bsa_div(i, p.bx, p.inv_bx), p.nbx - 1) * p.mask.s2;
 #pragma unroll
-                for (int mi = 0; mi < MT; mi++) {
-                    bsa_t<T>::mma(acc[mi][2 * dd], a[mi], bb[0], bb[1]);
-                    bsa_t<T>::mma(acc[mi][2 * dd + 1], a[mi], bb[2], bb[3]);
+                for (int r = 0; r < 2; r++) {
+                    const int x = 4 * j + 2 * r + h;  // row kr + 8 r
+                    const bool ok = !part || (i < p.Sq && kcol[r] >= 0 && __ldg(mrow + kcol[r]));
+                    st[x] = ok ? bsa_exp2(st[x] * sl2 - L[8 * j + 2 * q4 + h]) : 0.f;
                 }
             }
-        }
-        __syncthreads();
-    }
-    cp_async_wait<0>();
-    __syncthreads();
 #pragma unroll
-    for (int mi = 0; mi < MT; mi++) bsa_acc_to_smem<DP, T>(sQ, acc[mi], wr + mi * 16, lane, p.scale, p.scale);
-    __syncthreads();
-    bsa_store_tile<BM, DP, NT, T>(sQ, p.dq, b, n, r0, p.Sq, p.D, tid);
+        for (int kk = 0; kk < 4; kk++) {
+            pa[kk][0] = hop::elt<T>::pack(st[8 * kk], st[8 * kk + 1]);
+            pa[kk][1] = hop::elt<T>::pack(st[8 * kk + 2], st[8 * kk + 3]);
+            pa[kk][2] = hop::elt<T>::pack(st[8 * kk + 4], st[8 * kk + 5]);
+            pa[kk][3] = hop::elt<T>::pack(st[8 * kk + 6], st[8 * kk + 7]);
+        }
+        // dV += P^T dO (A from registers, B MN-major: 16 query rows per k-step); dP^T = V dO^T
+        hop::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            if constexpr (DP == 128) hop::elt<T>::template rs128<1>(dv, pa[kk], hop::desc_add(dDOn, kk * 2048), 1);
+            else hop::elt<T>::template rs64<1>(dv, pa[kk], hop::desc_add(dDOn, kk * 2048), 1);
+        }
+#pragma unroll
+        for (int kk = 0; kk < DP / 16; kk++) hop::elt<T>::template ss64<0, 0>(dpt, kmaj(dV, BN, kk), kmaj(dDOk, BM, kk), kk > 0);
+        hop::wgmma_commit();
+        hop::wgmma_wait<0>();
+        hop::reg_fence(dpt);
+        hop::reg_fence(dv);
+        // dS^T = P^T (dP^T - Delta) with P^T as packed (its rounding is of the order of dS^T's own,
+        // which the dK / dQ GEMMs see anyway)
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+            for (int w = 0; w < 4; w++) {
+                const float2 pp = hop::elt<T>::unpack(pa[kk][w]);
+                const int x = 8 * kk + 2 * w, col = 16 * kk + 8 * (w >> 1) + 2 * q4;
+                da[kk][w] = hop::elt<T>::pack(pp.x * (dpt[x] - Dl[col]), pp.y * (dpt[x + 1] - Dl[col + 1]));
+            }
+        // dK += dS^T Q
+        hop::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            if constexpr (DP == 128) hop::elt<T>::template rs128<1>(dk, da[kk], hop::desc_add(dQn, kk * 2048), 1);
+            else hop::elt<T>::template rs64<1>(dk, da[kk], hop::desc_add(dQn, kk * 2048), 1);
+        }
+        hop::wgmma_commit();
+        }
+
+        // dS^T to shared memory ([128 keys][64 queries], swizzled) once the previous dQ read it
+        hop::bar_sync(NB_DSE, 256);
+        if (my) {
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            const int R = c * 64 + kr;
+            *reinterpret_cast<uint32_t *>(sDS + sw128(R, 2 * kk) + q4 * 4) = da[kk][0];
+            *reinterpret_cast<uint32_t *>(sDS + sw128(R + 8, 2 * kk) + q4 * 4) = da[kk][1];
+            *reinterpret_cast<uint32_t *>(sDS + sw128(R, 2 * kk + 1) + q4 * 4) = da[kk][2];
+            *reinterpret_cast<uint32_t *>(sDS + sw128(R + 8, 2 * kk + 1) + q4 * 4) = da[kk][3];
+        }
+        hop::fence_proxy_async();
+        }
+        // dV / dK done before dQ is issued: with all three in flight the accumulators do not fit
+        // (ptxas serialises / spills at D = 128)
+        hop::wgmma_wait<0>();
+        hop::reg_fence(dk);
+        hop::reg_fence(dv);
+        hop::bar_sync(NB_DS, 256);
+
+        // dQ half c = dS K[:, 64 c .. 64 c + 63]: A = dS^T read MN-major (m = queries), B = K MN-major
+        const bool has_dq = c < NH;
+        float dq[32];
+        if (has_dq) {
+            const uint64_t dA = hop::desc_sw128(sDS, 8192, 1024), dB = hop::desc_sw128(sK + c * BN * 128, 8192, 1024);
+            // k-steps of 16 keys: 0-3 the first key half, 4-7 the second (an empty half is skipped)
+            const int k0 = act0 ? 0 : 4, k1 = act1 ? 8 : 4;
+            hop::wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++)
+                if (kk >= k0 && kk < k1)
+                    hop::elt<T>::template ss64<1, 1>(dq, hop::desc_add(dA, kk * 2048), hop::desc_add(dB, kk * 2048), kk > k0);
+            hop::wgmma_commit();
+        }
+        hop::wgmma_wait<0>();
+        hop::reg_fence(dk);
+        hop::reg_fence(dv);
+        hop::mbar_arrive(empty + s);  // Q and dO of this stage are no longer read
+        if (has_dq) {
+            hop::reg_fence(dq);
+            // fp32 partial to shared memory (row-major 64 x 64) once the writer's add of two steps
+            // ago has read the buffer; the writer adds it
+            const int buf = it & 1;
+            hop::mbar_wait(dqempty + buf, ((it >> 1) & 1) ^ 1);
+            float *sq = sDQ + (buf * NH + c) * BM * 64;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                *reinterpret_cast<float2 *>(sq + kr * 64 + 8 * j + 2 * q4) = make_float2(dq[4 * j], dq[4 * j + 1]);
+                *reinterpret_cast<float2 *>(sq + (kr + 8) * 64 + 8 * j + 2 * q4) = make_float2(dq[4 * j + 2], dq[4 * j + 3]);
+            }
+            hop::fence_proxy_async();
+            hop::mbar_arrive(dqfull + buf);
+        }
+    }
+
+    // dK (scaled) and dV of this thread's rows, once
+    const float sc = p.scale;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int key = key0 + 8 * r;
+        if (key >= p.Skv) continue;
+        T *dkr = reinterpret_cast<T *>(p.dk.p) + (long long)b * p.dk.s0 + (long long)hk * p.dk.s1 + (long long)key * p.dk.s2;
+        T *dvr = reinterpret_cast<T *>(p.dv.p) + (long long)b * p.dv.s0 + (long long)hk * p.dv.s1 + (long long)key * p.dv.s2;
+#pragma unroll
+        for (int j = 0; j < DP / 8; j++) {
+            const int col = 8 * j + 2 * q4;
+            if (col >= p.D) continue;
+            const T k0 = bsa_t<T>::fromf(dk[4 * j + 2 * r] * sc), k1 = bsa_t<T>::fromf(dk[4 * j + 2 * r + 1] * sc);
+            const T v0 = bsa_t<T>::fromf(dv[4 * j + 2 * r]), v1 = bsa_t<T>::fromf(dv[4 * j + 2 * r + 1]);
+            dkr[(long long)col * p.dk.s3] = k0;
+            dvr[(long long)col * p.dv.s3] = v0;
+            if (col + 1 < p.D) {
+                dkr[(long long)(col + 1) * p.dk.s3] = k1;
+                dvr[(long long)(col + 1) * p.dv.s3] = v1;
+            }
+        }
+    }
 }
 
-// ---- dK / dV -------------------------------------------------------------------------------
-template <int BM, int DP, int NT, typename T>
-__device__ __forceinline__ void bsa_dkdv_load_q(const bsa_params &p, int entry, int b, int hk, __half *sQ,
-                                                __half *sO, float *sL, float *sD, int tid) {
-    const int gm = entry >> 1, hg = gm / p.nqt, m = gm % p.nqt, h = hk * p.G + hg;
-    const int r0 = m * BM;
-    bsa_load_tile<BM, DP, NT, T>(sQ, p.q, b, h, r0, p.Sq, p.D, tid);
-    bsa_load_tile<BM, DP, NT, T>(sO, p.dout, b, h, r0, p.Sq, p.D, tid);
-    const long long rbase = ((long long)b * p.N + h) * p.Sq;
-    for (int i = tid; i < BM; i += NT) {
-        const int r = r0 + i;
-        sL[i] = r < p.Sq ? p.lse2[rbase + r] : INFINITY;
-        sD[i] = r < p.Sq ? p.delta[rbase + r] : 0.f;
+// dq[b, n, i, d] = scale * accumulator (layout [B*N][nqt][NH][BM][64]).
+template <int DP, typename T> __global__ void bsa_dq_post_kernel(const bsa_params p, const float *acc) {
+    constexpr int NH = DP / 64;
+    const long long total = (long long)p.B * p.N * p.Sq * p.D;
+    for (long long x = blockIdx.x * (long long)blockDim.x + threadIdx.x; x < total; x += (long long)gridDim.x * blockDim.x) {
+        const int d = (int)(x % p.D);
+        const long long t = x / p.D;
+        const int i = (int)(t % p.Sq);
+        const long long bn = t / p.Sq;
+        const int b = (int)(bn / p.N), n = (int)(bn % p.N);
+        const int m = i / BM, r = i % BM, h = d >> 6, col = d & 63;
+        const float v = acc[(((bn * p.nqt + m) * NH + h) * BM + r) * 64 + col] * p.scale;
+        reinterpret_cast<T *>(p.dq.p)[(long long)b * p.dq.s0 + (long long)n * p.dq.s1 + (long long)i * p.dq.s2 + (long long)d * p.dq.s3] =
+            bsa_t<T>::fromf(v);
     }
 }
 
 template <int DP, typename T>
-__global__ void __launch_bounds__(bsa_dkdv_tile(DP).warps * 32, 2) bsa_dkdv_kernel(const bsa_params p) {
-    constexpr bsa_tile TL = bsa_dkdv_tile(DP);
-    constexpr int BM = TL.bm, BN = TL.bn, NT = TL.warps * 32;
-    static_assert(BN == TL.warps * 16, "16 keys per warp");
-    extern __shared__ __align__(128) unsigned char smem_raw[];
-    __half *sK = reinterpret_cast<__half *>(smem_raw);
-    __half *sV = sK + BN * DP;
-    __half *sQ = sV + BN * DP;      // 2 stages
-    __half *sO = sQ + 2 * BM * DP;  // dO, 2 stages
-    float *sL = reinterpret_cast<float *>(sO + 2 * BM * DP);  // 2 x BM
-    float *sD = sL + 2 * BM;                                  // 2 x BM
-
-    const int t = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
-    const long long row_id = ((long long)b * p.Nkv + hk) * gridDim.x + t;
-    const int cnt = p.sk.cnt[row_id];
-    const int *lst = p.sk.list + row_id * p.sk.stride;
-    const int c0 = t * BN;
-    const float sl2 = p.scale_log2;
-
-    bsa_load_tile<BN, DP, NT, T>(sK, p.k, b, hk, c0, p.Skv, p.D, tid);
-    bsa_load_tile<BN, DP, NT, T>(sV, p.v, b, hk, c0, p.Skv, p.D, tid);
-    if (cnt > 0) bsa_dkdv_load_q<BM, DP, NT, T>(p, lst[0], b, hk, sQ, sO, sL, sD, tid);
-    cp_async_commit();
-
-    const int j0 = c0 + warp * 16 + g;
-    const int cb0 = min(j0 / p.by, p.nby - 1), cb1 = min((j0 + 8) / p.by, p.nby - 1);
-
-    float dk[DP / 8][4], dv[DP / 8][4];
-#pragma unroll
-    for (int i = 0; i < DP / 8; i++) {
-        dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.f;
-        dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.f;
-    }
-
-    for (int it = 0; it < cnt; it++) {
-        const int e = lst[it], buf = it & 1;
-        if (it + 1 < cnt) {
-            bsa_dkdv_load_q<BM, DP, NT, T>(p, lst[it + 1], b, hk, sQ + (buf ^ 1) * BM * DP, sO + (buf ^ 1) * BM * DP,
-                                           sL + (buf ^ 1) * BM, sD + (buf ^ 1) * BM, tid);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
-        const __half *qs = sQ + buf * BM * DP, *os = sO + buf * BM * DP;
-        const float *ls = sL + buf * BM, *ds = sD + buf * BM;
-        float s[BM / 8][4], dp[BM / 8][4];
-#pragma unroll
-        for (int i = 0; i < BM / 8; i++)
-            s[i][0] = s[i][1] = s[i][2] = s[i][3] = dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.f;
-        // S^T = K Q^T and dP^T = V dO^T (rows: this warp's 16 keys, columns: BM queries)
-#pragma unroll
-        for (int kk = 0; kk < DP / 16; kk++) {
-            uint32_t ka[4], va[4];
-            bsa_lda<DP>(sK, warp * 16, kk * 16, lane, ka);
-            bsa_lda<DP>(sV, warp * 16, kk * 16, lane, va);
-#pragma unroll
-            for (int nn = 0; nn < BM / 16; nn++) {
-                uint32_t qb[4], ob[4];
-                bsa_ldb_nk<DP>(qs, nn * 16, kk * 16, lane, qb);
-                bsa_t<T>::mma(s[2 * nn], ka, qb[0], qb[1]);
-                bsa_t<T>::mma(s[2 * nn + 1], ka, qb[2], qb[3]);
-                bsa_ldb_nk<DP>(os, nn * 16, kk * 16, lane, ob);
-                bsa_t<T>::mma(dp[2 * nn], va, ob[0], ob[1]);
-                bsa_t<T>::mma(dp[2 * nn + 1], va, ob[2], ob[3]);
-            }
-        }
-#pragma unroll
-        for (int nt = 0; nt < BM / 8; nt++) {
-            const float2 L = *reinterpret_cast<const float2 *>(ls + nt * 8 + 2 * c);
-            s[nt][0] = bsa_exp2(s[nt][0] * sl2 - L.x); s[nt][1] = bsa_exp2(s[nt][1] * sl2 - L.y);
-            s[nt][2] = bsa_exp2(s[nt][2] * sl2 - L.x); s[nt][3] = bsa_exp2(s[nt][3] * sl2 - L.y);
-        }
-        if (e & 1) {
-            const int gm = e >> 1, h = hk * p.G + gm / p.nqt, m = gm % p.nqt;
-            const uint8_t *mb = p.mask.p + (long long)b * p.mask.s0 + (long long)h * p.mask.s1;
-#pragma unroll
-            for (int nt = 0; nt < BM / 8; nt++) {
-#pragma unroll
-                for (int x = 0; x < 2; x++) {
-                    const int i = m * BM + nt * 8 + 2 * c + x;
-                    const uint8_t *mrow = mb + (long long)min(bsa_div(i, p.bx, p.inv_bx), p.nbx - 1) * p.mask.s2;
-                    if (!__ldg(mrow + cb0 * p.mask.s3)) s[nt][x] = 0.f;
-                    if (!__ldg(mrow + cb1 * p.mask.s3)) s[nt][2 + x] = 0.f;
-                }
-            }
-        }
-        // dV += P^T dO
-#pragma unroll
-        for (int kk = 0; kk < BM / 16; kk++) {
-            uint32_t a[4] = {bsa_t<T>::pack(s[2 * kk][0], s[2 * kk][1]), bsa_t<T>::pack(s[2 * kk][2], s[2 * kk][3]),
-                             bsa_t<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             bsa_t<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-            for (int dd = 0; dd < DP / 16; dd++) {
-                uint32_t bb[4];
-                bsa_ldb_kn<DP>(os, kk * 16, dd * 16, lane, bb);
-                bsa_t<T>::mma(dv[2 * dd], a, bb[0], bb[1]);
-                bsa_t<T>::mma(dv[2 * dd + 1], a, bb[2], bb[3]);
-            }
-        }
-        // dS^T = P^T (dP^T - Delta)
-#pragma unroll
-        for (int nt = 0; nt < BM / 8; nt++) {
-            const float2 Dl = *reinterpret_cast<const float2 *>(ds + nt * 8 + 2 * c);
-            s[nt][0] *= dp[nt][0] - Dl.x; s[nt][1] *= dp[nt][1] - Dl.y;
-            s[nt][2] *= dp[nt][2] - Dl.x; s[nt][3] *= dp[nt][3] - Dl.y;
-        }
-        // dK += dS^T Q
-#pragma unroll
-        for (int kk = 0; kk < BM / 16; kk++) {
-            uint32_t a[4] = {bsa_t<T>::pack(s[2 * kk][0], s[2 * kk][1]), bsa_t<T>::pack(s[2 * kk][2], s[2 * kk][3]),
-                             bsa_t<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             bsa_t<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-            for (int dd = 0; dd < DP / 16; dd++) {
-                uint32_t bb[4];
-                bsa_ldb_kn<DP>(qs, kk * 16, dd * 16, lane, bb);
-                bsa_t<T>::mma(dk[2 * dd], a, bb[0], bb[1]);
-                bsa_t<T>::mma(dk[2 * dd + 1], a, bb[2], bb[3]);
-            }
-        }
-        __syncthreads();
-    }
-    cp_async_wait<0>();
-    __syncthreads();
-    bsa_acc_to_smem<DP, T>(sK, dk, warp * 16, lane, p.scale, p.scale);
-    bsa_acc_to_smem<DP, T>(sV, dv, warp * 16, lane, 1.f, 1.f);
-    __syncthreads();
-    bsa_store_tile<BN, DP, NT, T>(sK, p.dk, b, hk, c0, p.Skv, p.D, tid);
-    bsa_store_tile<BN, DP, NT, T>(sV, p.dv, b, hk, c0, p.Skv, p.D, tid);
-}
-
-// ---- launchers -------------------------------------------------------------------------------
-template <int DP, typename T, int CFG> static cudaError_t launch_dq(const bsa_params &p, cudaStream_t st) {
-    constexpr bsa_tile TL = bsa_dq_tile(DP, CFG);
-    const size_t smem = (size_t)(2 * TL.bm + 4 * TL.bn) * DP * 2;
+cudaError_t launch(const bsa_params &p, const bsa_bwd_tmaps &tm, float *dqacc, int *sem, int det, cudaStream_t st) {
+    using C = BwdCfg<DP>;
     static unsigned long long done = 0;
-    cudaError_t e = hop::set_smem(bsa_dq_kernel<DP, T, CFG>, smem, &done);
+    cudaError_t e = hop::set_smem(bsa_bwd90_kernel<DP, T>, C::SMEM, &done);
     if (e != cudaSuccess) return e;
-    dim3 grid((p.Sq + TL.bm - 1) / TL.bm, p.N, p.B);
-    bsa_dq_kernel<DP, T, CFG><<<grid, TL.warps * 32, smem, st>>>(p);
+    const long long ctas = (long long)p.B * p.Nkv * ((p.Skv + BN - 1) / BN);
+    bsa_bwd90_kernel<DP, T><<<(unsigned)ctas, 384, C::SMEM, st>>>(p, tm.q, tm.dout, tm.k, tm.v, dqacc, sem, det);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    const long long total = (long long)p.B * p.N * p.Sq * p.D;
+    const long long blocks = (total + 255) / 256;
+    bsa_dq_post_kernel<DP, T><<<(unsigned)(blocks < 65536 ? (blocks < 1 ? 1 : blocks) : 65536), 256, 0, st>>>(p, dqacc);
     return cudaGetLastError();
 }
 
-template <int DP, typename T> static cudaError_t launch_dkdv(const bsa_params &p, cudaStream_t st) {
-    constexpr bsa_tile TL = bsa_dkdv_tile(DP);
-    const size_t smem = (size_t)(2 * TL.bn + 4 * TL.bm) * DP * 2 + 4 * TL.bm * sizeof(float);
-    static unsigned long long done = 0;
-    cudaError_t e = hop::set_smem(bsa_dkdv_kernel<DP, T>, smem, &done);
+}  // namespace
+
+extern "C" size_t spattn_bsa_bwd90_acc_bytes(const bsa_params *p, int dp) {
+    const long long nqt = (p->Sq + BM - 1) / BM;
+    return (size_t)p->B * p->N * nqt * BM * dp * 4;
+}
+extern "C" size_t spattn_bsa_bwd90_sem_bytes(const bsa_params *p, int dp) {
+    const long long nqt = (p->Sq + BM - 1) / BM;
+    return (size_t)p->B * p->N * nqt * (dp / 64) * 4;
+}
+
+extern "C" cudaError_t spattn_bsa_launch_bwd90(const bsa_params *p, const bsa_bwd_tmaps *tm, int dp, int bf16, float *dqacc,
+                                               int *sem, int det, cudaStream_t st) {
+    cudaError_t e = cudaMemsetAsync(dqacc, 0, spattn_bsa_bwd90_acc_bytes(p, dp), st);
+    if (e == cudaSuccess) e = cudaMemsetAsync(sem, 0, spattn_bsa_bwd90_sem_bytes(p, dp), st);
     if (e != cudaSuccess) return e;
-    dim3 grid((p.Skv + TL.bn - 1) / TL.bn, p.Nkv, p.B);
-    bsa_dkdv_kernel<DP, T><<<grid, TL.warps * 32, smem, st>>>(p);
-    return cudaGetLastError();
-}
-
-extern "C" cudaError_t spattn_bsa_launch_delta(const bsa_params *p, int bf16, float *delta, float *lse2,
-                                               cudaStream_t st) {
-    const long long rows = (long long)p->B * p->N * p->Sq;
-    const unsigned blocks = (unsigned)((rows + 7) / 8);
-    if (bf16)
-        bsa_delta_kernel<__nv_bfloat16><<<blocks, 256, 0, st>>>(*p, delta, lse2);
-    else
-        bsa_delta_kernel<__half><<<blocks, 256, 0, st>>>(*p, delta, lse2);
-    return cudaGetLastError();
-}
-
-template <int DP, typename T> static cudaError_t launch_dq_dp(const bsa_params &p, int cfg, cudaStream_t st) {
-    return cfg == 1 ? launch_dq<DP, T, 1>(p, st) : launch_dq<DP, T, 0>(p, st);
-}
-
-extern "C" cudaError_t spattn_bsa_launch_dq(const bsa_params *p, int dp, int bf16, int cfg, cudaStream_t st) {
-    if (dp == 64) return bf16 ? launch_dq_dp<64, __nv_bfloat16>(*p, cfg, st) : launch_dq_dp<64, __half>(*p, cfg, st);
-    return bf16 ? launch_dq_dp<128, __nv_bfloat16>(*p, cfg, st) : launch_dq_dp<128, __half>(*p, cfg, st);
-}
-
-extern "C" cudaError_t spattn_bsa_launch_dkdv(const bsa_params *p, int dp, int bf16, cudaStream_t st) {
-    if (dp == 64) return bf16 ? launch_dkdv<64, __nv_bfloat16>(*p, st) : launch_dkdv<64, __half>(*p, st);
-    return bf16 ? launch_dkdv<128, __nv_bfloat16>(*p, st) : launch_dkdv<128, __half>(*p, st);
+    if (dp == 64) return bf16 ? launch<64, __nv_bfloat16>(*p, *tm, dqacc, sem, det, st) : launch<64, __half>(*p, *tm, dqacc, sem, det, st);
+    return bf16 ? launch<128, __nv_bfloat16>(*p, *tm, dqacc, sem, det, st) : launch<128, __half>(*p, *tm, dqacc, sem, det, st);
 }

@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(384, 1)
     using C = FwdCfg<DP>;
     constexpr int BM = C::BM, BN = C::BN, ST = C::ST, NBOX = C::NBOX;
     extern __shared__ unsigned char smem_raw[];
-    unsigned char *sm = reinterpret_cast<unsigned char *>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+    unsigned char *sm = hop::align1024(smem_raw);
     unsigned char *sQ = sm, *sK = sm + C::OFF_K, *sV = sm + C::OFF_V;
     uint64_t *barQ = reinterpret_cast<uint64_t *>(sm + C::OFF_BAR);
     uint64_t *fullK = barQ + 1, *fullV = fullK + ST, *emptyK = fullV + ST, *emptyV = emptyK + ST;

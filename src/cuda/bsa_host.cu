@@ -1,14 +1,16 @@
 // Host side of the block-sparse attention CUDA backend: shapes, workspace carving, launches.
 // The host never reads the mask or any tensor data; schedules are built on the device
-// (bsa_sched.cu).  Fast path: fp16 / bf16 with D <= 128 (padded to 64 or 128).  Other cases
-// (fp32 tensors, 128 < D <= 256) run the simple reference kernels (bsa_ref.cu) into fp32
-// scratch and convert: correct, not fast.
+// (bsa_sched.cu).  Fast path (Hopper forward bsa_fwd.cu, backward bsa_bwd.cu): fp16 / bf16
+// with D <= 128 (padded to 64 or 128) and views the TMA engine can read.  Other cases (fp32
+// tensors, 128 < D <= 256, other strides) run the simple reference kernels (bsa_ref.cu) into
+// fp32 scratch and convert: correct, not fast.
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
 #include "../core/internal.h"
 #include "bsa_launch.h"
+#include "convert.cuh"
 #include "bsa_plan.h"
 
 namespace {
@@ -33,6 +35,11 @@ bool tma_view_ok(const spattn_tensor *t) {
 // layouts take the simple kernels (correct, not fast).
 bool fwd_fast(const spattn_bsa_problem *p) {
     return fast_path(p) && tma_view_ok(p->q) && tma_view_ok(p->k) && tma_view_ok(p->v);
+}
+// The Hopper backward (bsa_bwd.cu) reads Q, dO, K, V by TMA.  Workspace queries carry no dO:
+// `with_dout` = 0 asks whether it would run with a dO of TMA layout.
+bool bwd90(const spattn_bsa_problem *p, bool with_dout = true) {
+    return fwd_fast(p) && (with_dout ? p->dout && tma_view_ok(p->dout) : true);
 }
 
 typedef CUresult (*encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
@@ -74,20 +81,6 @@ bool make_tmap(CUtensorMap *m, const spattn_tensor *t, int rows) {
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// Tile configurations (bsa_tiles.h) for this problem.  SPATTN_BSA_DQ_CFG overrides the dQ
-// choice (benchmarking knob; the workspace size follows it).
-int env_cfg(const char *name, int max) {
-    const char *e = getenv(name);
-    if (!e || !*e) return -1;
-    int v = atoi(e);
-    return v >= 0 && v <= max ? v : -1;
-}
-int dq_cfg(const spattn_bsa_problem *p) {
-    const int o = env_cfg("SPATTN_BSA_DQ_CFG", 1);
-    if (o >= 0) return o;
-    return bsa_dq_choose(bsa_dpad(p->D), p->bx, p->by);
-}
-
 // Schedules of the call's plan (NULL when none, or when built for other tile sizes).
 const bsa_plan_cuda *plan_of(const spattn_bsa_problem *p) {
     return p->plan ? static_cast<const bsa_plan_cuda *>(p->plan->cuda) : nullptr;
@@ -97,27 +90,45 @@ const bsa_sched *plan_fwd(const spattn_bsa_problem *p) {
     const bsa_fwd90_tile t = bsa_fwd90_tile_for(bsa_dpad(p->D));
     return c && c->fwd_bm == t.bm && c->fwd_bn == bsa_fwd90_chunk(p->by) ? &c->fwd : nullptr;
 }
-const bsa_sched *plan_dq(const spattn_bsa_problem *p, int cfg) {
+// The Hopper backward's lists (64 x 128 tiles) from a plan, or NULL.
+const bsa_sched *plan_q90(const spattn_bsa_problem *p) {
     const bsa_plan_cuda *c = plan_of(p);
-    return c && c->dq_cfg == cfg ? &c->dq : nullptr;
+    return c && c->dq_cfg == BSA_PLAN_DQ_BWD90 ? &c->dq : nullptr;
 }
-const bsa_sched *plan_kv(const spattn_bsa_problem *p) {
+const bsa_sched *plan_k90(const spattn_bsa_problem *p) {
     const bsa_plan_cuda *c = plan_of(p);
-    const bsa_tile t = bsa_dkdv_tile(bsa_dpad(p->D));
-    return c && c->kv_bm == t.bm && c->kv_bn == t.bn ? &c->kv : nullptr;
+    return c && c->kv_bm == 64 && c->kv_bn == 128 ? &c->kv : nullptr;
 }
 
 // Workspace layout: offsets of each piece and the total (exact bytes).
 struct Layout {
-    size_t off[6];
+    size_t off[8];
     size_t total;
 };
 
-Layout layout(const spattn_bsa_problem *p, int backward) {
+// kind: 0 forward, 1 Hopper backward, 2 simple backward.
+Layout layout(const spattn_bsa_problem *p, int kind) {
     Layout L = {};
+    const int backward = kind != 0;
     const size_t rows = (size_t)p->B * p->N * p->Sq;
-    size_t sz[6] = {0, 0, 0, 0, 0, 0};
-    if (backward ? !fast_path(p) : !fwd_fast(p)) {
+    size_t sz[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (kind == 1) {  // Hopper backward: tiles of 64 query rows x 128 keys
+        const int dp = bsa_dpad(p->D);
+        const size_t nqt = (size_t)((p->Sq + 63) / 64), nkt = (size_t)((p->Skv + 127) / 128);
+        const size_t nq = (size_t)p->B * p->N * nqt, kr = (size_t)p->B * p->Nkv * nkt;
+        sz[0] = rows * 4;                              // delta
+        sz[1] = rows * 4;                              // lse2
+        if (!plan_q90(p)) {
+            sz[2] = nq * 4;                                // q-major counts (ranks of the dQ order)
+            sz[3] = nq * nkt * 4;                          // q-major lists
+        }
+        if (!plan_k90(p)) {
+            sz[4] = kr * 4;                                // key-major counts
+            sz[5] = kr * (size_t)(p->N / p->Nkv) * nqt * 4;  // key-major lists
+        }
+        sz[6] = nq * 64 * (size_t)dp * 4;              // dQ accumulator (fp32)
+        sz[7] = nq * (size_t)(dp / 64) * 4;            // dQ semaphores
+    } else if (backward || !fwd_fast(p)) {  // the simple kernels (and a conversion)
         if (!backward) {
             sz[0] = rows * p->D * 4;  // o fp32
             sz[1] = rows * 4;         // lse fp32
@@ -127,38 +138,19 @@ Layout layout(const spattn_bsa_problem *p, int backward) {
             sz[1] = kv * 4;           // dk
             sz[2] = kv * 4;           // dv
         }
-    } else {
-        const int dp = bsa_dpad(p->D);
-        if (!backward) {
-            const bsa_fwd90_tile t = bsa_fwd90_tile_for(dp);
-            const int u = bsa_fwd90_chunk(p->by);
-            const size_t nq = (size_t)p->B * p->N * ((p->Sq + t.bm - 1) / t.bm);
-            const size_t nk = (size_t)((p->Skv + u - 1) / u);
-            if (!plan_fwd(p)) {
-                sz[0] = nq * 4;
-                sz[1] = nq * nk * 8;  // int2 entries
-                sz[2] = nq * 4;       // launch order
-            }
-        } else {
-            const bsa_tile tq = bsa_dq_tile(dp, dq_cfg(p)), tk = bsa_dkdv_tile(dp);
-            const size_t nq = (size_t)p->B * p->N * ((p->Sq + tq.bm - 1) / tq.bm);
-            const size_t nk = (size_t)((p->Skv + tq.bn - 1) / tq.bn);
-            const size_t kr = (size_t)p->B * p->Nkv * ((p->Skv + tk.bn - 1) / tk.bn);
-            const size_t ke = (size_t)(p->N / p->Nkv) * ((p->Sq + tk.bm - 1) / tk.bm);
-            sz[0] = rows * 4;  // delta
-            sz[1] = rows * 4;  // lse2
-            if (!plan_dq(p, dq_cfg(p))) {
-                sz[2] = nq * 4;
-                sz[3] = nq * nk * 4;
-            }
-            if (!plan_kv(p)) {
-                sz[4] = kr * 4;
-                sz[5] = kr * ke * 4;
-            }
+    } else {  // Hopper forward
+        const bsa_fwd90_tile t = bsa_fwd90_tile_for(bsa_dpad(p->D));
+        const int u = bsa_fwd90_chunk(p->by);
+        const size_t nq = (size_t)p->B * p->N * ((p->Sq + t.bm - 1) / t.bm);
+        const size_t nk = (size_t)((p->Skv + u - 1) / u);
+        if (!plan_fwd(p)) {
+            sz[0] = nq * 4;
+            sz[1] = nq * nk * 8;  // int2 entries
+            sz[2] = nq * 4;       // launch order
         }
     }
     size_t o = 0;
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < 8; i++) {
         L.off[i] = o;
         o += up(sz[i]);
     }
@@ -246,42 +238,14 @@ struct Workspace {
     }
 };
 
-// fp32 contiguous [B, H, S, D] -> strided tensor of its dtype.
-__global__ void convert_kernel(const float *src, bsa_view dst, int dtype, int H, int S, int D, long long total) {
-    for (long long x = blockIdx.x * (long long)blockDim.x + threadIdx.x; x < total; x += (long long)gridDim.x * blockDim.x) {
-        long long r = x;
-        const int d = (int)(r % D); r /= D;
-        const int s = (int)(r % S); r /= S;
-        const int h = (int)(r % H);
-        const int b = (int)(r / H);
-        const long long off = b * dst.s0 + h * dst.s1 + s * dst.s2 + d * dst.s3;
-        const float v = src[x];
-        if (dtype == SPATTN_DTYPE_F16) static_cast<__half *>(dst.p)[off] = __float2half_rn(v);
-        else if (dtype == SPATTN_DTYPE_BF16) static_cast<__nv_bfloat16 *>(dst.p)[off] = __float2bfloat16_rn(v);
-        else static_cast<float *>(dst.p)[off] = v;
-    }
-}
-
-cudaError_t convert(const float *src, const spattn_tensor *t, cudaStream_t st) {
-    const long long total = t->shape[0] * t->shape[1] * t->shape[2] * t->shape[3];
-    const long long blocks = (total + 255) / 256;
-    convert_kernel<<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0, st>>>(
-        src, view(t), t->dtype, (int)t->shape[1], (int)t->shape[2], (int)t->shape[3], total);
-    return cudaGetLastError();
-}
-
-__global__ void lse_copy_kernel(const float *src, float *dst, long long s0, long long s1, long long s2, int N, int S,
-                                long long total) {
-    for (long long x = blockIdx.x * (long long)blockDim.x + threadIdx.x; x < total; x += (long long)gridDim.x * blockDim.x) {
-        const int i = (int)(x % S), n = (int)((x / S) % N), b = (int)(x / ((long long)S * N));
-        dst[b * s0 + n * s1 + i * s2] = src[x];
-    }
-}
-
 }  // namespace
 
 extern "C" size_t spattn_cuda_bsa_workspace(const spattn_bsa_problem *p, int backward) {
-    return layout(p, backward).total;
+    if (!backward) return layout(p, 0).total;
+    if (p->dout) return layout(p, bwd90(p) ? 1 : 2).total;
+    // no dO given: enough for either backward (dO's layout decides which one runs)
+    const size_t a = bwd90(p, false) ? layout(p, 1).total : 0, b = layout(p, 2).total;
+    return a > b ? a : b;
 }
 
 extern "C" spattn_status spattn_cuda_bsa_fwd(const spattn_bsa_problem *pb, const spattn_exec *ex) {
@@ -295,14 +259,8 @@ extern "C" spattn_status spattn_cuda_bsa_fwd(const spattn_bsa_problem *pb, const
         float *o32 = reinterpret_cast<float *>(ws.base + L.off[0]), *l32 = reinterpret_cast<float *>(ws.base + L.off[1]);
         s = spattn_cuda_ref_bsa_fwd(pb, ex, o32, l32);
         if (s != SPATTN_STATUS_SUCCESS) return s;
-        if ((e = convert(o32, pb->o, st)) != cudaSuccess) return fail(e, "convert o");
-        if (pb->lse) {
-            const long long total = pb->B * pb->N * pb->Sq;
-            lse_copy_kernel<<<(unsigned)((total + 255) / 256 < 65536 ? (total + 255) / 256 : 65536), 256, 0, st>>>(
-                l32, static_cast<float *>(pb->lse->data), pb->lse->strides[0], pb->lse->strides[1],
-                pb->lse->strides[2], (int)pb->N, (int)pb->Sq, total);
-            if ((e = cudaGetLastError()) != cudaSuccess) return fail(e, "copy lse");
-        }
+        if ((e = cvt::to_tensor(o32, pb->o, st)) != cudaSuccess) return fail(e, "convert o");
+        if (pb->lse && (e = cvt::to_tensor3(l32, pb->lse, st)) != cudaSuccess) return fail(e, "copy lse");
         return SPATTN_STATUS_SUCCESS;
     }
     const int dp = bsa_dpad(pb->D), bf16 = pb->dtype == SPATTN_DTYPE_BF16;
@@ -332,51 +290,62 @@ extern "C" spattn_status spattn_cuda_bsa_fwd(const spattn_bsa_problem *pb, const
     return SPATTN_STATUS_SUCCESS;
 }
 
-extern "C" spattn_status spattn_cuda_bsa_bwd(const spattn_bsa_problem *pb, const spattn_exec *ex) {
-    const Layout L = layout(pb, 1);
-    Workspace ws;
-    spattn_status s = ws.get(ex, L.total);
-    if (s != SPATTN_STATUS_SUCCESS) return s;
+// Hopper backward: Delta / lse2, the two schedules at 64 x 128 tiles (from the plan when there
+// is one), one kernel for dK, dV, dQ (accumulator + postprocess).
+static spattn_status bwd90_run(const spattn_bsa_problem *pb, const spattn_exec *ex, const Layout &L, Workspace &ws) {
     cudaStream_t st = ws.st;
     cudaError_t e;
-    if (!fast_path(pb)) {
-        float *dq = reinterpret_cast<float *>(ws.base + L.off[0]), *dk = reinterpret_cast<float *>(ws.base + L.off[1]),
-              *dv = reinterpret_cast<float *>(ws.base + L.off[2]);
-        s = spattn_cuda_ref_bsa_bwd(pb, ex, dq, dk, dv);
-        if (s != SPATTN_STATUS_SUCCESS) return s;
-        if ((e = convert(dq, pb->dq, st)) != cudaSuccess) return fail(e, "convert dq");
-        if ((e = convert(dk, pb->dk, st)) != cudaSuccess) return fail(e, "convert dk");
-        if ((e = convert(dv, pb->dv, st)) != cudaSuccess) return fail(e, "convert dv");
-        return SPATTN_STATUS_SUCCESS;
-    }
     const int dp = bsa_dpad(pb->D), bf16 = pb->dtype == SPATTN_DTYPE_BF16;
     bsa_params p = params(pb);
     float *delta = reinterpret_cast<float *>(ws.base + L.off[0]), *lse2 = reinterpret_cast<float *>(ws.base + L.off[1]);
     int *qcnt = reinterpret_cast<int *>(ws.base + L.off[2]), *qlist = reinterpret_cast<int *>(ws.base + L.off[3]);
     int *kcnt = reinterpret_cast<int *>(ws.base + L.off[4]), *klist = reinterpret_cast<int *>(ws.base + L.off[5]);
-    const int qcfg = dq_cfg(pb);
-    const bsa_tile tq = bsa_dq_tile(dp, qcfg), tk = bsa_dkdv_tile(dp);
+    float *acc = reinterpret_cast<float *>(ws.base + L.off[6]);
+    int *sem = reinterpret_cast<int *>(ws.base + L.off[7]);
     if ((e = spattn_bsa_launch_delta(&p, bf16, delta, lse2, st)) != cudaSuccess) return fail(e, "delta kernel");
     p.lse2 = lse2;
     p.delta = delta;
-    p.nqt = (p.Sq + tk.bm - 1) / tk.bm;
-    if (const bsa_sched *ps = plan_dq(pb, qcfg)) {
+    p.nqt = (p.Sq + 63) / 64;
+    if (const bsa_sched *ps = plan_q90(pb)) {
         p.sq = *ps;
     } else {
-        if ((e = spattn_bsa_launch_sched_q(&p, tq.bm, tq.bn, qcnt, qlist, st)) != cudaSuccess) return fail(e, "schedule");
+        if ((e = spattn_bsa_launch_sched_q(&p, 64, 128, qcnt, qlist, st)) != cudaSuccess) return fail(e, "schedule");
         p.sq.cnt = qcnt;
         p.sq.list = qlist;
-        p.sq.stride = (p.Skv + tq.bn - 1) / tq.bn;
+        p.sq.stride = (p.Skv + 127) / 128;
     }
-    if (const bsa_sched *ps = plan_kv(pb)) {
+    if (const bsa_sched *ps = plan_k90(pb)) {
         p.sk = *ps;
     } else {
-        if ((e = spattn_bsa_launch_sched_k(&p, tk.bm, tk.bn, kcnt, klist, st)) != cudaSuccess) return fail(e, "schedule");
+        if ((e = spattn_bsa_launch_sched_k(&p, 64, 128, kcnt, klist, st)) != cudaSuccess) return fail(e, "schedule");
         p.sk.cnt = kcnt;
         p.sk.list = klist;
         p.sk.stride = p.G * p.nqt;
     }
-    if ((e = spattn_bsa_launch_dkdv(&p, dp, bf16, st)) != cudaSuccess) return fail(e, "dK/dV kernel");
-    if ((e = spattn_bsa_launch_dq(&p, dp, bf16, qcfg, st)) != cudaSuccess) return fail(e, "dQ kernel");
+    bsa_bwd_tmaps tm;
+    if (!make_tmap(&tm.q, pb->q, 64) || !make_tmap(&tm.dout, pb->dout, 64) || !make_tmap(&tm.k, pb->k, 128) ||
+        !make_tmap(&tm.v, pb->v, 128))
+        return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "bsa cuda: cuTensorMapEncodeTiled failed for q, dout, k or v");
+    if ((e = spattn_bsa_launch_bwd90(&p, &tm, dp, bf16, acc, sem, ex->deterministic != 0, st)) != cudaSuccess)
+        return fail(e, "backward kernel");
+    return SPATTN_STATUS_SUCCESS;
+}
+
+extern "C" spattn_status spattn_cuda_bsa_bwd(const spattn_bsa_problem *pb, const spattn_exec *ex) {
+    const Layout L = layout(pb, bwd90(pb) ? 1 : 2);
+    Workspace ws;
+    spattn_status s = ws.get(ex, L.total);
+    if (s != SPATTN_STATUS_SUCCESS) return s;
+    cudaStream_t st = ws.st;
+    cudaError_t e;
+    if (bwd90(pb)) return bwd90_run(pb, ex, L, ws);
+    // fp32, D > 128 or no TMA layout: the simple kernels (deterministic), then a conversion
+    float *dq = reinterpret_cast<float *>(ws.base + L.off[0]), *dk = reinterpret_cast<float *>(ws.base + L.off[1]),
+          *dv = reinterpret_cast<float *>(ws.base + L.off[2]);
+    s = spattn_cuda_ref_bsa_bwd(pb, ex, dq, dk, dv);
+    if (s != SPATTN_STATUS_SUCCESS) return s;
+    if ((e = cvt::to_tensor(dq, pb->dq, st)) != cudaSuccess) return fail(e, "convert dq");
+    if ((e = cvt::to_tensor(dk, pb->dk, st)) != cudaSuccess) return fail(e, "convert dk");
+    if ((e = cvt::to_tensor(dv, pb->dv, st)) != cudaSuccess) return fail(e, "convert dv");
     return SPATTN_STATUS_SUCCESS;
 }

@@ -1,4 +1,5 @@
-// Launchers of the block-sparse attention CUDA kernels (bsa_sched.cu, bsa_fwd.cu, bsa_bwd.cu),
+// Launchers of the block-sparse attention CUDA kernels (bsa_sched.cu, bsa_fwd.cu, bsa_bwd_pre.cu,
+// bsa_bwd.cu),
 // called by the host side in bsa_host.cu.  All run on `st` and only enqueue work.
 #ifndef SPATTN_BSA_LAUNCH_H
 #define SPATTN_BSA_LAUNCH_H
@@ -13,7 +14,8 @@ extern "C" {
 // cnt [B*N*nqt], list [B*N*nqt][nkt].  Edge key tiles (past Skv) are marked partial.
 cudaError_t spattn_bsa_launch_sched_q(const bsa_params *p, int bm, int bn, int *cnt, int *list, cudaStream_t st);
 // Key-major schedule (for dK/dV): per (b, kv head, key tile of bn) the (group head, query tile
-// of bm) pairs that hit it: cnt [B*Nkv*nkt], list [B*Nkv*nkt][G*nqt].
+// of bm) pairs e that hit it: cnt [B*Nkv*nkt], list [B*Nkv*nkt][G*nqt] of e * 16 + code1 * 4 +
+// code0, code_h classifying key half h of the tile (0 empty, 1 full, 2 partial).
 cudaError_t spattn_bsa_launch_sched_k(const bsa_params *p, int bm, int bn, int *cnt, int *list, cudaStream_t st);
 // Forward schedule (query tiles of bm rows, key chunks of u keys): cnt [B*N*nqt], list
 // [B*N*nqt][ceil(Skv/u)] of int2 {chunk * 2 + partial, row bits} (bsa_sched.cu).
@@ -30,11 +32,20 @@ struct bsa_tmaps {
 // bsa_fwd90_tile_for(dp).bm rows and key chunks of `chunk` = bsa_fwd90_chunk(by) keys.
 cudaError_t spattn_bsa_launch_fwd(const bsa_params *p, const bsa_tmaps *tm, int dp, int bf16, int chunk,
                                   cudaStream_t st);
+// TMA descriptors of the Hopper backward: Q and dO in boxes of 64 rows, K and V of 128 rows.
+struct bsa_bwd_tmaps {
+    CUtensorMap q, dout, k, v;
+};
+// Hopper backward (bsa_bwd.cu): p->sk is the key-major schedule at query tiles of 64 rows and
+// key tiles of 128 keys (p->nqt = ceil(Sq / 64)), p->sq the query-major one at the same tiles
+// (the ranks of the deterministic dQ order); p->lse2 / p->delta from spattn_bsa_launch_delta.
+// dqacc: spattn_bsa_bwd90_acc_bytes, sem: spattn_bsa_bwd90_sem_bytes (both zeroed here).
+size_t spattn_bsa_bwd90_acc_bytes(const bsa_params *p, int dp);
+size_t spattn_bsa_bwd90_sem_bytes(const bsa_params *p, int dp);
+cudaError_t spattn_bsa_launch_bwd90(const bsa_params *p, const bsa_bwd_tmaps *tm, int dp, int bf16, float *dqacc, int *sem,
+                                    int det, cudaStream_t st);
 // Delta = rowsum(dO * O) and lse2 = lse * log2(e) (+inf on empty rows), both [B*N*Sq].
 cudaError_t spattn_bsa_launch_delta(const bsa_params *p, int bf16, float *delta, float *lse2, cudaStream_t st);
-// cfg: bsa_dq_tile(dp, cfg).
-cudaError_t spattn_bsa_launch_dq(const bsa_params *p, int dp, int bf16, int cfg, cudaStream_t st);
-cudaError_t spattn_bsa_launch_dkdv(const bsa_params *p, int dp, int bf16, cudaStream_t st);
 }
 
 #endif

@@ -62,8 +62,9 @@ static spattn_status plan_make(spattn_bsa_plan *pl, const spattn_tensor *mask, c
     const bsa_fwd90_tile tf = bsa_fwd90_tile_for(128);
     c->fwd_bm = tf.bm;
     c->fwd_bn = bsa_fwd90_chunk(p.by);  // key chunk width of the packed forward tiles
-    c->dq_cfg = bsa_dq_choose(128, p.bx, p.by);
-    const bsa_tile tq = bsa_dq_tile(128, c->dq_cfg), tk = bsa_dkdv_tile(128);
+    // backward: the Hopper kernel's tiles (64 query rows x 128 keys) for both lists
+    c->dq_cfg = BSA_PLAN_DQ_BWD90;
+    const bsa_tile tq = bsa_tile{64, 128, 0, 0}, tk = bsa_tile{64, 128, 0, 0};
     c->kv_bm = tk.bm;
     c->kv_bn = tk.bn;
     const size_t BN = (size_t)p.B * p.N;

@@ -6,13 +6,17 @@
 
 #include "bsa_common.cuh"
 
+// dq_cfg of a plan whose query-major list is at the Hopper backward's tiles (64 x 128): the
+// ranks of its deterministic dQ order.
+#define BSA_PLAN_DQ_BWD90 99
+
 struct bsa_plan_cuda {
     void *buf;            // one device allocation holding every list below
     int fwd_bm, fwd_bn;   // forward: query-major, query tiles of fwd_bm, key chunks of fwd_bn
     bsa_sched fwd;
-    int dq_cfg;           // dQ: query-major at bsa_dq_tile(dq_cfg)
+    int dq_cfg;           // BSA_PLAN_DQ_BWD90: query-major at the backward's 64 x 128 tiles
     bsa_sched dq;
-    int kv_bm, kv_bn;     // dK/dV: key-major at bsa_dkdv_tile
+    int kv_bm, kv_bn;     // key-major list of the backward (64 x 128)
     bsa_sched kv;
 };
 

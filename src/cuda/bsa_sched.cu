@@ -44,12 +44,16 @@ __global__ void bsa_sched_q_kernel(const bsa_params p, int bm, int bn, int nqt, 
     if (lane == 0) cnt[row] = out;
 }
 
+// Key-major schedule of the Hopper backward: per (b, kv head, key tile of bn keys) the (group
+// head, query tile) pairs e = hg * nqt + m that hit it, as e * 16 + code1 * 4 + code0 where
+// code_h (0 empty, 1 full, 2 partial) classifies the tile's key half h (bn / 2 keys each; one
+// consumer warpgroup per half, which skips an empty half's GEMMs).
 __global__ void bsa_sched_k_kernel(const bsa_params p, int bm, int bn, int nqt, int nkt, int *cnt, int *list) {
     const int lane = threadIdx.x & 31;
     const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= (long long)p.B * p.Nkv * nkt) return;
     const int t = (int)(row % nkt), bh = (int)(row / nkt), b = bh / p.Nkv, hk = bh % p.Nkv;
-    const int c0 = t * bn, c1 = min(p.Skv, c0 + bn) - 1;
+    const int hb = bn / 2, c0 = t * bn;
     const int total = p.G * nqt;
     int out = 0;
     int *dst = list + row * (long long)total;
@@ -60,10 +64,13 @@ __global__ void bsa_sched_k_kernel(const bsa_params p, int bm, int bn, int nqt, 
             const int hg = e / nqt, m = e % nqt;
             const int r0 = m * bm, r1 = min(p.Sq, r0 + bm) - 1;
             // rows past Sq carry lse2 = +inf (P = 0) and keys past Skv are never written: no edge marks
-            code = bsa_classify(p.mask, b, hk * p.G + hg, r0, r1, c0, c1, p.bx, p.by);
+            for (int h = 0; h < 2; h++) {
+                const int k0 = c0 + h * hb, k1 = min(p.Skv, k0 + hb) - 1;
+                if (k0 < p.Skv) code |= bsa_classify(p.mask, b, hk * p.G + hg, r0, r1, k0, k1, p.bx, p.by) << (2 * h);
+            }
         }
         const unsigned bal = __ballot_sync(0xffffffffu, code != 0);
-        if (code) dst[out + __popc(bal & ((1u << lane) - 1))] = e * 2 + (code == 2);
+        if (code) dst[out + __popc(bal & ((1u << lane) - 1))] = e * 16 + code;
         out += __popc(bal);
     }
     if (lane == 0) cnt[row] = out;

@@ -55,21 +55,6 @@ BSA_HD int bsa_fwd90_rowbits(long long bx, long long by, int chunk) {
     return by % chunk == 0 && bx >= 5;
 }
 
-// dQ configurations: 0  4 warps x 16 rows, 64 x 64 (Q and dO stay in shared memory);
-//                    1  4 warps x 32 rows (2 row tiles per warp), 128 x 32.
-// Measured: 1 is faster with bx >= 128 (dense 2048: 1.17x, 128x16 random: 1.23x), 0 with
-// smaller blocks (bigbird 64x64: 1.7x, random 64x64: 1.2x).
-BSA_HD bsa_tile bsa_dq_tile(int dp, int cfg) {
-    (void)dp;
-    return cfg == 0 ? bsa_tile{64, 64, 4, 1} : bsa_tile{128, 32, 4, 2};
-}
-BSA_HD int bsa_dq_choose(int dp, long long bx, long long by) {
-    (void)dp; (void)by;
-    return bx >= 128 ? 1 : 0;
-}
-// dK/dV: 4 warps x 16 keys (dK + dV accumulators 2 x 64 registers at dp = 128), 64 query rows
-// per step.
-BSA_HD bsa_tile bsa_dkdv_tile(int dp) { return bsa_tile{64, 64, 4, 1}; (void)dp; }
 
 
 #endif

@@ -26,6 +26,9 @@ struct Params {
     float *acc_f32;
     unsigned long long *acc_i64;
     const float *fix_scale;   // device scalar 2^F (deterministic path)
+    // fwd: result of the index scan run just before (first bad position, ~0 = none); the kernel
+    // writes nothing unless it is ~0 (NULL: no gate)
+    const unsigned long long *gate;
 };
 
 constexpr int D = 512;     // value / nope width of the fast kernels

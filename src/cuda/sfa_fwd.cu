@@ -43,7 +43,7 @@ constexpr int SMEM = OFF_LAST + 16 + 1024;  // + alignment slack
 static_assert(SMEM <= 232448, "fits in 227 KB");
 
 // named barriers (consumers only, 256 threads, except NB_SCAN: all 384)
-enum { NB_Q = 1, NB_M0 = 2, NB_M1 = 3, NB_P0 = 4, NB_P1 = 5, NB_L = 6, NB_O = 7 /* and 8 */, NB_SCAN = 9 /* 384 */ };
+enum { NB_Q = 1, NB_M0 = 2, NB_M1 = 3, NB_P0 = 4, NB_P1 = 5, NB_O = 7 /* and 8 */, NB_SCAN = 9 /* 384 */ };
 
 __device__ __forceinline__ float ex2(float x) {
     float y;
@@ -56,7 +56,7 @@ __device__ __forceinline__ uint32_t sw128(int row, int chunk) { return row * 128
 template <typename T>
 __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant__ Params p) {
     extern __shared__ unsigned char smem_raw[];
-    unsigned char *sm = reinterpret_cast<unsigned char *>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+    unsigned char *sm = hop::align1024(smem_raw);
     unsigned char *sQ = sm + OFF_Q, *sK0 = sm + OFF_K, *sK1 = sm + OFF_K + TILE, *sP1 = sm + OFF_P1;
     unsigned char *sP0 = sK0 + 8 * BOX;  // the even block's rope box
     uint8_t *valid = sm + OFF_VALID;     // [2][64]
@@ -79,6 +79,10 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
     // warp-uniform in the compiler's view (a shuffle), so wgmma is not in a divergent path
     const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 7), 0), t = threadIdx.x & 127;
 
+    // The index scan ran just before: with a bad value the kernel computes (key_of masks every
+    // out-of-range index, so nothing is read out of bounds) but writes nothing; the host reports
+    // BAD_INDEX.  Loaded now, used at the stores: the load's latency hides behind the main loop.
+    const unsigned long long gate = p.gate ? *reinterpret_cast<const volatile unsigned long long *>(p.gate) : ~0ull;
     if (threadIdx.x == 0) {
         for (int i = 0; i < 4; i++) {
             hop::mbar_init(rdy + i, 128);
@@ -151,6 +155,7 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
             }
         }
         sfa::cp_async_wait<0>();
+        __syncthreads();  // the consumers' row-sum exchange (below)
         return;
     }
 
@@ -399,11 +404,14 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
     if (q4 == 0) sL[c * 32 + quad] = make_float2(l0, l1);
-    hop::bar_sync(NB_L, 256);
+    // all 384 threads (the producer waits here too): compute-sanitizer's racecheck reports a
+    // hazard on this exchange across a 256-thread named barrier (an STS, BAR.SYNC 6, LDS
+    // sequence in the SASS, so no real race); a CTA-wide barrier it models exactly
+    __syncthreads();
     const float2 lo = sL[(c ^ 1) * 32 + quad];
     l0 += lo.x;
     l1 += lo.y;
-    // O through shared memory (the Q tile is free: every S GEMM has completed, see NB_L): this
+    // O through shared memory (the Q tile is free: every S GEMM has completed before the row-sum barrier): this
     // warpgroup's 64 x 256 half in four 128-byte-swizzled boxes, then 16-byte row-contiguous
     // global stores
     const float inv0 = l0 > 0.f ? 1.f / l0 : l0 == 0.f ? 0.f : l0;
@@ -420,12 +428,12 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
 #pragma unroll 4
     for (int x = t; x < 64 * 32; x += 128) {
         const int row = x >> 5, ch = x & 31;
-        if (row < nh)
+        if (row < nh && gate == ~0ull)
             __stcs(reinterpret_cast<int4 *>(ob + (int64_t)row * p.so[2] + ch * 8),
                    *reinterpret_cast<const int4 *>(so + (ch >> 3) * BOX + sw128(row, ch & 7)));  // streamed
     }
     const bool ok0 = r0 < nh, ok1 = r0 + 8 < nh;
-    if (c == 0 && q4 == 0 && p.out_lse) {
+    if (c == 0 && q4 == 0 && p.out_lse && gate == ~0ull) {
         float *lse = p.out_lse + b * p.slse[0] + (int64_t)s1 * p.slse[1] + (int64_t)(head0 + r0) * p.slse[2];
         if (ok0) lse[0] = l0 > 0.f ? (m0 + log2f(l0)) * 0.69314718055994531f : l0 == 0.f ? -INFINITY : l0;
         if (ok1) lse[8 * p.slse[2]] = l1 > 0.f ? (m1 + log2f(l1)) * 0.69314718055994531f : l1 == 0.f ? -INFINITY : l1;

@@ -3,12 +3,14 @@
 // fixed-point setup and the final dK conversion.
 //
 // Fast path: fp16/bf16, D = 512, Dr = 64, shared key/value (v == NULL), unit stride on the last
-// dimension, 16-byte aligned rows.  Anything else is answered SPATTN_STATUS_NOT_SUPPORTED with
-// a message saying what (the CPU backend covers every valid input).
+// dimension, 16-byte aligned rows.  Every other valid input runs on the simple kernels of
+// sfa_ref.cu (fp32 arithmetic, outputs converted; the backward there only with deterministic = 0,
+// its dK/dV are fp32 atomics).
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "convert.cuh"
 #include "sfa_common.cuh"
 
 extern "C" cudaError_t spattn_sfa_fast_fwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
@@ -150,35 +152,39 @@ bool rows_aligned(const spattn_tensor *t) {
     return true;
 }
 
-spattn_status fast_path_ok(const spattn_sfa_problem *p, int backward) {
-    if (p->dtype == SPATTN_DTYPE_F32)
-        return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
-                                "sfa cuda: fp32 tensors are not supported on the GPU (fp16 and "
-                                "bf16 only); use the CPU backend for fp32");
-    if (p->D != sfa::D || p->Dr != sfa::DR)
-        return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
-                                "sfa cuda: head dims D=%lld, Dr=%lld have no GPU kernel (D=512 with "
-                                "Dr=64 only); use the CPU backend",
-                                (long long)p->D, (long long)p->Dr);
-    if (!p->shared_kv)
-        return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
-                                "sfa cuda: a separate v tensor has no GPU kernel yet (shared "
-                                "key/value, v = NULL, only); use the CPU backend");
+// The Hopper kernels' shapes: fp16/bf16, D = 512, Dr = 64, shared key/value, rows of unit stride,
+// 16-byte aligned.  Other valid inputs run on the simple kernels of sfa_ref.cu (fp32 arithmetic on
+// CUDA cores, outputs converted): correct, not fast.
+bool fast_shape(const spattn_sfa_problem *p, int backward) {
+    if (p->dtype == SPATTN_DTYPE_F32 || p->D != sfa::D || p->Dr != sfa::DR || !p->shared_kv) return false;
     const spattn_tensor *ts[] = {p->q, p->q_rope, p->k, p->k_rope, p->o, p->dout, p->dq, p->dq_rope};
-    const char *nm[] = {"q", "q_rope", "k", "k_rope", "o", "dout", "dq", "dq_rope"};
     for (int i = 0; i < 8; ++i) {
-        if (!backward && i >= 5 && i != 4) continue;
-        if (!rows_aligned(ts[i]))
-            return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
-                                    "sfa cuda: %s needs unit stride on its last dimension, a "
-                                    "16-byte aligned base and strides that are multiples of 8 "
-                                    "elements on the GPU fast path",
-                                    nm[i]);
+        if (!backward && i >= 5) continue;
+        if (!rows_aligned(ts[i])) return false;
     }
+    return true;
+}
+
+spattn_status limits_ok(const spattn_sfa_problem *p) {
     if (p->B * p->N2 > 65535 || p->S1 * ((p->N1 / p->N2 + 15) / 16) > 0x7fffffffLL ||
         p->S2 > (1LL << 30) || p->K * p->sbs > (1LL << 30))
         return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED, "sfa cuda: problem too large for the grid");
     return SPATTN_STATUS_SUCCESS;
+}
+
+// Scratch of the simple-kernel path: fp32 O and LSE (forward); dQ, dQ_rope, dK, dK_rope, dV
+// (backward), each 256-byte aligned, in this order.
+size_t ref_parts(const spattn_sfa_problem *p, int backward, size_t off[5]) {
+    const size_t nq = (size_t)p->B * p->S1 * p->N1, nk = (size_t)p->B * p->S2 * p->N2;
+    const size_t sz[5] = {backward ? nq * p->D * 4 : nq * p->D * 4, backward ? nq * p->Dr * 4 : nq * 4,
+                          backward ? nk * p->D * 4 : 0, backward ? nk * p->Dr * 4 : 0,
+                          backward && !p->shared_kv ? nk * p->D * 4 : 0};
+    size_t t = 0;
+    for (int i = 0; i < 5; i++) {
+        off[i] = t;
+        t += (sz[i] + 255) & ~(size_t)255;
+    }
+    return t;
 }
 
 void fill_params(const spattn_sfa_problem *p, sfa::Params *k) {
@@ -315,46 +321,69 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
 }  // namespace
 
 extern "C" size_t spattn_cuda_sfa_workspace(const spattn_sfa_problem *p, int backward) {
+    size_t off[5];
+    if (!fast_shape(p, backward)) return ref_parts(p, backward, off);
     if (!backward) return 0;
     size_t a, h;
     return bwd_ws_parts(p, &a, &h);
 }
 
-extern "C" spattn_status spattn_cuda_sfa_check_indices(const spattn_sfa_problem *p,
-                                                       const spattn_exec *ex) {
-    cudaStream_t st = (cudaStream_t)ex->stream;
-    const spattn_tensor *t = p->idx;
-    // Per host thread and device: a result word kept for the thread's life, and a pinned host
-    // word it is copied into.  No allocation per call: the stream-ordered pool gives memory back
-    // at every synchronisation (release threshold 0), so a per-call cudaMallocAsync remapped
-    // pages each time (~60 us); a pageable copy target would add a staged, synchronous copy.
-    static thread_local unsigned long long *h_bad = nullptr;
+namespace {
+
+// The index check in two halves.  check_launch enqueues the scan, which leaves the first bad
+// position (or ~0) in a device word kept per host thread and device; check_finish copies it to a
+// pinned host word, synchronises and turns it into a status.  No allocation per call: the
+// stream-ordered pool gives memory back at every synchronisation (release threshold 0), so a
+// per-call cudaMallocAsync remapped pages each time (~60 us); a pageable copy target would add a
+// staged, synchronous copy.
+struct IdxCheck {
+    unsigned long long *d_bad = nullptr, *h_bad = nullptr;
+    bool owned = false;  // a device word for this call only (device ordinal >= 64)
+};
+
+spattn_status check_launch(const spattn_sfa_problem *p, cudaStream_t st, IdxCheck *c) {
+    static thread_local unsigned long long *h_word = nullptr;
     static thread_local unsigned long long *d_words[64];
     int dev = 0;
     CU_TRY(cudaGetDevice(&dev));
-    if (!h_bad) {
+    if (!h_word) {
         void *hp = nullptr;
         CU_TRY(cudaHostAlloc(&hp, 64, cudaHostAllocPortable));
-        h_bad = (unsigned long long *)hp;
+        h_word = (unsigned long long *)hp;
     }
-    unsigned long long *d_bad = dev < 64 ? d_words[dev] : nullptr;
-    const bool keep = dev < 64;
-    if (!d_bad) {
-        CU_TRY(cudaMalloc((void **)&d_bad, 8));
-        if (keep) d_words[dev] = d_bad;
+    c->h_bad = h_word;
+    c->d_bad = dev < 64 ? d_words[dev] : nullptr;
+    if (!c->d_bad) {
+        CU_TRY(cudaMalloc((void **)&c->d_bad, 8));
+        if (dev < 64) d_words[dev] = c->d_bad;
+        else c->owned = true;
     }
-    cudaError_t e = cudaMemsetAsync(d_bad, 0xff, 8, st);
-    const int64_t rows = p->B * p->S1 * p->N2;
+    const spattn_tensor *t = p->idx;
+    cudaError_t e = cudaMemsetAsync(c->d_bad, 0xff, 8, st);
     if (e == cudaSuccess) {
-        check_idx_kernel<<<grid_for(rows, 8), 256, 0, st>>>(
+        check_idx_kernel<<<grid_for(p->B * p->S1 * p->N2, 8), 256, 0, st>>>(
             (const int32_t *)t->data, t->strides[0], t->strides[1], t->strides[2], t->strides[3],
-            p->B, p->S1, p->N2, p->K, p->nblk, d_bad);
+            p->B, p->S1, p->N2, p->K, p->nblk, c->d_bad);
         e = cudaGetLastError();
     }
-    if (e == cudaSuccess) e = cudaMemcpyAsync(h_bad, d_bad, 8, cudaMemcpyDeviceToHost, st);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        if (c->owned) cudaFree(c->d_bad);
+        c->d_bad = nullptr;
+        return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "sfa cuda: index check failed: %s",
+                                cudaGetErrorString(e));
+    }
+    return SPATTN_STATUS_SUCCESS;
+}
+
+// `prior` is the status of what ran between the two halves (a launch error wins).
+spattn_status check_finish(const spattn_sfa_problem *p, cudaStream_t st, IdxCheck *c, cudaError_t prior) {
+    const spattn_tensor *t = p->idx;
+    cudaError_t e = prior;
+    if (e == cudaSuccess) e = cudaMemcpyAsync(c->h_bad, c->d_bad, 8, cudaMemcpyDeviceToHost, st);
     if (e == cudaSuccess) e = cudaStreamSynchronize(st);
-    if (!keep) cudaFree(d_bad);
-    const unsigned long long bad = e == cudaSuccess ? *h_bad : ~0ull;
+    if (c->owned) cudaFree(c->d_bad);
+    const unsigned long long bad = e == cudaSuccess ? *c->h_bad : ~0ull;
     // position [b, s, n, j] of the first bad value (row-major linear index)
     const int64_t j = (int64_t)(bad % p->K), r = (int64_t)(bad / p->K), n = r % p->N2, s = (r / p->N2) % p->S1,
                   b = r / p->N2 / p->S1;
@@ -366,8 +395,9 @@ extern "C" spattn_status spattn_cuda_sfa_check_indices(const spattn_sfa_problem 
     }
     if (e != cudaSuccess) {
         cudaGetLastError();
-        return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "sfa cuda: index check failed: %s",
-                                cudaGetErrorString(e));
+        return spattn_set_error(e == cudaErrorMemoryAllocation ? SPATTN_STATUS_OUT_OF_MEMORY
+                                                               : SPATTN_STATUS_CUDA_ERROR,
+                                "sfa cuda: %s", cudaGetErrorString(e));
     }
     if (bad != ~0ull) {
         return spattn_set_error(SPATTN_STATUS_BAD_INDEX,
@@ -379,23 +409,125 @@ extern "C" spattn_status spattn_cuda_sfa_check_indices(const spattn_sfa_problem 
     return SPATTN_STATUS_SUCCESS;
 }
 
+}  // namespace
+
+extern "C" spattn_status spattn_cuda_sfa_check_indices(const spattn_sfa_problem *p,
+                                                       const spattn_exec *ex) {
+    cudaStream_t st = (cudaStream_t)ex->stream;
+    IdxCheck c;
+    spattn_status s = check_launch(p, st, &c);
+    if (s != SPATTN_STATUS_SUCCESS) return s;
+    return check_finish(p, st, &c, cudaSuccess);
+}
+
+// The forward checks the indices itself, without a synchronisation in between: the scan and
+// the kernel run back to back, and the kernel reads the scan's result first and writes nothing
+// when an index is bad (so no output is written for bad input, and the check costs its scan
+// only, not a host round trip before the launch).  One synchronisation at the end reports it.
+namespace {
+
+// Scratch of the simple-kernel path: the caller's workspace, or a stream-ordered allocation freed
+// after the conversions.
+struct Scratch {
+    char *base = nullptr;
+    bool owned = false;
+    cudaStream_t st = nullptr;
+    spattn_status get(const spattn_exec *ex, size_t bytes) {
+        st = (cudaStream_t)ex->stream;
+        if (ex->workspace) {
+            base = static_cast<char *>(ex->workspace);
+            return SPATTN_STATUS_SUCCESS;
+        }
+        CU_TRY(cudaMallocAsync((void **)&base, bytes, st));
+        owned = true;
+        return SPATTN_STATUS_SUCCESS;
+    }
+    ~Scratch() {
+        if (owned) cudaFreeAsync(base, st);
+    }
+};
+
+spattn_status ref_grid_ok(const spattn_sfa_problem *p) {
+    const long long H = p->N1 / p->N2;
+    if (p->B * p->S1 * p->N2 * ((H + 7) / 8) > 0x7fffffffLL)  // sfa_ref.cu: 8 heads per block
+        return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED, "sfa cuda: problem too large for the grid");
+    return SPATTN_STATUS_SUCCESS;
+}
+
+// Shapes without a Hopper kernel: the reference kernels (fp32 arithmetic), then the outputs
+// converted into the caller's tensors.  The indices are checked first (nothing written for bad
+// input).
+spattn_status ref_fwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
+    spattn_status s = ref_grid_ok(p);
+    if (s == SPATTN_STATUS_SUCCESS) s = spattn_cuda_sfa_check_indices(p, ex);
+    if (s != SPATTN_STATUS_SUCCESS) return s;
+    size_t off[5];
+    Scratch w;
+    if ((s = w.get(ex, ref_parts(p, 0, off))) != SPATTN_STATUS_SUCCESS) return s;
+    float *o32 = reinterpret_cast<float *>(w.base + off[0]), *l32 = reinterpret_cast<float *>(w.base + off[1]);
+    if ((s = spattn_cuda_ref_sfa_fwd(p, ex, o32, l32)) != SPATTN_STATUS_SUCCESS) return s;
+    cudaError_t e = cvt::to_tensor(o32, p->o, w.st);
+    if (e == cudaSuccess && p->lse) e = cvt::to_tensor3(l32, p->lse, w.st);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "sfa cuda forward (simple kernels): %s", cudaGetErrorString(e));
+    }
+    return SPATTN_STATUS_SUCCESS;
+}
+
+// The simple backward adds dK/dV with fp32 atomics: its rounding depends on the order, so it runs
+// only when the caller allows that (deterministic = 0).
+spattn_status ref_bwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
+    if (ex->deterministic)
+        return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
+                                "sfa cuda: a deterministic backward has no GPU kernel for this shape "
+                                "(the Hopper kernels take fp16/bf16, D = 512, Dr = 64, shared key/value, "
+                                "rows of unit stride; the simple kernels add dK/dV with fp32 atomics): set "
+                                "spattn_options.deterministic = 0 or use the CPU backend");
+    spattn_status s = ref_grid_ok(p);
+    if (s != SPATTN_STATUS_SUCCESS) return s;
+    size_t off[5];
+    Scratch w;
+    if ((s = w.get(ex, ref_parts(p, 1, off))) != SPATTN_STATUS_SUCCESS) return s;
+    float *f[5];
+    for (int i = 0; i < 5; i++) f[i] = reinterpret_cast<float *>(w.base + off[i]);
+    const bool rope = p->Dr > 0, sep = !p->shared_kv;
+    s = spattn_cuda_ref_sfa_bwd(p, ex, f[0], rope ? f[1] : nullptr, f[2], rope ? f[3] : nullptr, sep ? f[4] : nullptr);
+    if (s != SPATTN_STATUS_SUCCESS) return s;
+    cudaError_t e = cvt::to_tensor(f[0], p->dq, w.st);
+    if (e == cudaSuccess) e = cvt::to_tensor(f[2], p->dk, w.st);
+    if (e == cudaSuccess && rope) e = cvt::to_tensor(f[1], p->dq_rope, w.st);
+    if (e == cudaSuccess && rope) e = cvt::to_tensor(f[3], p->dk_rope, w.st);
+    if (e == cudaSuccess && sep) e = cvt::to_tensor(f[4], p->dv, w.st);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "sfa cuda backward (simple kernels): %s", cudaGetErrorString(e));
+    }
+    return SPATTN_STATUS_SUCCESS;
+}
+
+}  // namespace
+
 extern "C" spattn_status spattn_cuda_sfa_fwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
-    spattn_status s = fast_path_ok(p, 0);
+    if (!fast_shape(p, 0)) return ref_fwd(p, ex);
+    spattn_status s = limits_ok(p);
+    if (s != SPATTN_STATUS_SUCCESS) return s;
+    cudaStream_t st = (cudaStream_t)ex->stream;
+    IdxCheck c;
+    s = check_launch(p, st, &c);
     if (s != SPATTN_STATUS_SUCCESS) return s;
     sfa::Params kp;
     fill_params(p, &kp);
     kp.out_lse = p->lse ? (float *)p->lse->data : nullptr;
     kp.o = nullptr;
-    cudaError_t e = spattn_sfa_fast_fwd_launch(&kp, p->dtype == SPATTN_DTYPE_BF16,
-                                               (cudaStream_t)ex->stream);
-    if (e != cudaSuccess)
-        return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "sfa cuda forward: %s",
-                                cudaGetErrorString(e));
-    return SPATTN_STATUS_SUCCESS;
+    kp.gate = c.d_bad;
+    const cudaError_t e = spattn_sfa_fast_fwd_launch(&kp, p->dtype == SPATTN_DTYPE_BF16, st);
+    return check_finish(p, st, &c, e);
 }
 
 extern "C" spattn_status spattn_cuda_sfa_bwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
-    spattn_status s = fast_path_ok(p, 1);
+    if (!fast_shape(p, 1)) return ref_bwd(p, ex);
+    spattn_status s = limits_ok(p);
     if (s != SPATTN_STATUS_SUCCESS) return s;
     sfa::Params kp;
     fill_params(p, &kp);

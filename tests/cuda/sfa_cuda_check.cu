@@ -8,7 +8,8 @@
 //                             N2 = 2, odd head counts, rope split and concatenated, strided
 //                             views); the CUDA reference kernels vs fp64 too (separate v, fp32,
 //                             D = 64); out-of-range indices -> BAD_INDEX with the outputs left
-//                             untouched; NOT_SUPPORTED messages; bitwise repeatability of the
+//                             untouched; shapes without a Hopper kernel (simple kernels behind the
+//                             API; deterministic backward NOT_SUPPORTED); bitwise repeatability of the
 //                             deterministic backward; the fp32-atomic backward within tolerance.
 //   sfa_cuda_check quick      a few small cases (for compute-sanitizer)
 //   sfa_cuda_check bench CASES_FILE [JSON_OUT] [repeats] [noverify]
@@ -482,7 +483,9 @@ static spattn_sfa_problem problem_of(Prob &P, int bwd) {
 
 // Fast kernels (fwd, bwd det, bwd atomic) vs the fp64 host reference; also the CUDA reference
 // kernels vs fp64.  fast = 0: only the reference kernels (shapes without a fast kernel).
-static void test_case(const Cfg &c, uint64_t seed, bool fast = true) {
+// fallback: a shape without a Hopper kernel (the simple kernels run behind the API): the
+// deterministic backward is NOT_SUPPORTED, the fp32-atomic one is checked (dV too).
+static void test_case(const Cfg &c, uint64_t seed, bool fast = true, bool fallback = false) {
     Prob P;
     setup(P, c, seed);
     RefOut R;
@@ -507,6 +510,10 @@ static void test_case(const Cfg &c, uint64_t seed, bool fast = true) {
             poison(P.dk);
             poison(P.dkr);
             st = run_bwd(P, det);
+            if (fallback && det) {
+                check(st == SPATTN_STATUS_NOT_SUPPORTED, "%s deterministic bwd -> NOT_SUPPORTED", tag, st);
+                continue;
+            }
             check(st == SPATTN_STATUS_SUCCESS, "%s bwd status", tag, st);
             if (st != SPATTN_STATUS_SUCCESS) printf("  %s: %s\n", tag, spattn_last_error());
             CK(cudaDeviceSynchronize());
@@ -518,6 +525,7 @@ static void test_case(const Cfg &c, uint64_t seed, bool fast = true) {
                 report(t2, "dQ_rope", eco(fetch(P.dqr, P.nq, c.Dr, c.Dr, c.dt), cols_of(R.dq, P.nq, DQ, c.D, c.Dr), c.dt, false));
                 report(t2, "dK_rope", eco(fetch(P.dkr, P.nk, c.Dr, c.Dr, c.dt), cols_of(R.dk, P.nk, DQ, c.D, c.Dr), c.dt, false));
             }
+            if (c.sep_v) report(t2, "dV", eco(fetch(P.dv, P.nk, c.D, c.D, c.dt), R.dv, c.dt, false));
         }
     }
     // CUDA reference kernels vs fp64
@@ -600,13 +608,13 @@ static void test_bad_index() {
         CK(cudaMemcpy(P.idx.p, bad.data(), P.idx.n, cudaMemcpyHostToDevice));
         poison(P.o);
         poison(P.lse);
-        std::vector<unsigned char> o0 = snap(P.o);
-        spattn_status st = run_fwd(P);
+        std::vector<unsigned char> o0 = snap(P.o), lse0 = snap(P.lse);
+        spattn_status st = run_fwd(P);  // the forward kernel is gated on the scan (no host sync between)
         check(st == SPATTN_STATUS_BAD_INDEX, "bad index fwd status %s%lld", "", st);
         char want[64];
         snprintf(want, sizeof want, "got %d", val);
         check(strstr(spattn_last_error(), want) != nullptr, "bad index message names the value: %s", spattn_last_error());
-        check(bitwise_equal(P.o, o0), "bad index: o untouched%s", "");
+        check(bitwise_equal(P.o, o0) && bitwise_equal(P.lse, lse0), "bad index: o and lse untouched%s", "");
         poison(P.dq);
         poison(P.dk);
         std::vector<unsigned char> q0 = snap(P.dq), k0 = snap(P.dk);
@@ -617,21 +625,28 @@ static void test_bad_index() {
     printf("  bad-index message: %s\n", spattn_last_error());
 }
 
-static void test_not_supported() {
-    Cfg c = mk("d64", 1, 8, 32, 16, 1, 8, 1, 0, SPATTN_DTYPE_BF16);
-    c.D = 64;
-    c.Dr = 0;
+// Shapes without a Hopper kernel run on the simple kernels behind the API (every valid input
+// runs on the GPU): D = 64 without rope, fp32, a separate v, an NSA-like shape (D = 128, N2 = 2,
+// sbs = 64); the deterministic backward there is NOT_SUPPORTED with a message.
+static void test_fallback() {
+    Cfg a = mk("fb_d64_norope_bf16", 1, 24, 96, 8, 1, 10, 4, 3, SPATTN_DTYPE_BF16);
+    a.D = 64;
+    a.Dr = 0;
+    test_case(a, 31, true, true);
+    Cfg b = mk("fb_fp32", 1, 12, 48, 16, 1, 16, 1, 0, SPATTN_DTYPE_F32);
+    test_case(b, 32, true, true);
+    Cfg c = mk("fb_sep_v_fp16", 2, 10, 40, 4, 2, 12, 2, 3, SPATTN_DTYPE_F16);
+    c.D = 128;
+    c.sep_v = 1;
+    test_case(c, 33, true, true);
+    Cfg d = mk("fb_nsa_d128_n2_sbs64", 1, 16, 1024, 8, 2, 4, 64, 3, SPATTN_DTYPE_BF16);
+    d.D = 128;
+    test_case(d, 34, true, true);
     Prob P;
-    setup(P, c, 3);
-    spattn_status st = run_fwd(P);
-    check(st == SPATTN_STATUS_NOT_SUPPORTED, "D=64 fwd -> NOT_SUPPORTED%s %lld", "", st);
-    printf("  D=64: %s\n", spattn_last_error());
-    Cfg c2 = mk("f32", 1, 8, 32, 16, 1, 8, 1, 0, SPATTN_DTYPE_F32);
-    Prob P2;
-    setup(P2, c2, 4);
-    st = run_bwd(P2);
-    check(st == SPATTN_STATUS_NOT_SUPPORTED, "fp32 bwd -> NOT_SUPPORTED%s %lld", "", st);
-    printf("  fp32: %s\n", spattn_last_error());
+    setup(P, d, 35);
+    spattn_status st = run_bwd(P, 1);
+    check(st == SPATTN_STATUS_NOT_SUPPORTED, "deterministic bwd of a fallback shape -> NOT_SUPPORTED%s %lld", "", st);
+    printf("  deterministic fallback bwd: %s\n", spattn_last_error());
 }
 
 static void test_determinism() {
@@ -710,7 +725,7 @@ static int small_tests(bool quick) {
         test_case(c2, seed++, false);
         printf("%-36s %s\n", "reference kernels (sep v, fp32, D 40/64)", g_fail == before ? "ok" : "FAILED");
         test_bad_index();
-        test_not_supported();
+        test_fallback();
         test_determinism();
     }
     printf("%d passed, %d failed\n", g_pass, g_fail);

@@ -22,6 +22,13 @@ namespace hop {
 namespace ptx = cuda::ptx;
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+// The dynamic shared memory base rounded up to 1024 bytes (128-byte swizzle atoms).  Pointer
+// arithmetic on the __shared__ array (not an integer round trip) keeps the compiler aware that the
+// result is shared: otherwise every access through it is a generic LD.E / ST.E, slower than LDS /
+// STS and opaque to compute-sanitizer's racecheck.
+__device__ __forceinline__ unsigned char *align1024(unsigned char *smem) {
+    return smem + ((1024u - (smem_u32(smem) & 1023u)) & 1023u);
+}
 
 // Matrix descriptor, 128-byte swizzle.  K-major operand (rows of 64 elements along K): lbo is
 // unused, sbo = 1024 (next 8-row atom).  MN-major operand (rows of 64 elements along M/N, one
@@ -127,6 +134,7 @@ template <> struct elt<__half> {
         __half2 h = __floats2half2_rn(a, b);
         return *reinterpret_cast<uint32_t *>(&h);
     }
+    static __device__ __forceinline__ float2 unpack(uint32_t v) { return __half22float2(*reinterpret_cast<__half2 *>(&v)); }
     template <int TA, int TB> static __device__ __forceinline__ void ss128(float (&d)[64], uint64_t a, uint64_t b, int s) { wgmma_ss_m64n128k16_f16<TA, TB>(d, a, b, s); }
     template <int TA, int TB> static __device__ __forceinline__ void ss64(float (&d)[32], uint64_t a, uint64_t b, int s) { wgmma_ss_m64n64k16_f16<TA, TB>(d, a, b, s); }
     template <int TB> static __device__ __forceinline__ void rs128(float (&d)[64], const uint32_t (&a)[4], uint64_t b, int s) { wgmma_rs_m64n128k16_f16<TB>(d, a, b, s); }
@@ -139,6 +147,7 @@ template <> struct elt<__nv_bfloat16> {
         __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
         return *reinterpret_cast<uint32_t *>(&h);
     }
+    static __device__ __forceinline__ float2 unpack(uint32_t v) { return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 *>(&v)); }
     template <int TA, int TB> static __device__ __forceinline__ void ss128(float (&d)[64], uint64_t a, uint64_t b, int s) { wgmma_ss_m64n128k16_bf16<TA, TB>(d, a, b, s); }
     template <int TA, int TB> static __device__ __forceinline__ void ss64(float (&d)[32], uint64_t a, uint64_t b, int s) { wgmma_ss_m64n64k16_bf16<TA, TB>(d, a, b, s); }
     template <int TB> static __device__ __forceinline__ void rs128(float (&d)[64], const uint32_t (&a)[4], uint64_t b, int s) { wgmma_rs_m64n128k16_bf16<TB>(d, a, b, s); }

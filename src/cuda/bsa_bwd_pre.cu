@@ -1,0 +1,36 @@
+// Preprocess of the block-sparse attention backward (bsa_bwd.cu):
+//   bsa_delta_kernel  Delta = rowsum(dO * O), lse2 = LSE * log2(e) (+inf on empty rows)
+#include <math.h>
+
+#include "bsa_common.cuh"
+#include "bsa_launch.h"
+
+template <typename T> __global__ void bsa_delta_kernel(const bsa_params p, float *delta, float *lse2) {
+    const int lane = threadIdx.x & 31;
+    const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= (long long)p.B * p.N * p.Sq) return;
+    const int i = (int)(row % p.Sq), bn = (int)(row / p.Sq), b = bn / p.N, n = bn % p.N;
+    const T *o = reinterpret_cast<const T *>(p.o.p) + b * p.o.s0 + n * p.o.s1 + i * p.o.s2;
+    const T *d = reinterpret_cast<const T *>(p.dout.p) + b * p.dout.s0 + n * p.dout.s1 + i * p.dout.s2;
+    float acc = 0.f;
+    for (int x = lane; x < p.D; x += 32)
+        acc += bsa_t<T>::tof(o[x * p.o.s3]) * bsa_t<T>::tof(d[x * p.dout.s3]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (lane == 0) {
+        const float l = p.lse[(long long)b * p.lse_s0 + (long long)n * p.lse_s1 + (long long)i * p.lse_s2];
+        delta[row] = acc;
+        lse2[row] = l == -INFINITY ? INFINITY : l * BSA_LOG2E;
+    }
+}
+
+extern "C" cudaError_t spattn_bsa_launch_delta(const bsa_params *p, int bf16, float *delta, float *lse2,
+                                               cudaStream_t st) {
+    const long long rows = (long long)p->B * p->N * p->Sq;
+    const unsigned blocks = (unsigned)((rows + 7) / 8);
+    if (bf16)
+        bsa_delta_kernel<__nv_bfloat16><<<blocks, 256, 0, st>>>(*p, delta, lse2);
+    else
+        bsa_delta_kernel<__half><<<blocks, 256, 0, st>>>(*p, delta, lse2);
+    return cudaGetLastError();
+}
