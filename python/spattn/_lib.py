@@ -242,13 +242,37 @@ def block_size_pair(block_size) -> Tuple[int, int]:
     return int_arg("block_size[0] (bx)", block_size[0]), int_arg("block_size[1] (by)", block_size[1])
 
 
-def options(cuda_stream: Optional[int] = None, num_threads: int = 0) -> SpattnOptions:
-    """spattn_options with defaults, optionally a CUDA stream handle and a CPU thread count."""
+def deterministic_arg(value, name: str = "deterministic") -> int:
+    """spattn_options.deterministic (0 or 1) from a bool (or the integers 0 / 1, NumPy bools).
+
+    Anything else is an error here (ctypes would wrap a large integer into the int32 field).
+    """
+    if isinstance(value, bool) or type(value).__name__ in ("bool_", "bool"):  # Python or NumPy bool
+        return int(bool(value))
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise SpattnError(STATUS_BAD_OPTIONS, f"{name}: expected a bool, got {value!r}",
+                          "SPATTN_STATUS_BAD_OPTIONS") from None
+    if v not in (0, 1):
+        raise SpattnError(STATUS_BAD_OPTIONS, f"{name}: expected a bool (or 0 / 1), got {v}",
+                          "SPATTN_STATUS_BAD_OPTIONS")
+    return v
+
+
+def options(cuda_stream: Optional[int] = None, num_threads: int = 0,
+            deterministic=None) -> SpattnOptions:
+    """spattn_options with defaults, optionally a CUDA stream handle, a CPU thread count and
+    ``deterministic`` (None: the library default 1 = bitwise reproducible; True / False or 1 / 0;
+    0 lets a backward use faster kernels whose summation order varies, CUDA only; only
+    backward calls read it)."""
     opt = SpattnOptions()
     lib().spattn_options_init(ctypes.byref(opt))
     if cuda_stream:
         opt.cuda_stream = cuda_stream
     opt.num_threads = int_arg("num_threads", num_threads, INT32_MIN, INT32_MAX, STATUS_BAD_OPTIONS)
+    if deterministic is not None:
+        opt.deterministic = deterministic_arg(deterministic)
     return opt
 
 

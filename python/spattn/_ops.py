@@ -1,12 +1,20 @@
 """torch.library custom ops over libspattn (namespace ``spattn``), with fake and autograd rules.
 
 Ops (all outputs freshly allocated, contiguous):
-  spattn::bsa_fwd(q, k, v, block_mask, bx, by, scale) -> (o, lse)
-  spattn::bsa_bwd(q, k, v, block_mask, o, dout, lse, bx, by, scale) -> (dq, dk, dv)
-  spattn::sfa_fwd(q, k, indices, v?, q_rope?, k_rope?, sbs, mode, scale) -> (o, lse)
-  spattn::sfa_bwd(q, k, indices, v?, q_rope?, k_rope?, o, dout, lse, sbs, mode, scale)
-      -> (dq, dk, dv, dq_rope, dk_rope)   (absent gradients are empty tensors)
+  spattn::bsa_fwd(q, k, v, block_mask, bx, by, scale, deterministic=-1) -> (o, lse)
+  spattn::bsa_bwd(q, k, v, block_mask, o, dout, lse, bx, by, scale, deterministic=-1)
+      -> (dq, dk, dv)
+  spattn::sfa_fwd(q, k, indices, v?, q_rope?, k_rope?, sbs, mode, scale, deterministic=-1)
+      -> (o, lse)
+  spattn::sfa_bwd(q, k, indices, v?, q_rope?, k_rope?, o, dout, lse, sbs, mode, scale,
+                  deterministic=-1) -> (dq, dk, dv, dq_rope, dk_rope)
+      (absent gradients are empty tensors)
 ``scale`` 0 means the library default.  CUDA tensors run on torch's current stream.
+``deterministic`` is spattn_options.deterministic of the backward call: -1 (unset) the library
+default (1, bitwise reproducible), 1, or 0 (faster CUDA backward kernels whose summation order
+varies).  A forward op does not use it: it hands it to the backward op of its autograd node (an
+op argument, so torch.compile keeps one graph).  The public functions pass 0 or 1 (their
+``deterministic=None`` reads torch.are_deterministic_algorithms_enabled()).
 """
 from __future__ import annotations
 
@@ -95,10 +103,28 @@ def _fake_check_devices(named: List[Tuple[str, Optional[Tensor]]]) -> None:
     _check_devices(named)
 
 
-def _opts(device: torch.device) -> _lib.SpattnOptions:
+def resolve_deterministic(deterministic: Optional[bool]) -> int:
+    """The ops' ``deterministic`` argument from a public function's keyword: None reads
+    torch.are_deterministic_algorithms_enabled() now (at the forward call: the autograd node
+    keeps the value for its backward); True / False force 1 / 0."""
+    if deterministic is None:
+        return int(torch.are_deterministic_algorithms_enabled())
+    return _lib.deterministic_arg(deterministic)
+
+
+def check_deterministic(deterministic: int) -> int:
+    """An op's ``deterministic``: -1 (unset: the library default), 0 or 1."""
+    if deterministic == -1:
+        return -1
+    return _lib.deterministic_arg(deterministic)
+
+
+def _opts(device: torch.device, deterministic: int = -1) -> _lib.SpattnOptions:
+    """Options of a call on ``device``; ``deterministic`` -1 keeps the library default."""
+    det = None if deterministic == -1 else deterministic
     if device.type == "cuda":
-        return _lib.options(cuda_stream=torch.cuda.current_stream(device).cuda_stream)
-    return _lib.options()
+        return _lib.options(cuda_stream=torch.cuda.current_stream(device).cuda_stream, deterministic=det)
+    return _lib.options(deterministic=det)
 
 
 def _empty_like_shape(t: Tensor, shape, dtype=None) -> Tensor:
@@ -110,7 +136,8 @@ def _empty_like_shape(t: Tensor, shape, dtype=None) -> Tensor:
 # ----------------------------------------------------------------------------------------------
 @torch.library.custom_op("spattn::bsa_fwd", mutates_args=())
 def bsa_fwd(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, bx: int, by: int,
-            scale: float) -> Tuple[Tensor, Tensor]:
+            scale: float, deterministic: int = -1) -> Tuple[Tensor, Tensor]:
+    check_deterministic(deterministic)  # (used by the backward only)
     m = as_mask(block_mask)
     dev = _check_devices([("q", q), ("k", k), ("v", v), ("block_mask", m)])
     o = _empty_like_shape(q, q.shape)
@@ -121,14 +148,15 @@ def bsa_fwd(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, bx: int, by: in
 
 
 @bsa_fwd.register_fake
-def _(q, k, v, block_mask, bx, by, scale):
+def _(q, k, v, block_mask, bx, by, scale, deterministic=-1):
+    check_deterministic(deterministic)
     _fake_check_devices([("q", q), ("k", k), ("v", v), ("block_mask", block_mask)])
     return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
 @torch.library.custom_op("spattn::bsa_bwd", mutates_args=())
 def bsa_bwd(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, o: Tensor, dout: Tensor, lse: Tensor,
-            bx: int, by: int, scale: float) -> Tuple[Tensor, Tensor, Tensor]:
+            bx: int, by: int, scale: float, deterministic: int = -1) -> Tuple[Tensor, Tensor, Tensor]:
     m = as_mask(block_mask)
     dev = _check_devices([("q", q), ("k", k), ("v", v), ("block_mask", m), ("o", o), ("dout", dout),
                           ("lse", lse)])
@@ -137,29 +165,31 @@ def bsa_bwd(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, o: Tensor, dout
         torch.empty_like(v, memory_format=torch.contiguous_format)
     _lib.bsa_bwd(_desc("q", q), _desc("k", k), _desc("v", v), _desc("block_mask", m), bx, by, scale,
                  _desc("o", o), _desc("dout", dout), _desc("lse", lse), _desc("dq", dq), _desc("dk", dk),
-                 _desc("dv", dv), _opts(dev))
+                 _desc("dv", dv), _opts(dev, check_deterministic(deterministic)))
     return dq, dk, dv
 
 
 @bsa_bwd.register_fake
-def _(q, k, v, block_mask, o, dout, lse, bx, by, scale):
+def _(q, k, v, block_mask, o, dout, lse, bx, by, scale, deterministic=-1):
+    check_deterministic(deterministic)
     _fake_check_devices([("q", q), ("k", k), ("v", v), ("block_mask", block_mask), ("o", o),
                          ("dout", dout), ("lse", lse)])
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _bsa_setup(ctx, inputs, output):
-    q, k, v, block_mask, bx, by, scale = inputs
+    q, k, v, block_mask, bx, by, scale, deterministic = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, block_mask, o, lse)
-    ctx.bx, ctx.by, ctx.scale = bx, by, scale
+    ctx.bx, ctx.by, ctx.scale, ctx.deterministic = bx, by, scale, deterministic
     ctx.mark_non_differentiable(lse)
 
 
 def _bsa_backward(ctx, grad_o, grad_lse):
     q, k, v, block_mask, o, lse = ctx.saved_tensors
-    dq, dk, dv = bsa_bwd(q, k, v, block_mask, o, grad_o, lse, ctx.bx, ctx.by, ctx.scale)
-    return dq, dk, dv, None, None, None, None
+    dq, dk, dv = bsa_bwd(q, k, v, block_mask, o, grad_o, lse, ctx.bx, ctx.by, ctx.scale,
+                         ctx.deterministic)
+    return dq, dk, dv, None, None, None, None, None
 
 
 bsa_fwd.register_autograd(_bsa_backward, setup_context=_bsa_setup)
@@ -170,7 +200,9 @@ bsa_fwd.register_autograd(_bsa_backward, setup_context=_bsa_setup)
 # ----------------------------------------------------------------------------------------------
 @torch.library.custom_op("spattn::sfa_fwd", mutates_args=())
 def sfa_fwd(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Tensor], q_rope: Optional[Tensor],
-            k_rope: Optional[Tensor], sbs: int, mode: int, scale: float) -> Tuple[Tensor, Tensor]:
+            k_rope: Optional[Tensor], sbs: int, mode: int, scale: float,
+            deterministic: int = -1) -> Tuple[Tensor, Tensor]:
+    check_deterministic(deterministic)  # (used by the backward only)
     idx = as_indices(indices)
     dev = _check_devices([("q", q), ("k", k), ("indices", idx), ("v", v), ("q_rope", q_rope),
                           ("k_rope", k_rope)])
@@ -183,7 +215,8 @@ def sfa_fwd(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Tensor], q_rope: 
 
 
 @sfa_fwd.register_fake
-def _(q, k, indices, v, q_rope, k_rope, sbs, mode, scale):
+def _(q, k, indices, v, q_rope, k_rope, sbs, mode, scale, deterministic=-1):
+    check_deterministic(deterministic)
     _fake_check_devices([("q", q), ("k", k), ("indices", indices), ("v", v), ("q_rope", q_rope),
                          ("k_rope", k_rope)])
     return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
@@ -192,7 +225,7 @@ def _(q, k, indices, v, q_rope, k_rope, sbs, mode, scale):
 @torch.library.custom_op("spattn::sfa_bwd", mutates_args=())
 def sfa_bwd(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Tensor], q_rope: Optional[Tensor],
             k_rope: Optional[Tensor], o: Tensor, dout: Tensor, lse: Tensor, sbs: int, mode: int,
-            scale: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+            scale: float, deterministic: int = -1) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     idx = as_indices(indices)
     dev = _check_devices([("q", q), ("k", k), ("indices", idx), ("v", v), ("q_rope", q_rope),
                           ("k_rope", k_rope), ("o", o), ("dout", dout), ("lse", lse)])
@@ -205,14 +238,16 @@ def sfa_bwd(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Tensor], q_rope: 
     _lib.sfa_bwd(_desc("q", q), _desc("q_rope", q_rope), _desc("k", k), _desc("k_rope", k_rope),
                  _desc("v", v), _desc("o", o), _desc("dout", dout), _desc("lse", lse),
                  _desc("indices", idx), sbs, mode, scale, _desc("dq", dq), _desc("dq_rope", dqr),
-                 _desc("dk", dk), _desc("dk_rope", dkr), _desc("dv", dv), _opts(dev))
+                 _desc("dk", dk), _desc("dk_rope", dkr), _desc("dv", dv),
+                 _opts(dev, check_deterministic(deterministic)))
     empty = q.new_empty(0)
     return (dq, dk, dv if dv is not None else empty, dqr if dqr is not None else empty.clone(),
             dkr if dkr is not None else empty.clone())
 
 
 @sfa_bwd.register_fake
-def _(q, k, indices, v, q_rope, k_rope, o, dout, lse, sbs, mode, scale):
+def _(q, k, indices, v, q_rope, k_rope, o, dout, lse, sbs, mode, scale, deterministic=-1):
+    check_deterministic(deterministic)
     _fake_check_devices([("q", q), ("k", k), ("indices", indices), ("v", v), ("q_rope", q_rope),
                          ("k_rope", k_rope), ("o", o), ("dout", dout), ("lse", lse)])
 
@@ -222,10 +257,10 @@ def _(q, k, indices, v, q_rope, k_rope, o, dout, lse, sbs, mode, scale):
 
 
 def _sfa_setup(ctx, inputs, output):
-    q, k, indices, v, q_rope, k_rope, sbs, mode, scale = inputs
+    q, k, indices, v, q_rope, k_rope, sbs, mode, scale, deterministic = inputs
     o, lse = output
     ctx.save_for_backward(q, k, indices, v, q_rope, k_rope, o, lse)
-    ctx.sbs, ctx.mode, ctx.scale = sbs, mode, scale
+    ctx.sbs, ctx.mode, ctx.scale, ctx.deterministic = sbs, mode, scale, deterministic
     ctx.has_v, ctx.has_rope = v is not None, q_rope is not None
     ctx.mark_non_differentiable(lse)
 
@@ -233,9 +268,9 @@ def _sfa_setup(ctx, inputs, output):
 def _sfa_backward(ctx, grad_o, grad_lse):
     q, k, indices, v, q_rope, k_rope, o, lse = ctx.saved_tensors
     dq, dk, dv, dqr, dkr = sfa_bwd(q, k, indices, v, q_rope, k_rope, o, grad_o, lse, ctx.sbs, ctx.mode,
-                                   ctx.scale)
+                                   ctx.scale, ctx.deterministic)
     return (dq, dk, None, dv if ctx.has_v else None, dqr if ctx.has_rope else None,
-            dkr if ctx.has_rope else None, None, None, None)
+            dkr if ctx.has_rope else None, None, None, None, None)
 
 
 sfa_fwd.register_autograd(_sfa_backward, setup_context=_sfa_setup)

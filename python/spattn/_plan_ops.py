@@ -1,7 +1,10 @@
 """torch.library custom ops of bsa with a reusable plan (a spattn.BlockMask), fake and autograd.
 
-  spattn::bsa_fwd_plan(q, k, v, plan, scale) -> (o, lse)
-  spattn::bsa_bwd_plan(q, k, v, plan, o, dout, lse, scale) -> (dq, dk, dv)
+  spattn::bsa_fwd_plan(q, k, v, plan, scale, deterministic=-1) -> (o, lse)
+  spattn::bsa_bwd_plan(q, k, v, plan, o, dout, lse, scale, deterministic=-1) -> (dq, dk, dv)
+
+``deterministic``: spattn_options.deterministic of the backward call, as in _ops (-1 = the
+library default; the forward op only hands it to its backward).
 
 With torch >= 2.10 ``plan`` is the BlockMask itself, registered as an opaque reference type:
 torch.compile makes it a graph input (no recompilation for another plan of the same type) and
@@ -45,10 +48,12 @@ def _resolve(plan) -> BlockMask:
     return obj
 
 
-def _with_workspace(pl: BlockMask, q, k, v, backward: bool, dev: torch.device):
+def _with_workspace(pl: BlockMask, q, k, v, backward: bool, dev: torch.device,
+                    deterministic: int = -1):
     """(options, workspace tensor): on CUDA the workspace comes from torch's caching allocator,
-    so the library allocates nothing and the call can be captured in a CUDA graph."""
-    opt = _ops._opts(dev)
+    so the library allocates nothing and the call can be captured in a CUDA graph.  The size is
+    queried with the call's own options (``deterministic`` included)."""
+    opt = _ops._opts(dev, deterministic)
     if dev.type != "cuda":
         return opt, None
     n = _bm.workspace_size(pl, q, k, v, backward, opt)
@@ -59,7 +64,9 @@ def _with_workspace(pl: BlockMask, q, k, v, backward: bool, dev: torch.device):
     return opt, ws
 
 
-def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, plan, scale: float) -> Tuple[Tensor, Tensor]:
+def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, plan, scale: float,
+              deterministic: int = -1) -> Tuple[Tensor, Tensor]:
+    _ops.check_deterministic(deterministic)  # (used by the backward only)
     pl = _resolve(plan)
     dev = _ops._check_devices([("q", q), ("k", k), ("v", v)])
     o = _ops._empty_like_shape(q, q.shape)
@@ -72,7 +79,8 @@ def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, plan, scale: float) -> Tuple[Tens
 
 
 def _bwd_impl(q: Tensor, k: Tensor, v: Tensor, plan, o: Tensor, dout: Tensor, lse: Tensor,
-              scale: float) -> Tuple[Tensor, Tensor, Tensor]:
+              scale: float, deterministic: int = -1) -> Tuple[Tensor, Tensor, Tensor]:
+    det = _ops.check_deterministic(deterministic)
     pl = _resolve(plan)
     dev = _ops._check_devices([("q", q), ("k", k), ("v", v), ("o", o), ("dout", dout), ("lse", lse)])
     cf = torch.contiguous_format
@@ -80,7 +88,7 @@ def _bwd_impl(q: Tensor, k: Tensor, v: Tensor, plan, o: Tensor, dout: Tensor, ls
                   torch.empty_like(v, memory_format=cf))
     d = _ops._desc
     qd, kd, vd = d("q", q), d("k", k), d("v", v)
-    opt, ws = _with_workspace(pl, qd, kd, vd, True, dev)
+    opt, ws = _with_workspace(pl, qd, kd, vd, True, dev, det)
     _bm.bwd(pl, qd, kd, vd, d("o", o), d("dout", dout), d("lse", lse), scale, d("dq", dq), d("dk", dk),
             d("dv", dv), opt)
     del ws
@@ -88,41 +96,45 @@ def _bwd_impl(q: Tensor, k: Tensor, v: Tensor, plan, o: Tensor, dout: Tensor, ls
 
 
 if OPAQUE:
-    def _fwd(q: Tensor, k: Tensor, v: Tensor, plan: BlockMask, scale: float) -> Tuple[Tensor, Tensor]:
-        return _fwd_impl(q, k, v, plan, scale)
+    def _fwd(q: Tensor, k: Tensor, v: Tensor, plan: BlockMask, scale: float,
+             deterministic: int = -1) -> Tuple[Tensor, Tensor]:
+        return _fwd_impl(q, k, v, plan, scale, deterministic)
 
     def _bwd(q: Tensor, k: Tensor, v: Tensor, plan: BlockMask, o: Tensor, dout: Tensor, lse: Tensor,
-             scale: float) -> Tuple[Tensor, Tensor, Tensor]:
-        return _bwd_impl(q, k, v, plan, o, dout, lse, scale)
+             scale: float, deterministic: int = -1) -> Tuple[Tensor, Tensor, Tensor]:
+        return _bwd_impl(q, k, v, plan, o, dout, lse, scale, deterministic)
 else:
-    def _fwd(q: Tensor, k: Tensor, v: Tensor, plan: int, scale: float) -> Tuple[Tensor, Tensor]:
-        return _fwd_impl(q, k, v, plan, scale)
+    def _fwd(q: Tensor, k: Tensor, v: Tensor, plan: int, scale: float,
+             deterministic: int = -1) -> Tuple[Tensor, Tensor]:
+        return _fwd_impl(q, k, v, plan, scale, deterministic)
 
     def _bwd(q: Tensor, k: Tensor, v: Tensor, plan: int, o: Tensor, dout: Tensor, lse: Tensor,
-             scale: float) -> Tuple[Tensor, Tensor, Tensor]:
-        return _bwd_impl(q, k, v, plan, o, dout, lse, scale)
+             scale: float, deterministic: int = -1) -> Tuple[Tensor, Tensor, Tensor]:
+        return _bwd_impl(q, k, v, plan, o, dout, lse, scale, deterministic)
 
 bsa_fwd_plan = torch.library.custom_op("spattn::bsa_fwd_plan", _fwd, mutates_args=())
 bsa_bwd_plan = torch.library.custom_op("spattn::bsa_bwd_plan", _bwd, mutates_args=())
 
 
 @bsa_fwd_plan.register_fake
-def _(q, k, v, plan, scale):
+def _(q, k, v, plan, scale, deterministic=-1):
+    _ops.check_deterministic(deterministic)
     _ops._fake_check_devices([("q", q), ("k", k), ("v", v)])
     return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
 @bsa_bwd_plan.register_fake
-def _(q, k, v, plan, o, dout, lse, scale):
+def _(q, k, v, plan, o, dout, lse, scale, deterministic=-1):
+    _ops.check_deterministic(deterministic)
     _ops._fake_check_devices([("q", q), ("k", k), ("v", v), ("o", o), ("dout", dout), ("lse", lse)])
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup(ctx, inputs, output):
-    q, k, v, plan, scale = inputs
+    q, k, v, plan, scale, deterministic = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)
-    ctx.plan, ctx.scale = plan, scale
+    ctx.plan, ctx.scale, ctx.deterministic = plan, scale, deterministic
     # int handles (old torch): hold the BlockMask so that it outlives the backward
     ctx.plan_obj = None if OPAQUE else _bm._LIVE.get(int(plan))
     ctx.mark_non_differentiable(lse)
@@ -130,8 +142,8 @@ def _setup(ctx, inputs, output):
 
 def _backward(ctx, grad_o, grad_lse):
     q, k, v, o, lse = ctx.saved_tensors
-    dq, dk, dv = bsa_bwd_plan(q, k, v, ctx.plan, o, grad_o, lse, ctx.scale)
-    return dq, dk, dv, None, None
+    dq, dk, dv = bsa_bwd_plan(q, k, v, ctx.plan, o, grad_o, lse, ctx.scale, ctx.deterministic)
+    return dq, dk, dv, None, None, None
 
 
 bsa_fwd_plan.register_autograd(_backward, setup_context=_setup)

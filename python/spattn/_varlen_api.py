@@ -38,7 +38,7 @@ def _need(cu_q, cu_k):
 
 
 def bsa(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, block_size, scale, return_lse: bool,
-        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table):
+        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table, deterministic: int = -1):
     _need(cu_seqlens_q, cu_seqlens_k)
     bx, by = _pair(block_size)
     m = as_mask(block_mask)
@@ -46,12 +46,13 @@ def bsa(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, block_size, scale, 
     mq = _int("max_seqlen_q", max_seqlen_q) if max_seqlen_q is not None else m.shape[-2] * bx
     mk = _int("max_seqlen_k", max_seqlen_k) if max_seqlen_k is not None else m.shape[-1] * by
     o, lse = torch.ops.spattn.bsa_fwd_varlen(q, k, v, m, cu_seqlens_q, cu_seqlens_k, mq, mk,
-                                             block_table, bx, by, _lib.scale_arg(scale))
+                                             block_table, bx, by, _lib.scale_arg(scale), deterministic)
     return (o, lse) if return_lse else o
 
 
 def sfa(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Tensor], q_rope, k_rope, sbs, causal,
-        scale, return_lse: bool, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table):
+        scale, return_lse: bool, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table,
+        deterministic: int = -1):
     _need(cu_seqlens_q, cu_seqlens_k)
     if (q_rope is None) != (k_rope is None):
         raise ValueError("q_rope and k_rope must be given together")
@@ -65,5 +66,5 @@ def sfa(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Tensor], q_rope, k_ro
                                              cu_seqlens_k, mq, mk, block_table,
                                              _int("sparse_block_size", sbs),
                                              _lib.SFA_MODE_CAUSAL if causal else _lib.SFA_MODE_NONE,
-                                             _lib.scale_arg(scale))
+                                             _lib.scale_arg(scale), deterministic)
     return (o, lse) if return_lse else o

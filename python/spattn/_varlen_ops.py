@@ -1,13 +1,17 @@
 """torch.library custom ops of the packed variable-length / paged forms (namespace ``spattn``).
 
   spattn::bsa_fwd_varlen(q, k, v, block_mask, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                         max_seqlen_k, block_table?, bx, by, scale) -> (o, lse)
+                         max_seqlen_k, block_table?, bx, by, scale, deterministic=-1) -> (o, lse)
   spattn::bsa_bwd_varlen(q, k, v, block_mask, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                         max_seqlen_k, block_table?, o, dout, lse, bx, by, scale) -> (dq, dk, dv)
+                         max_seqlen_k, block_table?, o, dout, lse, bx, by, scale,
+                         deterministic=-1) -> (dq, dk, dv)
   spattn::sfa_fwd_varlen(q, k, indices, v?, q_rope?, k_rope?, cu_seqlens_q, cu_seqlens_k,
-                         max_seqlen_q, max_seqlen_k, block_table?, sbs, mode, scale) -> (o, lse)
-  spattn::sfa_bwd_varlen(..., block_table?, o, dout, lse, sbs, mode, scale)
+                         max_seqlen_q, max_seqlen_k, block_table?, sbs, mode, scale,
+                         deterministic=-1) -> (o, lse)
+  spattn::sfa_bwd_varlen(..., block_table?, o, dout, lse, sbs, mode, scale, deterministic=-1)
       -> (dq, dk, dv, dq_rope, dk_rope)   (absent gradients are empty tensors)
+``deterministic``: spattn_options.deterministic of the backward call, as in _ops (-1 = the
+library default; the forward ops only hand it to their backward).
 
 Packed tensors [T, N, D] (k/v pages [num_pages, page_size, Nkv, D] with block_table, and so
 are their gradients: page rows no sequence uses get 0, a page shared by sequences the sum), LSE
@@ -21,7 +25,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import _ops, _varlen
-from ._ops import _check_devices, _desc, _opts, as_indices, as_mask
+from ._ops import _check_devices, _desc, _opts, as_indices, as_mask, check_deterministic
 
 _fake_check_devices = getattr(_ops, "_fake_check_devices", _check_devices)
 
@@ -53,7 +57,8 @@ def _lse_like(q: Tensor) -> Tensor:
 def bsa_fwd_varlen(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, cu_seqlens_q: Tensor,
                    cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
                    block_table: Optional[Tensor], bx: int, by: int,
-                   scale: float) -> Tuple[Tensor, Tensor]:
+                   scale: float, deterministic: int = -1) -> Tuple[Tensor, Tensor]:
+    check_deterministic(deterministic)  # (used by the backward only)
     m, cq, ck, bt = as_mask(block_mask), _i32(cu_seqlens_q), _i32(cu_seqlens_k), _i32(block_table)
     dev = _check_devices([("q", q), ("k", k), ("v", v), ("block_mask", m), ("cu_seqlens_q", cq),
                           ("cu_seqlens_k", ck), ("block_table", bt)])
@@ -67,7 +72,8 @@ def bsa_fwd_varlen(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, cu_seqle
 
 @bsa_fwd_varlen.register_fake
 def _(q, k, v, block_mask, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table,
-      bx, by, scale):
+      bx, by, scale, deterministic=-1):
+    check_deterministic(deterministic)
     _fake_check_devices([("q", q), ("k", k), ("v", v), ("block_mask", block_mask),
                          ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
                          ("block_table", block_table)])
@@ -78,7 +84,7 @@ def _(q, k, v, block_mask, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
 def bsa_bwd_varlen(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, cu_seqlens_q: Tensor,
                    cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
                    block_table: Optional[Tensor], o: Tensor, dout: Tensor, lse: Tensor, bx: int,
-                   by: int, scale: float) -> Tuple[Tensor, Tensor, Tensor]:
+                   by: int, scale: float, deterministic: int = -1) -> Tuple[Tensor, Tensor, Tensor]:
     m, cq, ck, bt = as_mask(block_mask), _i32(cu_seqlens_q), _i32(cu_seqlens_k), _i32(block_table)
     dev = _check_devices([("q", q), ("k", k), ("v", v), ("block_mask", m), ("cu_seqlens_q", cq),
                           ("cu_seqlens_k", ck), ("block_table", bt), ("o", o), ("dout", dout),
@@ -90,33 +96,34 @@ def bsa_bwd_varlen(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, cu_seqle
     vl, keep = _vl(cq, ck, max_seqlen_q, max_seqlen_k, bt)
     _varlen.bsa_bwd(_desc("q", q), _desc("k", k), _desc("v", v), _desc("o", o), _desc("dout", dout),
                     _desc("lse", lse), _desc("block_mask", m), bx, by, scale, vl, _desc("dq", dq),
-                    _desc("dk", dk), _desc("dv", dv), _opts(dev))
+                    _desc("dk", dk), _desc("dv", dv), _opts(dev, check_deterministic(deterministic)))
     del keep
     return dq, dk, dv
 
 
 @bsa_bwd_varlen.register_fake
 def _(q, k, v, block_mask, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table,
-      o, dout, lse, bx, by, scale):
+      o, dout, lse, bx, by, scale, deterministic=-1):
+    check_deterministic(deterministic)
     _fake_check_devices([("q", q), ("k", k), ("v", v), ("block_mask", block_mask),
                          ("block_table", block_table), ("o", o), ("dout", dout), ("lse", lse)])
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _bsa_setup(ctx, inputs, output):
-    q, k, v, block_mask, cq, ck, mq, mk, bt, bx, by, scale = inputs
+    q, k, v, block_mask, cq, ck, mq, mk, bt, bx, by, scale, deterministic = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, block_mask, cq, ck, bt, o, lse)
-    ctx.args = (mq, mk, bx, by, scale)
+    ctx.args = (mq, mk, bx, by, scale, deterministic)
     ctx.mark_non_differentiable(lse)
 
 
 def _bsa_backward(ctx, grad_o, grad_lse):
     q, k, v, block_mask, cq, ck, bt, o, lse = ctx.saved_tensors
-    mq, mk, bx, by, scale = ctx.args
+    mq, mk, bx, by, scale, deterministic = ctx.args
     dq, dk, dv = bsa_bwd_varlen(q, k, v, block_mask, cq, ck, mq, mk, bt, o, grad_o, lse, bx, by,
-                                scale)
-    return (dq, dk, dv) + (None,) * 9
+                                scale, deterministic)
+    return (dq, dk, dv) + (None,) * 10
 
 
 bsa_fwd_varlen.register_autograd(_bsa_backward, setup_context=_bsa_setup)
@@ -130,7 +137,8 @@ def sfa_fwd_varlen(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Tensor],
                    q_rope: Optional[Tensor], k_rope: Optional[Tensor], cu_seqlens_q: Tensor,
                    cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
                    block_table: Optional[Tensor], sbs: int, mode: int,
-                   scale: float) -> Tuple[Tensor, Tensor]:
+                   scale: float, deterministic: int = -1) -> Tuple[Tensor, Tensor]:
+    check_deterministic(deterministic)  # (used by the backward only)
     idx, cq, ck, bt = as_indices(indices), _i32(cu_seqlens_q), _i32(cu_seqlens_k), _i32(block_table)
     dev = _check_devices([("q", q), ("k", k), ("indices", idx), ("v", v), ("q_rope", q_rope),
                           ("k_rope", k_rope), ("cu_seqlens_q", cq), ("cu_seqlens_k", ck),
@@ -146,7 +154,8 @@ def sfa_fwd_varlen(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Tensor],
 
 @sfa_fwd_varlen.register_fake
 def _(q, k, indices, v, q_rope, k_rope, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-      block_table, sbs, mode, scale):
+      block_table, sbs, mode, scale, deterministic=-1):
+    check_deterministic(deterministic)
     _fake_check_devices([("q", q), ("k", k), ("indices", indices), ("v", v), ("q_rope", q_rope),
                          ("k_rope", k_rope), ("block_table", block_table)])
     return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
@@ -157,7 +166,8 @@ def sfa_bwd_varlen(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Tensor],
                    q_rope: Optional[Tensor], k_rope: Optional[Tensor], cu_seqlens_q: Tensor,
                    cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
                    block_table: Optional[Tensor], o: Tensor, dout: Tensor, lse: Tensor, sbs: int,
-                   mode: int, scale: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                   mode: int, scale: float,
+                   deterministic: int = -1) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     idx, cq, ck, bt = as_indices(indices), _i32(cu_seqlens_q), _i32(cu_seqlens_k), _i32(block_table)
     dev = _check_devices([("q", q), ("k", k), ("indices", idx), ("v", v), ("q_rope", q_rope),
                           ("k_rope", k_rope), ("cu_seqlens_q", cq), ("cu_seqlens_k", ck),
@@ -173,7 +183,7 @@ def sfa_bwd_varlen(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Tensor],
                     _desc("v", v), _desc("o", o), _desc("dout", dout), _desc("lse", lse),
                     _desc("indices", idx), sbs, mode, scale, vl, _desc("dq", dq),
                     _desc("dq_rope", dqr), _desc("dk", dk), _desc("dk_rope", dkr), _desc("dv", dv),
-                    _opts(dev))
+                    _opts(dev, check_deterministic(deterministic)))
     del keep
     empty = q.new_empty(0)
     return (dq, dk, dv if dv is not None else empty, dqr if dqr is not None else empty.clone(),
@@ -182,28 +192,30 @@ def sfa_bwd_varlen(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Tensor],
 
 @sfa_bwd_varlen.register_fake
 def _(q, k, indices, v, q_rope, k_rope, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-      block_table, o, dout, lse, sbs, mode, scale):
+      block_table, o, dout, lse, sbs, mode, scale, deterministic=-1):
+    check_deterministic(deterministic)
+
     def like(t):
         return t.new_empty(t.shape) if t is not None else q.new_empty(0)
     return like(q), like(k), like(v), like(q_rope), like(k_rope)
 
 
 def _sfa_setup(ctx, inputs, output):
-    q, k, indices, v, q_rope, k_rope, cq, ck, mq, mk, bt, sbs, mode, scale = inputs
+    q, k, indices, v, q_rope, k_rope, cq, ck, mq, mk, bt, sbs, mode, scale, deterministic = inputs
     o, lse = output
     ctx.save_for_backward(q, k, indices, v, q_rope, k_rope, cq, ck, bt, o, lse)
-    ctx.args = (mq, mk, sbs, mode, scale)
+    ctx.args = (mq, mk, sbs, mode, scale, deterministic)
     ctx.has_v, ctx.has_rope = v is not None, q_rope is not None
     ctx.mark_non_differentiable(lse)
 
 
 def _sfa_backward(ctx, grad_o, grad_lse):
     q, k, indices, v, q_rope, k_rope, cq, ck, bt, o, lse = ctx.saved_tensors
-    mq, mk, sbs, mode, scale = ctx.args
+    mq, mk, sbs, mode, scale, deterministic = ctx.args
     dq, dk, dv, dqr, dkr = sfa_bwd_varlen(q, k, indices, v, q_rope, k_rope, cq, ck, mq, mk, bt, o,
-                                          grad_o, lse, sbs, mode, scale)
+                                          grad_o, lse, sbs, mode, scale, deterministic)
     return (dq, dk, None, dv if ctx.has_v else None, dqr if ctx.has_rope else None,
-            dkr if ctx.has_rope else None) + (None,) * 8
+            dkr if ctx.has_rope else None) + (None,) * 9
 
 
 sfa_fwd_varlen.register_autograd(_sfa_backward, setup_context=_sfa_setup)

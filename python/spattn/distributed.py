@@ -196,7 +196,8 @@ cp_gather_seq.register_autograd(_gather_backward, setup_context=_gather_setup)
 def sparse_flash_attention(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Tensor] = None,
                            q_rope: Optional[Tensor] = None, k_rope: Optional[Tensor] = None,
                            sparse_block_size: int = 1, causal: bool = True, scale: Optional[float] = None,
-                           return_lse: bool = False, *, group=None, load_balance: bool = True):
+                           return_lse: bool = False, *, group=None, load_balance: bool = True,
+                           deterministic: Optional[bool] = None):
     """Context-parallel ``spattn.sparse_flash_attention`` (BSND).
 
     q [B, Sl, N1, D], q_rope [B, Sl, N1, Dr], indices [B, Sl, N2, K]: this rank's query shard,
@@ -204,6 +205,8 @@ def sparse_flash_attention(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Te
     key shard (same sharding).  ``causal`` is the global right-down causal mask of the
     self-attention (key j allowed for query i iff j <= i, positions global).  Returns the local
     o [B, Sl, N1, D] (and lse [B, Sl, N1]).  Gradients flow to the local q, k, v, rope shards.
+    ``deterministic``: spattn_options.deterministic of this rank's library backward calls, as in
+    spattn.sparse_flash_attention (None: torch.are_deterministic_algorithms_enabled() at this call).
     """
     if (q_rope is None) != (k_rope is None):
         raise ValueError("q_rope and k_rope must be given together")
@@ -219,6 +222,7 @@ def sparse_flash_attention(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Te
     L = S // n
     sbs = int(sparse_block_size)
     scale_arg = _lib.scale_arg(scale)
+    det = _ops.resolve_deterministic(deterministic)
     idx = _ops.as_indices(indices)
     # one all-gather for the whole key side: [k | k_rope | v] along the last dimension (the sfa
     # op takes the column views of the gathered buffer without copies)
@@ -230,7 +234,7 @@ def sparse_flash_attention(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Te
     kr = views.pop(0) if k_rope is not None else None
     vf = views.pop(0) if v is not None else None
     if not causal:
-        o, lse = torch.ops.spattn.sfa_fwd(q, kf, idx, vf, q_rope, kr, sbs, _lib.SFA_MODE_NONE, scale_arg)
+        o, lse = torch.ops.spattn.sfa_fwd(q, kf, idx, vf, q_rope, kr, sbs, _lib.SFA_MODE_NONE, scale_arg, det)
     else:
         os_, ls_ = [], []
         for j, c in enumerate(_chunks(rank, world, load_balance)):
@@ -243,7 +247,7 @@ def sparse_flash_attention(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Te
             oc, lc = torch.ops.spattn.sfa_fwd(
                 q[:, j * L:(j + 1) * L], kf[:, :end], ic, vf[:, :end] if vf is not None else None,
                 q_rope[:, j * L:(j + 1) * L] if q_rope is not None else None,
-                kr[:, :end] if kr is not None else None, sbs, _lib.SFA_MODE_CAUSAL, scale_arg)
+                kr[:, :end] if kr is not None else None, sbs, _lib.SFA_MODE_CAUSAL, scale_arg, det)
             os_.append(oc)
             ls_.append(lc)
         o, lse = (os_[0], ls_[0]) if len(os_) == 1 else (torch.cat(os_, 1), torch.cat(ls_, 1))
@@ -284,7 +288,7 @@ def _local_mask_rows(mask: Tensor, chunks: Sequence[int], Lx: int) -> Tensor:
 def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor,
                            block_size: Union[int, Sequence[int]] = (64, 64), scale: Optional[float] = None,
                            return_lse: bool = False, *, group=None, mode: str = "ring",
-                           load_balance: bool = True):
+                           load_balance: bool = True, deterministic: Optional[bool] = None):
     """Context-parallel ``spattn.block_sparse_attention`` (BNSD).
 
     q [B, N, Sl, D], k, v [B, Nkv, Sl, D]: this rank's shards; block_mask: the GLOBAL mask
@@ -293,6 +297,8 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor,
     once, reused by every call).  ``mode``: "ring" (overlapped ring, skips empty steps),
     "allgather", or "ring_v1" (the previous ring schedule, kept for comparison: a kernel and a
     merge per chunk pair, buffers allocated per step).  Returns the local o (and lse).
+    ``deterministic``: spattn_options.deterministic of this rank's library backward calls, as in
+    spattn.block_sparse_attention (None: torch.are_deterministic_algorithms_enabled() at this call).
     """
     bx, by = _pair(block_size)
     name = _group_name(group)
@@ -301,20 +307,21 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor,
     m = rmask.mask if rmask is not None else _ops.as_mask(block_mask)
     S, L, n = _bsa_layout(q, k, m, bx, by, world, load_balance)
     scale_arg = _lib.scale_arg(scale)
+    det = _ops.resolve_deterministic(deterministic)
     if mode == "ring":
         if rmask is None and not _ops._compiling():
             # built here (one host sync) so that the forward and the backward share it; while
             # torch.compile traces, the op builds it when it runs
             rmask = RingMask(m, bx, by, k.shape[1], load_balance, name, plans=False)
         pid = rmask.id if rmask is not None else 0
-        o, lse = torch.ops.spattn.cp_bsa_ring_fwd(q, k, v, m, bx, by, scale_arg, load_balance, name, pid)
+        o, lse = torch.ops.spattn.cp_bsa_ring_fwd(q, k, v, m, bx, by, scale_arg, load_balance, name, pid, det)
     elif mode == "ring_v1":
-        o, lse = torch.ops.spattn.cp_bsa_ring_v1_fwd(q, k, v, m, bx, by, scale_arg, load_balance, name)
+        o, lse = torch.ops.spattn.cp_bsa_ring_v1_fwd(q, k, v, m, bx, by, scale_arg, load_balance, name, det)
     elif mode == "allgather":
         kf = cp_gather_seq(k, 2, load_balance, name)
         vf = cp_gather_seq(v, 2, load_balance, name)
         ml = _local_mask_rows(m, _chunks(rank, world, load_balance), L // bx)
-        o, lse = torch.ops.spattn.bsa_fwd(q, kf, vf, ml, bx, by, scale_arg)
+        o, lse = torch.ops.spattn.bsa_fwd(q, kf, vf, ml, bx, by, scale_arg, det)
     else:
         raise ValueError(f"mode: 'ring', 'allgather' or 'ring_v1', got {mode!r}")
     return (o, lse) if return_lse else o
@@ -434,16 +441,17 @@ def _ring_v1_fwd_impl(q, k, v, mask, bx, by, scale, load_balance, group_name):
 
 @torch.library.custom_op("spattn::cp_bsa_ring_v1_fwd", mutates_args=())
 def cp_bsa_ring_v1_fwd(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, bx: int, by: int, scale: float,
-                       load_balance: bool, group_name: str) -> Tuple[Tensor, Tensor]:
+                       load_balance: bool, group_name: str, deterministic: int = -1) -> Tuple[Tensor, Tensor]:
+    _ops.check_deterministic(deterministic)  # (used by the backward only)
     return _ring_v1_fwd_impl(q, k, v, block_mask, bx, by, scale, load_balance, group_name)
 
 
 @cp_bsa_ring_v1_fwd.register_fake
-def _(q, k, v, block_mask, bx, by, scale, load_balance, group_name):
+def _(q, k, v, block_mask, bx, by, scale, load_balance, group_name, deterministic=-1):
     return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
-def _ring_v1_bwd_impl(q, k, v, mask, o, dout, lse, bx, by, scale, load_balance, group_name):
+def _ring_v1_bwd_impl(q, k, v, mask, o, dout, lse, bx, by, scale, load_balance, group_name, deterministic=-1):
     ring = _Ring(q, k, mask, bx, by, load_balance, group_name)
     r, W, L, Lx = ring.rank, ring.world, ring.L, ring.Lx
     k, v = k.contiguous(), v.contiguous()
@@ -479,7 +487,8 @@ def _ring_v1_bwd_impl(q, k, v, mask, o, dout, lse, bx, by, scale, load_balance, 
             for qs, ks, ms, a, c in ring.pairs(r, rngs):
                 mp = mask[:, :, a * Lx:(a + 1) * Lx, ms]
                 gq, gk, gv = torch.ops.spattn.bsa_bwd(q[:, :, qs], kt[:, :, ks], vt[:, :, ks], mp, o[:, :, qs],
-                                                      dout[:, :, qs], lse[:, :, qs], bx, by, scale)
+                                                      dout[:, :, qs], lse[:, :, qs], bx, by, scale,
+                                                      deterministic)
                 dq[:, :, qs] += gq
                 pdk[:, :, ks] += gk
                 pdv[:, :, ks] += gv
@@ -501,27 +510,28 @@ def _ring_v1_bwd_impl(q, k, v, mask, o, dout, lse, bx, by, scale, load_balance, 
 @torch.library.custom_op("spattn::cp_bsa_ring_v1_bwd", mutates_args=())
 def cp_bsa_ring_v1_bwd(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, o: Tensor, dout: Tensor, lse: Tensor,
                        bx: int, by: int, scale: float, load_balance: bool,
-                       group_name: str) -> Tuple[Tensor, Tensor, Tensor]:
-    return _ring_v1_bwd_impl(q, k, v, block_mask, o, dout, lse, bx, by, scale, load_balance, group_name)
+                       group_name: str, deterministic: int = -1) -> Tuple[Tensor, Tensor, Tensor]:
+    return _ring_v1_bwd_impl(q, k, v, block_mask, o, dout, lse, bx, by, scale, load_balance, group_name,
+                             _ops.check_deterministic(deterministic))
 
 
 @cp_bsa_ring_v1_bwd.register_fake
-def _(q, k, v, block_mask, o, dout, lse, bx, by, scale, load_balance, group_name):
+def _(q, k, v, block_mask, o, dout, lse, bx, by, scale, load_balance, group_name, deterministic=-1):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _ring_v1_setup(ctx, inputs, output):
-    q, k, v, block_mask, bx, by, scale, load_balance, group_name = inputs
+    q, k, v, block_mask, bx, by, scale, load_balance, group_name, deterministic = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, block_mask, o, lse)
-    ctx.args = (bx, by, scale, load_balance, group_name)
+    ctx.args = (bx, by, scale, load_balance, group_name, deterministic)
     ctx.mark_non_differentiable(lse)
 
 
 def _ring_v1_backward(ctx, grad_o, grad_lse):
     q, k, v, block_mask, o, lse = ctx.saved_tensors
     dq, dk, dv = cp_bsa_ring_v1_bwd(q, k, v, block_mask, o, grad_o.contiguous(), lse, *ctx.args)
-    return dq, dk, dv, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None
 
 
 cp_bsa_ring_v1_fwd.register_autograd(_ring_v1_backward, setup_context=_ring_v1_setup)
@@ -780,10 +790,10 @@ class _Exchange:
         return kv[0], kv[1]
 
 
-def _workspace(rm: RingMask, descs, backward: bool, dev: torch.device):
+def _workspace(rm: RingMask, descs, backward: bool, dev: torch.device, deterministic: int = -1):
     """(options, workspace tensor): one caller workspace for all steps on CUDA (the largest)."""
     from . import block_mask as _bm
-    opt = _ops._opts(dev)
+    opt = _ops._opts(dev, deterministic)
     if dev.type != "cuda" or not rm.plans:
         return opt, None
     n = 0
@@ -858,7 +868,8 @@ def _ring_fwd_impl(q, k, v, mask, bx, by, scale, load_balance, group_name, plan_
     return o, lse
 
 
-def _ring_bwd_impl(q, k, v, mask, o, dout, lse, bx, by, scale, load_balance, group_name, plan_id):
+def _ring_bwd_impl(q, k, v, mask, o, dout, lse, bx, by, scale, load_balance, group_name, plan_id,
+                   deterministic=-1):
     """Step 0 writes dq, dk, dv directly; dq rows of later steps and the keys whose partial
     gradients come back from other ranks are summed in fp32 (step order, then returned
     partials in step order) over those rows / keys only, and written back once."""
@@ -894,7 +905,7 @@ def _ring_bwd_impl(q, k, v, mask, o, dout, lse, bx, by, scale, load_balance, gro
             outs = (d("dq", gq), d("dk", g[0]), d("dv", g[1]))
         calls[st.t] = ins + (d("o", o[:, :, r0:r1]), d("dout", dout[:, :, r0:r1]), d("lse", lse[:, :, r0:r1])) \
             + outs + (g, gq)
-    opt, ws = _workspace(rm, [(rm.steps[t], c[:3]) for t, c in calls.items()], True, dev)
+    opt, ws = _workspace(rm, [(rm.steps[t], c[:3]) for t, c in calls.items()], True, dev, deterministic)
     acc = {}
 
     def acc_q():
@@ -967,33 +978,37 @@ def _ring_bwd_impl(q, k, v, mask, o, dout, lse, bx, by, scale, load_balance, gro
 
 @torch.library.custom_op("spattn::cp_bsa_ring_fwd", mutates_args=())
 def cp_bsa_ring_fwd(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, bx: int, by: int, scale: float,
-                    load_balance: bool, group_name: str, plan_id: int) -> Tuple[Tensor, Tensor]:
-    """Ring forward; plan_id: a live RingMask's id (0: build one for this call)."""
+                    load_balance: bool, group_name: str, plan_id: int,
+                    deterministic: int = -1) -> Tuple[Tensor, Tensor]:
+    """Ring forward; plan_id: a live RingMask's id (0: build one for this call); deterministic:
+    for the backward (as in _ops)."""
+    _ops.check_deterministic(deterministic)
     return _ring_fwd_impl(q, k, v, block_mask, bx, by, scale, load_balance, group_name, plan_id)
 
 
 @cp_bsa_ring_fwd.register_fake
-def _(q, k, v, block_mask, bx, by, scale, load_balance, group_name, plan_id):
+def _(q, k, v, block_mask, bx, by, scale, load_balance, group_name, plan_id, deterministic=-1):
     return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
 @torch.library.custom_op("spattn::cp_bsa_ring_bwd", mutates_args=())
 def cp_bsa_ring_bwd(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, o: Tensor, dout: Tensor, lse: Tensor,
                     bx: int, by: int, scale: float, load_balance: bool, group_name: str,
-                    plan_id: int) -> Tuple[Tensor, Tensor, Tensor]:
-    return _ring_bwd_impl(q, k, v, block_mask, o, dout, lse, bx, by, scale, load_balance, group_name, plan_id)
+                    plan_id: int, deterministic: int = -1) -> Tuple[Tensor, Tensor, Tensor]:
+    return _ring_bwd_impl(q, k, v, block_mask, o, dout, lse, bx, by, scale, load_balance, group_name, plan_id,
+                          _ops.check_deterministic(deterministic))
 
 
 @cp_bsa_ring_bwd.register_fake
-def _(q, k, v, block_mask, o, dout, lse, bx, by, scale, load_balance, group_name, plan_id):
+def _(q, k, v, block_mask, o, dout, lse, bx, by, scale, load_balance, group_name, plan_id, deterministic=-1):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _ring_setup(ctx, inputs, output):
-    q, k, v, block_mask, bx, by, scale, load_balance, group_name, plan_id = inputs
+    q, k, v, block_mask, bx, by, scale, load_balance, group_name, plan_id, deterministic = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, block_mask, o, lse)
-    ctx.args = (bx, by, scale, load_balance, group_name, plan_id)
+    ctx.args = (bx, by, scale, load_balance, group_name, plan_id, deterministic)
     ctx.ring = _RING_LIVE.get(int(plan_id)) if plan_id else None  # alive until the backward
     ctx.mark_non_differentiable(lse)
 
@@ -1001,7 +1016,7 @@ def _ring_setup(ctx, inputs, output):
 def _ring_backward(ctx, grad_o, grad_lse):
     q, k, v, block_mask, o, lse = ctx.saved_tensors
     dq, dk, dv = cp_bsa_ring_bwd(q, k, v, block_mask, o, grad_o.contiguous(), lse, *ctx.args)
-    return dq, dk, dv, None, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 cp_bsa_ring_fwd.register_autograd(_ring_backward, setup_context=_ring_setup)

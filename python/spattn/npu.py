@@ -20,6 +20,10 @@ Conventions (differences from torch_npu are errors, never silent):
     softmax_max + log(softmax_sum) = LSE.  The grad accepts any such pair (also torch_npu's own
     max/sum).  Empty tensors when return_softmax_lse=False.
   * Absent rope gradients of npu_sparse_flash_attention_grad are empty tensors (as torch_npu).
+  * deterministic (keyword, spattn's own; torch_npu has none): spattn_options.deterministic of
+    the backward calls, as in spattn.block_sparse_attention.  None (default) reads
+    torch.are_deterministic_algorithms_enabled() at the call (for the differentiable forwards:
+    kept for their backward); True / False force it.
 """
 from __future__ import annotations
 
@@ -161,9 +165,11 @@ def npu_block_sparse_attention(query: Tensor, key: Tensor, value: Tensor, block_
                                kv_input_layout: str = "TND", num_key_value_heads: int = 1,
                                scale_value: float = 0.0, inner_precise: int = 1,
                                actual_seq_lengths=None, actual_seq_lengths_kv=None,
-                               softmax_lse_flag: int = 0) -> Tuple[Tensor, Tensor]:
+                               softmax_lse_flag: int = 0,
+                               deterministic: Optional[bool] = None) -> Tuple[Tensor, Tensor]:
     """torch_npu.npu_block_sparse_attention -> (attention_out, softmax_lse); differentiable."""
     bx, by = _bsa_common(query, key, block_shape, q_input_layout, kv_input_layout, num_key_value_heads)
+    det = _ops.resolve_deterministic(deterministic)
     if inner_precise not in (0, 1):
         raise ValueError(f"inner_precise: must be 0 or 1, got {inner_precise}")
     if softmax_lse_flag not in (0, 1):
@@ -175,7 +181,7 @@ def npu_block_sparse_attention(query: Tensor, key: Tensor, value: Tensor, block_
         cq = _cu("actual_seq_lengths", actual_seq_lengths, query.device, False)
         ck = _cu("actual_seq_lengths_kv", actual_seq_lengths_kv, query.device, False)
         o, lse = torch.ops.spattn.bsa_fwd_varlen(query, key, value, mask, cq, ck, mask.shape[-2] * bx,
-                                                 mask.shape[-1] * by, None, bx, by, scale)
+                                                 mask.shape[-1] * by, None, bx, by, scale, det)
         softmax_lse = lse.unsqueeze(-1) if softmax_lse_flag else lse.new_empty(0)
         return o, softmax_lse
     kind = "BNSD"
@@ -183,7 +189,7 @@ def npu_block_sparse_attention(query: Tensor, key: Tensor, value: Tensor, block_
     segs = _segments(kind, query.shape[0], _ints("actual_seq_lengths", actual_seq_lengths),
                      _ints("actual_seq_lengths_kv", actual_seq_lengths_kv), full_q, full_k, False)
     if _is_full(segs, full_q, full_k):
-        o, lse = torch.ops.spattn.bsa_fwd(query, key, value, mask, bx, by, scale)
+        o, lse = torch.ops.spattn.bsa_fwd(query, key, value, mask, bx, by, scale, det)
     else:
         os_, ls_ = [], []
         for b, qs, lq, ks, lk in segs:
@@ -194,7 +200,7 @@ def npu_block_sparse_attention(query: Tensor, key: Tensor, value: Tensor, block_
                 continue
             o_b, l_b = torch.ops.spattn.bsa_fwd(
                 q_b, _take(key, kind, b, ks, lk), _take(value, kind, b, ks, lk),
-                mask[b:b + 1, :, :_ceil(lq, bx), :_ceil(lk, by)], bx, by, scale)
+                mask[b:b + 1, :, :_ceil(lq, bx), :_ceil(lk, by)], bx, by, scale, det)
             os_.append(o_b)
             ls_.append(l_b)
         o = _put(os_, kind, full_q, 0.0)
@@ -209,9 +215,11 @@ def npu_block_sparse_attention_backward(d_out: Tensor, query: Tensor, key: Tenso
                                         *, q_input_layout: str = "TND", kv_input_layout: str = "TND",
                                         num_key_value_heads: int = 1, scale_value: float = 0.0,
                                         actual_seq_lengths=None,
-                                        actual_seq_lengths_kv=None) -> Tuple[Tensor, Tensor, Tensor]:
+                                        actual_seq_lengths_kv=None,
+                                        deterministic: Optional[bool] = None) -> Tuple[Tensor, Tensor, Tensor]:
     """torch_npu.npu_block_sparse_attention_backward -> (d_query, d_key, d_value)."""
     bx, by = _bsa_common(query, key, block_shape, q_input_layout, kv_input_layout, num_key_value_heads)
+    det = _ops.resolve_deterministic(deterministic)
     mask = _ops.as_mask(block_sparse_mask)
     scale = float(scale_value)
     lse = softmax_lse.squeeze(-1) if softmax_lse.dim() == query.dim() and softmax_lse.shape[-1] == 1 \
@@ -222,14 +230,14 @@ def npu_block_sparse_attention_backward(d_out: Tensor, query: Tensor, key: Tenso
         ck = _cu("actual_seq_lengths_kv", actual_seq_lengths_kv, query.device, False)
         return tuple(torch.ops.spattn.bsa_bwd_varlen(query, key, value, mask, cq, ck, mask.shape[-2] * bx,
                                                      mask.shape[-1] * by, None, attention_out, d_out, lse,
-                                                     bx, by, scale))
+                                                     bx, by, scale, det))
     kind = "BNSD"
     full_q, full_k = query.shape[2], key.shape[2]
     segs = _segments(kind, query.shape[0], _ints("actual_seq_lengths", actual_seq_lengths),
                      _ints("actual_seq_lengths_kv", actual_seq_lengths_kv), full_q, full_k, False)
     if _is_full(segs, full_q, full_k):
         return tuple(torch.ops.spattn.bsa_bwd(query, key, value, mask, attention_out, d_out, lse, bx, by,
-                                              scale))
+                                              scale, det))
     dqs, dks, dvs = [], [], []
     for b, qs, lq, ks, lk in segs:
         q_b, k_b, v_b = _take(query, kind, b, qs, lq), _take(key, kind, b, ks, lk), _take(value, kind, b, ks, lk)
@@ -241,7 +249,7 @@ def npu_block_sparse_attention_backward(d_out: Tensor, query: Tensor, key: Tenso
         dq, dk, dv = torch.ops.spattn.bsa_bwd(
             q_b, k_b, v_b, mask[b:b + 1, :, :_ceil(lq, bx), :_ceil(lk, by)],
             _take(attention_out, kind, b, qs, lq), _take(d_out, kind, b, qs, lq),
-            _take(lse, kind, b, qs, lq), bx, by, scale)
+            _take(lse, kind, b, qs, lq), bx, by, scale, det)
         dqs.append(dq)
         dks.append(dk)
         dvs.append(dv)
@@ -298,7 +306,8 @@ def npu_sparse_flash_attention(query: Tensor, key: Tensor, value: Tensor, sparse
                                sparse_block_size: int = 1, layout_query: str = "BSND", layout_kv: str = "BSND",
                                sparse_mode: int = 3, pre_tokens: int = _MAX64, next_tokens: int = _MAX64,
                                attention_mode: int = 0,
-                               return_softmax_lse: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
+                               return_softmax_lse: bool = False,
+                               deterministic: Optional[bool] = None) -> Tuple[Tensor, Tensor, Tensor]:
     """torch_npu.npu_sparse_flash_attention -> (attention_out, softmax_max, softmax_sum); differentiable."""
     if (block_table is not None) != (layout_kv == "PA_BSND"):
         raise ValueError("block_table and layout_kv='PA_BSND' (PageAttention) go together")
@@ -306,6 +315,7 @@ def npu_sparse_flash_attention(query: Tensor, key: Tensor, value: Tensor, sparse
                              query_rope, key_rope)
     idx = _ops.as_indices(sparse_indices)
     sbs, scale = _lib.int_arg("sparse_block_size", sparse_block_size), float(scale_value)
+    det = _ops.resolve_deterministic(deterministic)
     shared = value is key
     if kind == "TND" or block_table is not None:  # one packed variable-length (paged) call
         dev = query.device
@@ -324,14 +334,14 @@ def npu_sparse_flash_attention(query: Tensor, key: Tensor, value: Tensor, sparse
         ck = _cu("actual_seq_lengths_kv", actual_seq_lengths_kv, dev, block_table is None)
         mk = block_table.shape[-1] * key.shape[1] if block_table is not None else key.shape[0]
         o, lse = torch.ops.spattn.sfa_fwd_varlen(q, key, ix, None if shared else value, qr, key_rope,
-                                                 cq, ck, q.shape[0], mk, block_table, sbs, mode, scale)
+                                                 cq, ck, q.shape[0], mk, block_table, sbs, mode, scale, det)
         if kind == "BSND":
             o, lse = o.unflatten(0, (b_, s1)), lse.unflatten(0, (b_, s1))
     else:  # BSND with per-batch lengths: one dense call per batch
         segs, full_q, full_k = _sfa_segs(kind, query, key, actual_seq_lengths_query, actual_seq_lengths_kv)
         if kind == "BSND" and _is_full(segs, full_q, full_k):
             o, lse = torch.ops.spattn.sfa_fwd(query, key, idx, None if shared else value, query_rope, key_rope,
-                                              sbs, mode, scale)
+                                              sbs, mode, scale, det)
         else:
             os_, ls_ = [], []
             for b, qs, lq, ks, lk in segs:
@@ -345,7 +355,7 @@ def npu_sparse_flash_attention(query: Tensor, key: Tensor, value: Tensor, sparse
                     q_b, k_b, _seg_indices(idx, kind, b, qs, lq, lk, full_k, sbs),
                     None if shared else _take(value, kind, b, ks, lk),
                     None if query_rope is None else _take(query_rope, kind, b, qs, lq),
-                    None if key_rope is None else _take(key_rope, kind, b, ks, lk), sbs, mode, scale)
+                    None if key_rope is None else _take(key_rope, kind, b, ks, lk), sbs, mode, scale, det)
                 os_.append(o_b)
                 ls_.append(l_b)
             o = _put(os_, kind, full_q, 0.0)
@@ -368,7 +378,7 @@ def npu_sparse_flash_attention_grad(query: Tensor, key: Tensor, value: Tensor, s
                                     query_rope: Optional[Tensor] = None, key_rope: Optional[Tensor] = None,
                                     actual_seq_qlen=None, actual_seq_kvlen=None, layout: str = "BSND",
                                     sparse_mode: int = 3, pre_tokens: int = _MAX64, next_tokens: int = _MAX64,
-                                    attention_mode: int = 0):
+                                    attention_mode: int = 0, deterministic: Optional[bool] = None):
     """torch_npu.npu_sparse_flash_attention_grad -> (d_query, d_key, d_value, d_query_rope, d_key_rope).
 
     d_key and d_value are separate even when value is key (sum them for shared key/value).
@@ -377,6 +387,7 @@ def npu_sparse_flash_attention_grad(query: Tensor, key: Tensor, value: Tensor, s
                              query_rope, key_rope)
     idx = _ops.as_indices(sparse_indices)
     sbs, scale = _lib.int_arg("sparse_block_size", sparse_block_size), float(scale_value)
+    det = _ops.resolve_deterministic(deterministic)
     lse4 = (softmax_max.float() + torch.log(softmax_sum.float()))
     if kind == "BSND":
         if lse4.dim() != 4:
@@ -393,13 +404,13 @@ def npu_sparse_flash_attention_grad(query: Tensor, key: Tensor, value: Tensor, s
         ck = _cu("actual_seq_kvlen", actual_seq_kvlen, query.device, True)
         dq, dk, dv, dqr, dkr = torch.ops.spattn.sfa_bwd_varlen(
             query, key, idx, value, query_rope, key_rope, cq, ck, query.shape[0], key.shape[0], None,
-            out, d_out, lse, sbs, mode, scale)
+            out, d_out, lse, sbs, mode, scale, det)
         return (dq, dk, dv, dqr if query_rope is not None else query.new_empty(0),
                 dkr if key_rope is not None else key.new_empty(0))
     segs, full_q, full_k = _sfa_segs(kind, query, key, actual_seq_qlen, actual_seq_kvlen)
     if _is_full(segs, full_q, full_k):
         dq, dk, dv, dqr, dkr = torch.ops.spattn.sfa_bwd(query, key, idx, value, query_rope, key_rope, out, d_out,
-                                                        lse, sbs, mode, scale)
+                                                        lse, sbs, mode, scale, det)
     else:
         parts = [[], [], [], [], []]
         for b, qs, lq, ks, lk in segs:
@@ -412,7 +423,7 @@ def npu_sparse_flash_attention_grad(query: Tensor, key: Tensor, value: Tensor, s
                 g_b = list(torch.ops.spattn.sfa_bwd(
                     q_b, k_b, _seg_indices(idx, kind, b, qs, lq, lk, full_k, sbs), v_b, qr_b, kr_b,
                     _take(out, kind, b, qs, lq), _take(d_out, kind, b, qs, lq), _take(lse, kind, b, qs, lq),
-                    sbs, mode, scale))
+                    sbs, mode, scale, det))
             for i in range(5):
                 parts[i].append(g_b[i])
         dq = _put(parts[0], kind, full_q, 0.0)

@@ -94,16 +94,22 @@ def bsa_forward(q, k, v, block_mask, block_size=(64, 64), scale: Optional[float]
 
 
 def bsa_backward(q, k, v, block_mask, o, do, lse, block_size=(64, 64), scale: Optional[float] = None,
-                 num_threads: int = 0) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+                 num_threads: int = 0, *,
+                 deterministic: bool = True) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Block-sparse attention backward.  Returns (dq, dk, dv) shaped like q, k, v.
 
-    ``block_mask`` may be a spattn.BlockMask, as for bsa_forward."""
+    ``block_mask`` may be a spattn.BlockMask, as for bsa_forward.  ``deterministic`` is
+    spattn_options.deterministic: True (default) = bitwise reproducible; False allows faster
+    kernels whose summation order varies (CUDA only: the CPU backend, the only one the NumPy
+    functions reach, gives the same bits either way).
+    """
+    opt = _lib.options(num_threads=num_threads, deterministic=_lib.deterministic_arg(deterministic))
     if isinstance(block_mask, BlockMask):
         q, k, v, o, do, lse = _arr(q), _arr(k), _arr(v), _arr(o), _arr(do), _arr(lse)
         dq, dk, dv = _out(q.shape, q.dtype), _out(k.shape, k.dtype), _out(v.shape, v.dtype)
         _block_mask.bwd(block_mask, _desc("q", q), _desc("k", k), _desc("v", v), _desc("o", o),
                         _desc("dout", do), _desc("lse", lse), _lib.scale_arg(scale), _desc("dq", dq),
-                        _desc("dk", dk), _desc("dv", dv), _lib.options(num_threads=num_threads))
+                        _desc("dk", dk), _desc("dv", dv), opt)
         return dq, dk, dv
     q, k, v, m = _arr(q), _arr(k), _arr(v), _arr(block_mask)
     o, do, lse = _arr(o), _arr(do), _arr(lse)
@@ -111,7 +117,7 @@ def bsa_backward(q, k, v, block_mask, o, do, lse, block_size=(64, 64), scale: Op
     dq, dk, dv = _out(q.shape, q.dtype), _out(k.shape, k.dtype), _out(v.shape, v.dtype)
     _lib.bsa_bwd(_desc("q", q), _desc("k", k), _desc("v", v), _desc("block_mask", m), bx, by,
                  _lib.scale_arg(scale), _desc("o", o), _desc("dout", do), _desc("lse", lse),
-                 _desc("dq", dq), _desc("dk", dk), _desc("dv", dv), _lib.options(num_threads=num_threads))
+                 _desc("dq", dq), _desc("dk", dk), _desc("dv", dv), opt)
     return dq, dk, dv
 
 
@@ -138,12 +144,14 @@ def sfa_forward(q, k, indices, v=None, q_rope=None, k_rope=None, sparse_block_si
 
 
 def sfa_backward(q, k, indices, o, do, lse, v=None, q_rope=None, k_rope=None, sparse_block_size: int = 1,
-                 causal: bool = True, scale: Optional[float] = None, num_threads: int = 0):
+                 causal: bool = True, scale: Optional[float] = None, num_threads: int = 0, *,
+                 deterministic: bool = True):
     """Top-k sparse flash attention backward.
 
     Returns (dq, dk, dv, dq_rope, dk_rope); dv is None when v is None (its contribution is then
-    inside dk), the rope gradients are None without rope.
+    inside dk), the rope gradients are None without rope.  ``deterministic``: as in bsa_backward.
     """
+    opt = _lib.options(num_threads=num_threads, deterministic=_lib.deterministic_arg(deterministic))
     q, k, v, qr, kr = _arr(q), _arr(k), _arr(v), _arr(q_rope), _arr(k_rope)
     o, do, lse = _arr(o), _arr(do), _arr(lse)
     idx = _indices(indices)
@@ -154,6 +162,5 @@ def sfa_backward(q, k, indices, o, do, lse, v=None, q_rope=None, k_rope=None, sp
     _lib.sfa_bwd(_desc("q", q), _desc("q_rope", qr), _desc("k", k), _desc("k_rope", kr), _desc("v", v),
                  _desc("o", o), _desc("dout", do), _desc("lse", lse), _desc("indices", idx),
                  sparse_block_size, _mode(causal), _lib.scale_arg(scale), _desc("dq", dq),
-                 _desc("dq_rope", dqr), _desc("dk", dk), _desc("dk_rope", dkr), _desc("dv", dv),
-                 _lib.options(num_threads=num_threads))
+                 _desc("dq_rope", dqr), _desc("dk", dk), _desc("dk_rope", dkr), _desc("dv", dv), opt)
     return dq, dk, dv, dqr, dkr

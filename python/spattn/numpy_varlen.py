@@ -62,9 +62,12 @@ def bsa_forward_varlen(q, k, v, block_mask, cu_seqlens_q, cu_seqlens_k, block_si
 def bsa_backward_varlen(q, k, v, block_mask, o, do, lse, cu_seqlens_q, cu_seqlens_k,
                         block_size=(64, 64), max_seqlen_q: Optional[int] = None,
                         max_seqlen_k: Optional[int] = None, block_table=None,
-                        scale: Optional[float] = None, num_threads: int = 0):
+                        scale: Optional[float] = None, num_threads: int = 0, *,
+                        deterministic: bool = True):
     """Packed bsa backward.  Returns (dq, dk, dv) shaped like q, k, v; with block_table k, v
-    and dk, dv are pages (rows no sequence uses get 0, a page shared by sequences the sum)."""
+    and dk, dv are pages (rows no sequence uses get 0, a page shared by sequences the sum).
+    ``deterministic``: as in spattn.bsa_backward."""
+    opt = _lib.options(num_threads=num_threads, deterministic=_lib.deterministic_arg(deterministic))
     q, k, v, m, o, do, lse = (_arr(x) for x in (q, k, v, block_mask, o, do, lse))
     bx, by = _pair(block_size)
     mq, mk = _bounds(max_seqlen_q, max_seqlen_k, m.shape[-2] * bx, m.shape[-1] * by)
@@ -72,7 +75,7 @@ def bsa_backward_varlen(q, k, v, block_mask, o, do, lse, cu_seqlens_q, cu_seqlen
     dq, dk, dv = np.zeros(q.shape, q.dtype), np.empty(k.shape, k.dtype), np.empty(v.shape, v.dtype)
     _varlen.bsa_bwd(_desc("q", q), _desc("k", k), _desc("v", v), _desc("o", o), _desc("dout", do),
                     _desc("lse", lse), _desc("block_mask", m), bx, by, _lib.scale_arg(scale), vl,
-                    _desc("dq", dq), _desc("dk", dk), _desc("dv", dv), _lib.options(num_threads=num_threads))
+                    _desc("dq", dq), _desc("dk", dk), _desc("dv", dv), opt)
     del keep
     return dq, dk, dv
 
@@ -104,8 +107,11 @@ def sfa_forward_varlen(q, k, indices, cu_seqlens_q, cu_seqlens_k, v=None, q_rope
 def sfa_backward_varlen(q, k, indices, o, do, lse, cu_seqlens_q, cu_seqlens_k, v=None, q_rope=None,
                         k_rope=None, sparse_block_size: int = 1, causal: bool = True,
                         max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None,
-                        block_table=None, scale: Optional[float] = None, num_threads: int = 0):
-    """Packed sfa backward.  Returns (dq, dk, dv, dq_rope, dk_rope) (None where absent)."""
+                        block_table=None, scale: Optional[float] = None, num_threads: int = 0, *,
+                        deterministic: bool = True):
+    """Packed sfa backward.  Returns (dq, dk, dv, dq_rope, dk_rope) (None where absent).
+    ``deterministic``: as in spattn.sfa_backward."""
+    opt = _lib.options(num_threads=num_threads, deterministic=_lib.deterministic_arg(deterministic))
     q, k, v, qr, kr = _arr(q), _arr(k), _arr(v), _arr(q_rope), _arr(k_rope)
     o, do, lse = _arr(o), _arr(do), _arr(lse)
     idx, bt = _indices(indices), _i32(block_table)
@@ -120,6 +126,6 @@ def sfa_backward_varlen(q, k, indices, o, do, lse, cu_seqlens_q, cu_seqlens_k, v
                     _desc("indices", idx), sparse_block_size,
                     _lib.SFA_MODE_CAUSAL if causal else _lib.SFA_MODE_NONE, _lib.scale_arg(scale), vl,
                     _desc("dq", dq), _desc("dq_rope", dqr), _desc("dk", dk), _desc("dk_rope", dkr),
-                    _desc("dv", dv), _lib.options(num_threads=num_threads))
+                    _desc("dv", dv), opt)
     del keep
     return dq, dk, dv, dqr, dkr

@@ -23,7 +23,8 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: Union[Te
                            block_size: Union[int, Sequence[int]] = (64, 64), scale: Optional[float] = None,
                            return_lse: bool = False, *, cu_seqlens_q: Optional[Tensor] = None,
                            cu_seqlens_k: Optional[Tensor] = None, max_seqlen_q: Optional[int] = None,
-                           max_seqlen_k: Optional[int] = None, block_table: Optional[Tensor] = None):
+                           max_seqlen_k: Optional[int] = None, block_table: Optional[Tensor] = None,
+                           deterministic: Optional[bool] = None):
     """Block-sparse attention, layout BNSD.
 
     q [B, N, Sq, D]; k, v [B, Nkv, Skv, D] (N % Nkv == 0); block_mask [B, N, ceil(Sq/bx),
@@ -41,19 +42,27 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: Union[Te
     lse [Tq, N]; max_seqlen_* default to the mask's extent (no host read).  block_table int32
     [B, max_pages] makes k, v pages [num_pages, page_size, Nkv, D] (their gradients too: rows no
     sequence uses get 0, a page shared by sequences the sum).  CPU only.
+
+    deterministic (spattn_options.deterministic of the backward): None (default) reads
+    torch.are_deterministic_algorithms_enabled() at this call (the value is kept for the
+    backward of the result); True = bitwise reproducible gradients; False lets the CUDA backward
+    use faster kernels whose summation order varies from run to run (dQ added in any order).  The
+    forward and the CPU backend are deterministic either way.
     """
+    det = _ops.resolve_deterministic(deterministic)
     if isinstance(block_mask, BlockMask):
         if cu_seqlens_q is not None or cu_seqlens_k is not None or block_table is not None:
             raise _lib.SpattnNotSupportedError(_lib.STATUS_NOT_SUPPORTED, "block_mask: a BlockMask (plan) "
                                                "does not take a packed variable-length batch; pass the raw mask")
-        o, lse = torch.ops.spattn.bsa_fwd_plan(q, k, v, _plan_ops.plan_arg(block_mask), _lib.scale_arg(scale))
+        o, lse = torch.ops.spattn.bsa_fwd_plan(q, k, v, _plan_ops.plan_arg(block_mask), _lib.scale_arg(scale),
+                                               det)
         return (o, lse) if return_lse else o
     if cu_seqlens_q is not None or cu_seqlens_k is not None or block_table is not None:
         from . import _varlen_api
         return _varlen_api.bsa(q, k, v, block_mask, block_size, scale, return_lse, cu_seqlens_q,
-                               cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table)
+                               cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table, det)
     bx, by = _pair(block_size)
-    o, lse = torch.ops.spattn.bsa_fwd(q, k, v, _ops.as_mask(block_mask), bx, by, _lib.scale_arg(scale))
+    o, lse = torch.ops.spattn.bsa_fwd(q, k, v, _ops.as_mask(block_mask), bx, by, _lib.scale_arg(scale), det)
     return (o, lse) if return_lse else o
 
 
@@ -62,7 +71,8 @@ def sparse_flash_attention(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Te
                            sparse_block_size: int = 1, causal: bool = True, scale: Optional[float] = None,
                            return_lse: bool = False, *, cu_seqlens_q: Optional[Tensor] = None,
                            cu_seqlens_k: Optional[Tensor] = None, max_seqlen_q: Optional[int] = None,
-                           max_seqlen_k: Optional[int] = None, block_table: Optional[Tensor] = None):
+                           max_seqlen_k: Optional[int] = None, block_table: Optional[Tensor] = None,
+                           deterministic: Optional[bool] = None):
     """Top-k sparse flash attention (sparse MLA), layout BSND.
 
     q [B, S1, N1, D], k [B, S2, N2, D], indices [B, S1, N2, K] int32 (-1 = padding; block index
@@ -75,12 +85,20 @@ def sparse_flash_attention(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Te
     positions inside each sequence's own keys; causal uses each sequence's lengths), lse
     [Tq, N1].  block_table int32 [B, max_pages] makes k, v, k_rope pages [num_pages, page_size,
     N2, *] (forward and backward).  max_seqlen_* default to the token counts.  CPU only.
+
+    deterministic (spattn_options.deterministic of the backward): None (default) reads
+    torch.are_deterministic_algorithms_enabled() at this call (the value is kept for the
+    backward of the result); True = bitwise reproducible gradients; False lets the CUDA backward
+    use fp32 atomics, whose summation order varies from run to run (CUDA shapes without a
+    Hopper kernel have only that backward: True raises SpattnNotSupportedError there).  The
+    forward and the CPU backend are deterministic either way.
     """
+    det = _ops.resolve_deterministic(deterministic)
     if cu_seqlens_q is not None or cu_seqlens_k is not None or block_table is not None:
         from . import _varlen_api
         return _varlen_api.sfa(q, k, indices, v, q_rope, k_rope, sparse_block_size, causal, scale,
                                return_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                               block_table)
+                               block_table, det)
     if (q_rope is None) != (k_rope is None):
         raise ValueError("q_rope and k_rope must be given together")
     # indices go to the op as given: it converts them to int32 with a range check, on the real
@@ -88,5 +106,5 @@ def sparse_flash_attention(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Te
     o, lse = torch.ops.spattn.sfa_fwd(q, k, indices, v, q_rope, k_rope,
                                       _lib.int_arg("sparse_block_size", sparse_block_size),
                                       _lib.SFA_MODE_CAUSAL if causal else _lib.SFA_MODE_NONE,
-                                      _lib.scale_arg(scale))
+                                      _lib.scale_arg(scale), det)
     return (o, lse) if return_lse else o

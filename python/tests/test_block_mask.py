@@ -196,10 +196,11 @@ class TestBlockMaskTorch(unittest.TestCase):
         q, k, v, do, m = self.inputs(case, dtype, device, seed)
         mask = (m.bool(), m.view(torch.int8), m)[seed % 3]
         bm = bm or spattn.create_block_mask(mask, (bx, by), (sq, skv), nkv)
-        raw = self.run_grad(lambda q, k, v: spattn.block_sparse_attention(q, k, v, m, (bx, by), return_lse=True),
-                            q, k, v, do)
+        # deterministic=True: bitwise gradients also on CUDA (whatever torch's global setting)
+        raw = self.run_grad(lambda q, k, v: spattn.block_sparse_attention(q, k, v, m, (bx, by), return_lse=True,
+                                                                          deterministic=True), q, k, v, do)
         f = compile_fn or spattn.block_sparse_attention
-        got = self.run_grad(lambda q, k, v: f(q, k, v, bm, return_lse=True), q, k, v, do)
+        got = self.run_grad(lambda q, k, v: f(q, k, v, bm, return_lse=True, deterministic=True), q, k, v, do)
         for name, a, e in zip(("o", "lse", "dq", "dk", "dv"), got, raw):
             self.assertTrue(bitwise(a, e), f"{name} differs ({device} {dtype} {case})")
         return bm
@@ -280,8 +281,9 @@ class TestBlockMaskTorch(unittest.TestCase):
                 self.check_bitwise(case, torch.float32, "cpu", seed, compile_fn=cf)
         # the plan captured by the compiled function instead of passed to it
         bm = spattn.create_block_mask(self.inputs(case)[4], (bx, by), (sq, skv), nkv)
-        closed_over = torch.compile(lambda q, k, v, _, return_lse: spattn.block_sparse_attention(
-            q, k, v, bm, return_lse=return_lse), fullgraph=True, backend=COMPILE_BACKEND)
+        closed_over = torch.compile(lambda q, k, v, _, return_lse, deterministic: spattn.block_sparse_attention(
+            q, k, v, bm, return_lse=return_lse, deterministic=deterministic), fullgraph=True,
+            backend=COMPILE_BACKEND)
         self.check_bitwise(case, torch.float32, "cpu", 0, compile_fn=closed_over, bm=bm)
         from spattn import _plan_ops
         if _plan_ops.OPAQUE:  # torch >= 2.10: the plan is a graph input (older torch: a constant)
@@ -331,7 +333,7 @@ class TestBlockMaskTorch(unittest.TestCase):
         def step():
             for x in (sq_, sk_, sv_):
                 x.grad = None
-            o = spattn.block_sparse_attention(sq_, sk_, sv_, bm)
+            o = spattn.block_sparse_attention(sq_, sk_, sv_, bm, deterministic=True)   # bitwise dq on CUDA
             o.backward(sdo)
             return o
 
@@ -352,8 +354,8 @@ class TestBlockMaskTorch(unittest.TestCase):
                 dst.copy_(src)
         g.replay()
         torch.cuda.synchronize()
-        ref = self.run_grad(lambda q, k, v: spattn.block_sparse_attention(q, k, v, bm, return_lse=True),
-                            q2, k2, v2, do2)
+        ref = self.run_grad(lambda q, k, v: spattn.block_sparse_attention(q, k, v, bm, return_lse=True,
+                                                                          deterministic=True), q2, k2, v2, do2)
         for name, a, e in (("o", so, ref[0]), ("dq", sq_.grad, ref[2]), ("dk", sk_.grad, ref[3]),
                            ("dv", sv_.grad, ref[4])):
             self.assertTrue(bitwise(a.detach(), e), f"{name} differs after replay")
