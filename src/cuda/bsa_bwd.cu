@@ -295,6 +295,7 @@ __global__ void __launch_bounds__(384, 1)
         hop::wgmma_wait<0>();
         hop::reg_fence(dk);
         hop::reg_fence(dv);
+        hop::mbar_arrive(empty + s);  // Q and dO of this stage are no longer read (dQ reads dS and K)
         hop::bar_sync(NB_DS, 256);
 
         // dQ half c = dS K[:, 64 c .. 64 c + 63]: A = dS^T read MN-major (m = queries), B = K MN-major
@@ -314,7 +315,6 @@ __global__ void __launch_bounds__(384, 1)
         hop::wgmma_wait<0>();
         hop::reg_fence(dk);
         hop::reg_fence(dv);
-        hop::mbar_arrive(empty + s);  // Q and dO of this stage are no longer read
         if (has_dq) {
             hop::reg_fence(dq);
             // fp32 partial to shared memory (row-major 64 x 64) once the writer's add of two steps

@@ -14,6 +14,7 @@
 #include "sfa_common.cuh"
 
 extern "C" cudaError_t spattn_sfa_fast_fwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
+extern "C" cudaError_t spattn_sfa_small_fwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_fast_bwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
 
 namespace {
@@ -521,7 +522,10 @@ extern "C" spattn_status spattn_cuda_sfa_fwd(const spattn_sfa_problem *p, const 
     kp.out_lse = p->lse ? (float *)p->lse->data : nullptr;
     kp.o = nullptr;
     kp.gate = c.d_bad;
-    const cudaError_t e = spattn_sfa_fast_fwd_launch(&kp, p->dtype == SPATTN_DTYPE_BF16, st);
+    // heads per key head <= 32: keys as the MMA rows (sfa_fwd_small.cu); more: heads as the rows,
+    // 64 per CTA (sfa_fwd.cu)
+    const int bf16 = p->dtype == SPATTN_DTYPE_BF16;
+    const cudaError_t e = kp.H <= 32 ? spattn_sfa_small_fwd_launch(&kp, bf16, st) : spattn_sfa_fast_fwd_launch(&kp, bf16, st);
     return check_finish(p, st, &c, e);
 }
 

@@ -702,6 +702,13 @@ static int small_tests(bool quick) {
         cs.back().pad_any = 1;
         cs.push_back(mk("h64_k_gt_s2_dups", 1, 12, 20, 64, 1, 64, 1, 0, BF));
         cs.back().dups = 1;
+        // the small-head kernel (H <= 32: keys as MMA rows): H 1, 24 (padded to 32), 32 with GQA,
+        // an odd number of 64-key blocks, long index rows
+        cs.push_back(mk("h1_mqa_k300_mode0", 1, 33, 400, 1, 1, 300, 1, 0, BF));
+        cs.back().pad_any = 1;
+        cs.push_back(mk("h24_n2_sbs16", 2, 20, 600, 48, 2, 20, 16, 3, FP));
+        cs.push_back(mk("h32_n4_k700_dups", 1, 16, 2000, 128, 4, 700, 2, 3, BF));
+        cs.back().dups = 1;
     }
     uint64_t seed = 100;
     for (auto &c : cs) {

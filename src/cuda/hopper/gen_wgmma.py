@@ -3,7 +3,7 @@
 accumulators, fp16/bf16 operands; SS = A and B from shared memory, RS = A from registers).
 Run: python3 src/cuda/hopper/gen_wgmma.py > src/cuda/hopper/wgmma_ops.cuh"""
 
-NS = (64, 128, 256)
+NS = (8, 16, 32, 64, 128, 256)
 TYPES = (("f16", "__half"), ("bf16", "__nv_bfloat16"))
 
 

@@ -141,6 +141,12 @@ template <> struct elt<__half> {
     template <int TB> static __device__ __forceinline__ void rs64(float (&d)[32], const uint32_t (&a)[4], uint64_t b, int s) { wgmma_rs_m64n64k16_f16<TB>(d, a, b, s); }
     template <int TA, int TB> static __device__ __forceinline__ void ss256(float (&d)[128], uint64_t a, uint64_t b, int s) { wgmma_ss_m64n256k16_f16<TA, TB>(d, a, b, s); }
     template <int TB> static __device__ __forceinline__ void rs256(float (&d)[128], const uint32_t (&a)[4], uint64_t b, int s) { wgmma_rs_m64n256k16_f16<TB>(d, a, b, s); }
+    // m64nNk16 for the narrow N of the sfa small-head kernel (N = 8, 16, 32)
+    template <int N, int TA, int TB> static __device__ __forceinline__ void ssn(float (&d)[N / 2], uint64_t a, uint64_t b, int s) {
+        if constexpr (N == 8) wgmma_ss_m64n8k16_f16<TA, TB>(d, a, b, s);
+        else if constexpr (N == 16) wgmma_ss_m64n16k16_f16<TA, TB>(d, a, b, s);
+        else wgmma_ss_m64n32k16_f16<TA, TB>(d, a, b, s);
+    }
 };
 template <> struct elt<__nv_bfloat16> {
     static __device__ __forceinline__ uint32_t pack(float a, float b) {
@@ -154,6 +160,12 @@ template <> struct elt<__nv_bfloat16> {
     template <int TB> static __device__ __forceinline__ void rs64(float (&d)[32], const uint32_t (&a)[4], uint64_t b, int s) { wgmma_rs_m64n64k16_bf16<TB>(d, a, b, s); }
     template <int TA, int TB> static __device__ __forceinline__ void ss256(float (&d)[128], uint64_t a, uint64_t b, int s) { wgmma_ss_m64n256k16_bf16<TA, TB>(d, a, b, s); }
     template <int TB> static __device__ __forceinline__ void rs256(float (&d)[128], const uint32_t (&a)[4], uint64_t b, int s) { wgmma_rs_m64n256k16_bf16<TB>(d, a, b, s); }
+    // m64nNk16 for the narrow N of the sfa small-head kernel (N = 8, 16, 32)
+    template <int N, int TA, int TB> static __device__ __forceinline__ void ssn(float (&d)[N / 2], uint64_t a, uint64_t b, int s) {
+        if constexpr (N == 8) wgmma_ss_m64n8k16_bf16<TA, TB>(d, a, b, s);
+        else if constexpr (N == 16) wgmma_ss_m64n16k16_bf16<TA, TB>(d, a, b, s);
+        else wgmma_ss_m64n32k16_bf16<TA, TB>(d, a, b, s);
+    }
 };
 
 }  // namespace hop

@@ -1,0 +1,462 @@
+// Top-k sparse flash attention forward for Hopper (sm_90a) with few query heads per key head
+// (H = N1 / N2 <= 32): the keys are the MMA rows, so no MMA row is padding.  Same operator and
+// layout contract as sfa_fwd.cu (D = 512 value / nope part plus Dr = 64 rope, V = K's first 512
+// columns, any sbs, modes 0 and 3, GQA); the 64-head kernel there pads H to 64 MMA rows, which
+// made the small-head cases cost as much per key as 64 heads.
+//
+// One CTA = one query token (b, s1, n2) and its H heads (N = H rounded up to 8, 16 or 32: the
+// wgmma N).  384 threads:
+//   - warpgroup 0, the producer: gathers the selected key rows, 64 per block, 576 columns, with
+//     16-byte cp.async into the 128-byte-swizzled layout wgmma reads (as sfa_fwd.cu); block 2j
+//     goes to buffer 0, 2j + 1 to buffer 1, each completed and released in two halves (columns
+//     0-255; 256-575);
+//   - warpgroups 1 and 2, the consumers: warpgroup c owns buffer c (even / odd blocks) and runs
+//     its own online softmax over its blocks, with its own O^T:
+//       S^T = K Q^T      (64 keys x N heads; A = the key block, B = Q, both K-major in shared memory)
+//       P^T = exp2(S^T * scale_log2 - m)  per head (column): the block max over the 64 keys is a
+//                        shuffle within each warp and a 4-warp exchange in shared memory
+//       O^T += V^T P^T   (512 x N in 8 tiles of 64; A = V^T, the block read MN-major; B = P, stored
+//                        [N heads][64 keys] in shared memory)
+//     so the two warpgroups never wait for each other inside the loop.  At the end each
+//     finalises 256 of the 512 output columns, merging the other's partial (m, l, O) as a
+//     split-KV combine.
+// Softmax in base 2, fp32; rows with no valid key get O = 0 and LSE = -inf; a NaN score (or
+// +inf) makes O and LSE of its head NaN.
+#include <math.h>
+
+#include "hopper/hopper.cuh"
+#include "sfa_common.cuh"
+
+namespace {
+
+using sfa::Params;
+
+constexpr int BK = 64;               // selected keys per block (MMA rows)
+constexpr int NBOX = sfa::DQK / 64;  // 9 boxes of 64 columns (128 bytes) per key row
+constexpr int BOX = 64 * 128;        // one box of 64 key rows
+constexpr int TILE = NBOX * BOX;     // one key block: 73728 bytes
+
+template <int N> struct SmallCfg {
+    static constexpr int QBOX = N * 128;                              // a 64-column box of Q (N rows)
+    static constexpr int OFF_K = 0;                                   // 2 key buffers
+    static constexpr int OFF_Q = 2 * TILE;                            // [9 boxes][N][128 B]
+    static constexpr int OFF_P = OFF_Q + NBOX * QBOX;                 // [2 wg][2 phase][N][128 B]
+    static constexpr int OFF_RED = OFF_P + 4 * N * 128;               // [2 wg][2 phase][4 warps][N] fp32
+    static constexpr int OFF_M = OFF_RED + 2 * 2 * 4 * N * 4;         // [2 wg][N] fp32 final max
+    static constexpr int OFF_L = OFF_M + 2 * N * 4;                   // [2 wg][4 warps][N] fp32 sums
+    static constexpr int OFF_VALID = OFF_L + 2 * 4 * N * 4;           // [2][64]
+    static constexpr int OFF_BAR = OFF_VALID + 2 * BK;                // rdy[2][2], fre[2][2], vbar[2]
+    static constexpr int OFF_LAST = OFF_BAR + 10 * 8;
+    static constexpr int SMEM = OFF_LAST + 16 + 1024;                 // + alignment slack
+    static_assert(OFF_Q % 1024 == 0 && OFF_P % 1024 == 0 && QBOX % 1024 == 0, "swizzle atoms");
+    static_assert(OFF_BAR % 8 == 0, "mbarrier alignment");
+    static_assert(SMEM <= 232448, "fits in 227 KB");
+    // the final exchange of O^T quarters (2 x 4 tiles x N/2 x 128 fp32) reuses the key buffers
+    static_assert(2 * 4 * (N / 2) * 128 * 4 <= 2 * TILE, "exchange fits");
+};
+
+// named barriers: NB_Q consumers (256); NB_RED + c, NB_O + c one consumer warpgroup (128);
+// NB_SCAN all 384; 0 is __syncthreads
+enum { NB_Q = 1, NB_RED = 2 /* and 3 */, NB_O = 4 /* and 5 */, NB_SCAN = 9 };
+
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ uint32_t sw128(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
+
+template <int N, typename T>
+__global__ void __launch_bounds__(384, 1) sfa_fwd_small_kernel(const __grid_constant__ Params p) {
+    using C = SmallCfg<N>;
+    constexpr int NJ = N / 8;  // column groups of 8 heads in an m64nN accumulator
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char *sm = hop::align1024(smem_raw);
+    unsigned char *sQ = sm + C::OFF_Q;
+    float *sRed = reinterpret_cast<float *>(sm + C::OFF_RED);
+    float *sMf = reinterpret_cast<float *>(sm + C::OFF_M);
+    float *sLf = reinterpret_cast<float *>(sm + C::OFF_L);
+    uint8_t *valid = sm + C::OFF_VALID;  // [2][64]
+    uint64_t *rdy = reinterpret_cast<uint64_t *>(sm + C::OFF_BAR);  // [buffer][half]
+    uint64_t *fre = rdy + 4, *vbar = rdy + 8;                         // vbar[buffer]
+    int *s_last = reinterpret_cast<int *>(sm + C::OFF_LAST);
+
+    const int s1 = p.S1 - 1 - (int)blockIdx.x;  // the longest rows (mode 3) first
+    const int b = blockIdx.y / p.N2, n2 = blockIdx.y % p.N2;
+    const int head0 = n2 * p.H, nh = p.H;
+    const int lim = p.mode == 3 ? p.S2 - p.S1 + s1 : p.S2 - 1;
+    const int32_t *irow = p.idx + b * p.sidx[0] + (int64_t)s1 * p.sidx[1] + n2 * p.sidx[2];
+    const int64_t si3 = p.sidx[3];
+    const T *qb = static_cast<const T *>(p.q) + b * p.sq[0] + (int64_t)s1 * p.sq[1];
+    const T *qrb = static_cast<const T *>(p.qr) + b * p.sqr[0] + (int64_t)s1 * p.sqr[1];
+    // warp-uniform in the compiler's view (a shuffle), so wgmma is not in a divergent path
+    const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 7), 0), t = threadIdx.x & 127;
+    // the index scan's verdict (see sfa_fwd.cu): loaded now, used at the stores
+    const unsigned long long gate = p.gate ? *reinterpret_cast<const volatile unsigned long long *>(p.gate) : ~0ull;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < 4; i++) {
+            hop::mbar_init(rdy + i, 128);
+            hop::mbar_init(fre + i, 128);
+        }
+        hop::mbar_init(vbar, 16);
+        hop::mbar_init(vbar + 1, 16);
+        *s_last = -1;
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    auto npairs_of = [](int last) { return last < 0 ? 0 : last / (2 * BK) + 1; };
+
+    if (wg == 0) {  // ------------------------------------------------------------------ producer
+        hop::setmaxnreg_dec<72>();
+        const int grp = t >> 3, ig = t & 7;  // rows grp + 16 r of each block; 16-byte chunk ig
+        const T *kb = static_cast<const T *>(p.k) + b * p.sk[0] + n2 * p.sk[2] + ig * 8;
+        const T *krb = static_cast<const T *>(p.kr) + b * p.skr[0] + n2 * p.skr[2] + ig * 8;
+        auto cp16 = [&](unsigned char *dst, const T *src, int bytes) {
+            asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(hop::smem_u32(dst)), "l"(src), "r"(bytes)
+                         : "memory");
+        };
+        auto copy = [&](unsigned char *dst, const int (&key)[4], int box0, int box1) {
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int row = grp + 16 * r, ok = key[r] >= 0;
+                const T *nope = kb + (int64_t)(ok ? key[r] : 0) * p.sk[1];
+                const T *rope = krb + (int64_t)(ok ? key[r] : 0) * p.skr[1];
+#pragma unroll
+                for (int x = box0; x < box1; x++)
+                    cp16(dst + x * BOX + sw128(row, ig), x < 8 ? nope + x * 64 : rope, ok ? 16 : 0);
+            }
+        };
+        unsigned char *buf0 = sm + C::OFF_K, *buf1 = buf0 + TILE;
+        int np = 1;  // pair 0 is gathered before the scan's answer (harmless when it is 0)
+        for (int i = 0; i < np; i++) {
+            const uint32_t fp = (i & 1) ^ 1;
+            int k0[4], k1[4];
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                k0[r] = sfa::key_of(p, irow, si3, (2 * i) * BK + grp + 16 * r, lim);
+                k1[r] = sfa::key_of(p, irow, si3, (2 * i + 1) * BK + grp + 16 * r, lim);
+            }
+            // each consumer reads columns 0-255 first
+            hop::mbar_wait(fre + 0, fp);
+            copy(buf0, k0, 0, 4);
+            hop::cp_async_arrive_noinc(rdy + 0);
+            hop::mbar_wait(fre + 2, fp);
+            copy(buf1, k1, 0, 4);
+            hop::cp_async_arrive_noinc(rdy + 2);
+            // a buffer's flags are rewritten once its consumer released both halves (it read them)
+            hop::mbar_wait(fre + 1, fp);
+            copy(buf0, k0, 4, NBOX);
+            hop::cp_async_arrive_noinc(rdy + 1);
+            if (ig == 0) {
+#pragma unroll
+                for (int r = 0; r < 4; r++) valid[grp + 16 * r] = k0[r] >= 0;
+                hop::mbar_arrive(vbar);
+            }
+            hop::mbar_wait(fre + 3, fp);
+            copy(buf1, k1, 4, NBOX);
+            hop::cp_async_arrive_noinc(rdy + 3);
+            if (ig == 0) {
+#pragma unroll
+                for (int r = 0; r < 4; r++) valid[BK + grp + 16 * r] = k1[r] >= 0;
+                hop::mbar_arrive(vbar + 1);
+            }
+            if (i == 0) {
+                hop::bar_sync(NB_SCAN, 384);
+                np = npairs_of(*s_last);
+            }
+        }
+        sfa::cp_async_wait<0>();
+        __syncthreads();  // the consumers' final exchange reuses the key buffers
+        return;
+    }
+
+    // ------------------------------------------------------------------------------- consumers
+    hop::setmaxnreg_inc<216>();
+    const int c = wg - 1;  // buffer c: blocks c, c + 2, ...
+    const int warp = t >> 5, lane = t & 31, q4 = lane & 3;
+    const int r0 = warp * 16 + (lane >> 2);  // this thread's rows (keys; in O^T: columns d) r0, r0 + 8
+    const float sl2 = p.scale_log2;
+    unsigned char *buf = sm + C::OFF_K + c * TILE;
+
+    float o[8][N / 2], st[N / 2];
+    float m[NJ][2], l[NJ][2];  // per column (head 8 g + 2 q4 + h) of this thread
+#pragma unroll
+    for (int d = 0; d < 8; d++)
+#pragma unroll
+        for (int x = 0; x < N / 2; x++) o[d][x] = 0.f;
+#pragma unroll
+    for (int g = 0; g < NJ; g++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            // -1e30 instead of -inf keeps exp2(m_old - m_new) finite while a head has no valid key
+            m[g][h] = -1e30f;
+            l[g][h] = 0.f;
+        }
+
+    {  // Q (rows past nh are zero)
+        for (int x = t + c * 128; x < N * NBOX * 8; x += 256) {
+            const int h = x / (NBOX * 8), ch = x % (NBOX * 8), ok = h < nh;
+            const T *src = !ok ? qb : ch < 64 ? qb + (int64_t)(head0 + h) * p.sq[2] + ch * 8
+                                              : qrb + (int64_t)(head0 + h) * p.sqr[2] + (ch - 64) * 8;
+            sfa::cp_async16(sQ + (ch >> 3) * C::QBOX + sw128(h, ch & 7), src, ok ? 16 : 0);
+        }
+        sfa::cp_async_commit();
+    }
+    {  // pre-scan: the last valid slot decides how many block pairs are visited
+        const int kmax = min(p.S2 - 1, lim);
+        int last = -1;
+        for (int e = t + c * 128; e < p.K; e += 256) {
+            const int bi = __ldg(irow + e * si3);
+            if (bi >= 0 && bi < p.nblk) {
+                const long long k0 = (long long)bi << p.log2sbs;
+                if (k0 <= kmax) last = max(last, (e << p.log2sbs) + (int)min((long long)p.sbs - 1, kmax - k0));
+            }
+        }
+        for (int x = 16; x > 0; x >>= 1) last = max(last, __shfl_xor_sync(0xffffffffu, last, x));
+        if (lane == 0 && last >= 0) atomicMax(s_last, last);
+    }
+    sfa::cp_async_wait<0>();
+    hop::fence_proxy_async();
+    hop::bar_sync(NB_Q, 256);
+    const int npairs = npairs_of(*s_last);
+    hop::bar_arrive(NB_SCAN, 384);
+
+    // Descriptors, k-steps added to the address field at each use (hop::desc_add)
+    const uint64_t kd = hop::desc_sw128(buf, 16, 1024), qd = hop::desc_sw128(sQ, 16, 1024);
+    const uint64_t vd = hop::desc_sw128(buf, BOX, 1024);
+    auto kdesc = [&](int kk) { return hop::desc_add(kd, (kk >> 2) * BOX + (kk & 3) * 32); };
+    auto qdesc = [&](int kk) { return hop::desc_add(qd, (kk >> 2) * C::QBOX + (kk & 3) * 32); };
+    // V^T tile dt (d = 64 dt ..) read MN-major: 16 keys (rows of 128 bytes) per k-step
+    auto vdesc = [&](int dt, int kk) { return hop::desc_add(vd, dt * BOX + kk * 16 * 128); };
+
+    for (int j = 0; j < npairs; j++) {
+        const uint32_t ph = j & 1;
+        unsigned char *sP = sm + C::OFF_P + (c * 2 + ph) * N * 128;
+        float *red = sRed + (c * 2 + ph) * 4 * N;
+        // S^T = K Q^T, 36 k-steps; columns 0-255 are completed first
+        hop::mbar_wait(rdy + 2 * c, ph);
+        hop::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 16; kk++) hop::elt<T>::template ssn<N, 0, 0>(st, kdesc(kk), qdesc(kk), kk > 0);
+        hop::wgmma_commit();
+        hop::mbar_wait(rdy + 2 * c + 1, ph);
+        hop::wgmma_fence();
+#pragma unroll
+        for (int kk = 16; kk < 4 * NBOX; kk++) hop::elt<T>::template ssn<N, 0, 0>(st, kdesc(kk), qdesc(kk), 1);
+        hop::wgmma_commit();
+        hop::wgmma_wait<0>();
+        hop::reg_fence(st);
+
+        // scaled scores, invalid keys (rows) at -inf; per column the block max over the 64 keys
+        hop::mbar_wait(vbar + c, ph);
+        const bool v0 = valid[c * BK + r0], v1 = valid[c * BK + r0 + 8];
+        float bm[NJ][2];
+#pragma unroll
+        for (int g = 0; g < NJ; g++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float &a = st[4 * g + h], &bb = st[4 * g + 2 + h];
+                a = v0 ? a * sl2 : -INFINITY;
+                bb = v1 ? bb * sl2 : -INFINITY;
+                float x = fmaxf(a, bb);
+                x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
+                x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
+                x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
+                bm[g][h] = x;
+            }
+        if (lane < 4) {
+#pragma unroll
+            for (int g = 0; g < NJ; g++)
+                *reinterpret_cast<float2 *>(red + warp * N + 8 * g + 2 * q4) = make_float2(bm[g][0], bm[g][1]);
+        }
+        hop::bar_sync(NB_RED + c, 128);
+        float alpha[NJ][2];
+#pragma unroll
+        for (int g = 0; g < NJ; g++) {
+            float2 x = *reinterpret_cast<const float2 *>(red + 8 * g + 2 * q4);
+#pragma unroll
+            for (int w = 1; w < 4; w++) {
+                const float2 y = *reinterpret_cast<const float2 *>(red + w * N + 8 * g + 2 * q4);
+                x.x = fmaxf(x.x, y.x);
+                x.y = fmaxf(x.y, y.y);
+            }
+            const float n0 = fmaxf(m[g][0], x.x), n1 = fmaxf(m[g][1], x.y);
+            alpha[g][0] = ex2(m[g][0] - n0);
+            alpha[g][1] = ex2(m[g][1] - n1);
+            m[g][0] = n0;
+            m[g][1] = n1;
+        }
+        // P^T, the running sums, O^T rescaled (its previous P V completed at the last wait)
+#pragma unroll
+        for (int g = 0; g < NJ; g++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const float pa = ex2(st[4 * g + h] - m[g][h]), pb = ex2(st[4 * g + 2 + h] - m[g][h]);
+                st[4 * g + h] = pa;
+                st[4 * g + 2 + h] = pb;
+                l[g][h] = l[g][h] * alpha[g][h] + pa + pb;
+            }
+#pragma unroll
+        for (int d = 0; d < 8; d++)
+#pragma unroll
+            for (int g = 0; g < NJ; g++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    o[d][4 * g + h] *= alpha[g][h];
+                    o[d][4 * g + 2 + h] *= alpha[g][h];
+                }
+        // P = (P^T)^T into [N heads][64 keys], 128-byte rows, swizzled (the B operand, K-major)
+#pragma unroll
+        for (int g = 0; g < NJ; g++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int col = 8 * g + 2 * q4 + h;
+                const uint32_t pk = hop::elt<T>::pack(st[4 * g + h], st[4 * g + 2 + h]);  // rows r0, r0 + 8
+                *reinterpret_cast<uint16_t *>(sP + sw128(col, r0 >> 3) + (r0 & 7) * 2) = (uint16_t)(pk & 0xffffu);
+                *reinterpret_cast<uint16_t *>(sP + sw128(col, (r0 >> 3) + 1) + (r0 & 7) * 2) = (uint16_t)(pk >> 16);
+            }
+        hop::fence_proxy_async();
+        hop::bar_sync(NB_RED + c, 128);
+        // O^T += V^T P^T: d-tiles 0-3 (columns 0-255 of the block), then 4-7; each half of the
+        // buffer is released as soon as its GEMMs have read it (the rope box after S^T)
+        const uint64_t pd = hop::desc_sw128(sP, 16, 1024);
+        hop::wgmma_fence();
+#pragma unroll
+        for (int d = 0; d < 4; d++)
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) hop::elt<T>::template ssn<N, 1, 0>(o[d], vdesc(d, kk), hop::desc_add(pd, kk * 32), 1);
+        hop::wgmma_commit();
+#pragma unroll
+        for (int d = 4; d < 8; d++)
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) hop::elt<T>::template ssn<N, 1, 0>(o[d], vdesc(d, kk), hop::desc_add(pd, kk * 32), 1);
+        hop::wgmma_commit();
+        hop::wgmma_wait<1>();
+#pragma unroll
+        for (int d = 0; d < 4; d++) hop::reg_fence(o[d]);
+        hop::mbar_arrive(fre + 2 * c);
+        hop::wgmma_wait<0>();
+#pragma unroll
+        for (int d = 4; d < 8; d++) hop::reg_fence(o[d]);
+        hop::mbar_arrive(fre + 2 * c + 1);
+    }
+
+    // ---- epilogue: per head, this warpgroup's max and the row sums of its 4 warps; then each
+    // warpgroup finalises 256 output columns: its own O^T quarter tiles 4c..4c+3 merged with the
+    // other's (exchanged through the free key buffers)
+#pragma unroll
+    for (int g = 0; g < NJ; g++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float x = l[g][h];
+            x += __shfl_xor_sync(0xffffffffu, x, 4);
+            x += __shfl_xor_sync(0xffffffffu, x, 8);
+            x += __shfl_xor_sync(0xffffffffu, x, 16);
+            l[g][h] = x;
+        }
+    // with the producer: its copies have all landed (pair 0 is gathered even when no pair is
+    // visited), so the key buffers can carry the exchange
+    __syncthreads();
+    if (lane < 4) {
+#pragma unroll
+        for (int g = 0; g < NJ; g++) {
+            *reinterpret_cast<float2 *>(sLf + (c * 4 + warp) * N + 8 * g + 2 * q4) = make_float2(l[g][0], l[g][1]);
+            if (warp == 0) *reinterpret_cast<float2 *>(sMf + c * N + 8 * g + 2 * q4) = make_float2(m[g][0], m[g][1]);
+        }
+    }
+    float *ex = reinterpret_cast<float *>(sm + C::OFF_K);  // [source wg][4 tiles][N/2][128 threads]
+#pragma unroll
+    for (int tt = 0; tt < 4; tt++)
+#pragma unroll
+        for (int x = 0; x < N / 2; x++)  // the other's quarter (selects: no dynamic register index)
+            ex[((c * 4 + tt) * (N / 2) + x) * 128 + t] = c ? o[tt][x] : o[4 + tt][x];
+    hop::bar_sync(NB_Q, 256);
+
+    float so[NJ][2], sx[NJ][2], inv[NJ][2], lf[NJ][2], mf[NJ][2];
+#pragma unroll
+    for (int g = 0; g < NJ; g++) {
+        const int col = 8 * g + 2 * q4;
+        const float2 mo = *reinterpret_cast<const float2 *>(sMf + c * N + col);
+        const float2 mx = *reinterpret_cast<const float2 *>(sMf + (1 - c) * N + col);
+        float2 lo = make_float2(0.f, 0.f), lx = make_float2(0.f, 0.f);
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            const float2 a = *reinterpret_cast<const float2 *>(sLf + (c * 4 + w) * N + col);
+            const float2 bb = *reinterpret_cast<const float2 *>(sLf + ((1 - c) * 4 + w) * N + col);
+            lo.x += a.x;
+            lo.y += a.y;
+            lx.x += bb.x;
+            lx.y += bb.y;
+        }
+        const float own[2] = {mo.x, mo.y}, oth[2] = {mx.x, mx.y}, lown[2] = {lo.x, lo.y}, loth[2] = {lx.x, lx.y};
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const float mm = fmaxf(own[h], oth[h]);
+            so[g][h] = ex2(own[h] - mm);
+            sx[g][h] = ex2(oth[h] - mm);
+            const float ll = lown[h] * so[g][h] + loth[h] * sx[g][h];
+            lf[g][h] = ll;
+            mf[g][h] = mm;
+            inv[g][h] = ll > 0.f ? 1.f / ll : ll == 0.f ? 0.f : ll;
+        }
+    }
+    // O (normalised, T) staged as [N heads][512] rows of 1024 bytes in the Q area (free: every
+    // S GEMM has completed), then 16-byte row-contiguous global stores of this half
+    unsigned char *os = sQ;
+#pragma unroll
+    for (int tt = 0; tt < 4; tt++)
+#pragma unroll
+        for (int g = 0; g < NJ; g++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int rr = 0; rr < 2; rr++) {
+                    const int x = 4 * g + 2 * rr + h, col = 8 * g + 2 * q4 + h, d = (4 * c + tt) * 64 + r0 + 8 * rr;
+                    const float other = ex[(((1 - c) * 4 + tt) * (N / 2) + x) * 128 + t];
+                    const float mine = c ? o[4 + tt][x] : o[tt][x];
+                    const float v = (mine * so[g][h] + other * sx[g][h]) * inv[g][h];
+                    const uint32_t pk = hop::elt<T>::pack(v, 0.f);
+                    *reinterpret_cast<uint16_t *>(os + col * 1024 + d * 2) = (uint16_t)(pk & 0xffffu);
+                }
+    hop::bar_sync(NB_O + c, 128);
+    T *ob = static_cast<T *>(p.out_o) + b * p.so[0] + (int64_t)s1 * p.so[1] + (int64_t)head0 * p.so[2] + c * 256;
+    for (int x = t; x < nh * 32; x += 128) {
+        const int row = x >> 5, ch = x & 31;
+        if (gate == ~0ull)
+            __stcs(reinterpret_cast<int4 *>(ob + (int64_t)row * p.so[2] + ch * 8),
+                   *reinterpret_cast<const int4 *>(os + row * 1024 + (c * 256 + ch * 8) * 2));  // streamed
+    }
+    if (c == 0 && warp == 0 && lane < 4 && p.out_lse && gate == ~0ull) {
+        float *lse = p.out_lse + b * p.slse[0] + (int64_t)s1 * p.slse[1];
+#pragma unroll
+        for (int g = 0; g < NJ; g++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int col = 8 * g + 2 * q4 + h;
+                const float ll = lf[g][h];
+                if (col < nh)
+                    lse[(int64_t)(head0 + col) * p.slse[2]] =
+                        ll > 0.f ? (mf[g][h] + log2f(ll)) * 0.69314718055994531f : ll == 0.f ? -INFINITY : ll;
+            }
+    }
+}
+
+template <int N, typename T> cudaError_t launch(const Params &p, cudaStream_t st) {
+    static unsigned long long done = 0;
+    const cudaError_t e = hop::set_smem(sfa_fwd_small_kernel<N, T>, SmallCfg<N>::SMEM, &done);
+    if (e != cudaSuccess) return e;
+    sfa_fwd_small_kernel<N, T><<<dim3((unsigned)p.S1, (unsigned)(p.B * p.N2)), 384, SmallCfg<N>::SMEM, st>>>(p);
+    return cudaGetLastError();
+}
+
+template <typename T> cudaError_t launch_h(const Params &p, cudaStream_t st) {
+    return p.H <= 8 ? launch<8, T>(p, st) : p.H <= 16 ? launch<16, T>(p, st) : launch<32, T>(p, st);
+}
+
+}  // namespace
+
+// Launcher used by sfa_host.cu for H = N1 / N2 <= 32.
+extern "C" cudaError_t spattn_sfa_small_fwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st) {
+    return is_bf16 ? launch_h<__nv_bfloat16>(*p, st) : launch_h<__half>(*p, st);
+}
