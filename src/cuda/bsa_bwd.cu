@@ -209,86 +209,86 @@ __global__ void __launch_bounds__(384, 1)
         const uint64_t dDOn = hop::desc_sw128(sDO + s * C::T_BYTES, BM * 128, 1024);
         // an empty own half skips S, P, dV, dP, dS and dK (its dS rows are left out of dQ below)
         if (my) {
-        hop::mbar_wait(full + s, (it / ST) & 1);
+            hop::mbar_wait(full + s, (it / ST) & 1);
 
-        // S^T = K Q^T (64 keys x 64 queries).  dP^T comes after P^T is packed: S^T, dP^T and the
-        // dK / dV accumulators do not fit in registers together at D = 128.
-        hop::wgmma_fence();
+            // S^T = K Q^T (64 keys x 64 queries).  dP^T comes after P^T is packed: S^T, dP^T and the
+            // dK / dV accumulators do not fit in registers together at D = 128.
+            hop::wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < DP / 16; kk++) hop::elt<T>::template ss64<0, 0>(st, kmaj(dK, BN, kk), kmaj(dQk, BM, kk), kk > 0);
-        hop::wgmma_commit();
-        hop::wgmma_wait<0>();
-        hop::reg_fence(st);
+            for (int kk = 0; kk < DP / 16; kk++) hop::elt<T>::template ss64<0, 0>(st, kmaj(dK, BN, kk), kmaj(dQk, BM, kk), kk > 0);
+            hop::wgmma_commit();
+            hop::wgmma_wait<0>();
+            hop::reg_fence(st);
 
-        // P^T; partial tiles: keys past Skv and the token mask (mask[i / bx][j / by])
-        hop::mbar_wait(fullLD + s, (it / ST) & 1);
-        const float *L = sLD + s * 2 * BM, *Dl = L + BM;  // per query column of the tile
-        const uint8_t *mb = p.mask.p + (long long)b * p.mask.s0 + (long long)n * p.mask.s1;
+            // P^T; partial tiles: keys past Skv and the token mask (mask[i / bx][j / by])
+            hop::mbar_wait(fullLD + s, (it / ST) & 1);
+            const float *L = sLD + s * 2 * BM, *Dl = L + BM;  // per query column of the tile
+            const uint8_t *mb = p.mask.p + (long long)b * p.mask.s0 + (long long)n * p.mask.s1;
 #pragma unroll
-        for (int j = 0; j < 8; j++)
+            for (int j = 0; j < 8; j++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int i = m * BM + 8 * j + 2 * q4 + h;  // query column of accumulators 4 j + 2 r + h
-                const uint8_t *mrow = mb + (long long)min(bsa_div(i, p.bx, p.inv_bx), p.nbx - 1) * p.mask.s2;
+                for (int h = 0; h < 2; h++) {
+                    const int i = m * BM + 8 * j + 2 * q4 + h;  // query column of accumulators 4 j + 2 r + h
+                    const uint8_t *mrow = mb + (long long)min(bsa_div(i, p.bx, p.inv_bx), p.nbx - 1) * p.mask.s2;
 #pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    const int x = 4 * j + 2 * r + h;  // row kr + 8 r
-                    const bool ok = !part || (i < p.Sq && kcol[r] >= 0 && __ldg(mrow + kcol[r]));
-                    st[x] = ok ? bsa_exp2(st[x] * sl2 - L[8 * j + 2 * q4 + h]) : 0.f;
+                    for (int r = 0; r < 2; r++) {
+                        const int x = 4 * j + 2 * r + h;  // row kr + 8 r
+                        const bool ok = !part || (i < p.Sq && kcol[r] >= 0 && __ldg(mrow + kcol[r]));
+                        st[x] = ok ? bsa_exp2(st[x] * sl2 - L[8 * j + 2 * q4 + h]) : 0.f;
+                    }
                 }
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                pa[kk][0] = hop::elt<T>::pack(st[8 * kk], st[8 * kk + 1]);
+                pa[kk][1] = hop::elt<T>::pack(st[8 * kk + 2], st[8 * kk + 3]);
+                pa[kk][2] = hop::elt<T>::pack(st[8 * kk + 4], st[8 * kk + 5]);
+                pa[kk][3] = hop::elt<T>::pack(st[8 * kk + 6], st[8 * kk + 7]);
+            }
+            // dV += P^T dO (A from registers, B MN-major: 16 query rows per k-step); dP^T = V dO^T
+            hop::wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                if constexpr (DP == 128) hop::elt<T>::template rs128<1>(dv, pa[kk], hop::desc_add(dDOn, kk * 2048), 1);
+                else hop::elt<T>::template rs64<1>(dv, pa[kk], hop::desc_add(dDOn, kk * 2048), 1);
             }
 #pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
-            pa[kk][0] = hop::elt<T>::pack(st[8 * kk], st[8 * kk + 1]);
-            pa[kk][1] = hop::elt<T>::pack(st[8 * kk + 2], st[8 * kk + 3]);
-            pa[kk][2] = hop::elt<T>::pack(st[8 * kk + 4], st[8 * kk + 5]);
-            pa[kk][3] = hop::elt<T>::pack(st[8 * kk + 6], st[8 * kk + 7]);
-        }
-        // dV += P^T dO (A from registers, B MN-major: 16 query rows per k-step); dP^T = V dO^T
-        hop::wgmma_fence();
+            for (int kk = 0; kk < DP / 16; kk++) hop::elt<T>::template ss64<0, 0>(dpt, kmaj(dV, BN, kk), kmaj(dDOk, BM, kk), kk > 0);
+            hop::wgmma_commit();
+            hop::wgmma_wait<0>();
+            hop::reg_fence(dpt);
+            hop::reg_fence(dv);
+            // dS^T = P^T (dP^T - Delta) with P^T as packed (its rounding is of the order of dS^T's own,
+            // which the dK / dQ GEMMs see anyway)
 #pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
-            if constexpr (DP == 128) hop::elt<T>::template rs128<1>(dv, pa[kk], hop::desc_add(dDOn, kk * 2048), 1);
-            else hop::elt<T>::template rs64<1>(dv, pa[kk], hop::desc_add(dDOn, kk * 2048), 1);
-        }
+            for (int kk = 0; kk < 4; kk++)
 #pragma unroll
-        for (int kk = 0; kk < DP / 16; kk++) hop::elt<T>::template ss64<0, 0>(dpt, kmaj(dV, BN, kk), kmaj(dDOk, BM, kk), kk > 0);
-        hop::wgmma_commit();
-        hop::wgmma_wait<0>();
-        hop::reg_fence(dpt);
-        hop::reg_fence(dv);
-        // dS^T = P^T (dP^T - Delta) with P^T as packed (its rounding is of the order of dS^T's own,
-        // which the dK / dQ GEMMs see anyway)
+                for (int w = 0; w < 4; w++) {
+                    const float2 pp = hop::elt<T>::unpack(pa[kk][w]);
+                    const int x = 8 * kk + 2 * w, col = 16 * kk + 8 * (w >> 1) + 2 * q4;
+                    da[kk][w] = hop::elt<T>::pack(pp.x * (dpt[x] - Dl[col]), pp.y * (dpt[x + 1] - Dl[col + 1]));
+                }
+            // dK += dS^T Q
+            hop::wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < 4; kk++)
-#pragma unroll
-            for (int w = 0; w < 4; w++) {
-                const float2 pp = hop::elt<T>::unpack(pa[kk][w]);
-                const int x = 8 * kk + 2 * w, col = 16 * kk + 8 * (w >> 1) + 2 * q4;
-                da[kk][w] = hop::elt<T>::pack(pp.x * (dpt[x] - Dl[col]), pp.y * (dpt[x + 1] - Dl[col + 1]));
+            for (int kk = 0; kk < 4; kk++) {
+                if constexpr (DP == 128) hop::elt<T>::template rs128<1>(dk, da[kk], hop::desc_add(dQn, kk * 2048), 1);
+                else hop::elt<T>::template rs64<1>(dk, da[kk], hop::desc_add(dQn, kk * 2048), 1);
             }
-        // dK += dS^T Q
-        hop::wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
-            if constexpr (DP == 128) hop::elt<T>::template rs128<1>(dk, da[kk], hop::desc_add(dQn, kk * 2048), 1);
-            else hop::elt<T>::template rs64<1>(dk, da[kk], hop::desc_add(dQn, kk * 2048), 1);
-        }
-        hop::wgmma_commit();
+            hop::wgmma_commit();
         }
 
         // dS^T to shared memory ([128 keys][64 queries], swizzled) once the previous dQ read it
         hop::bar_sync(NB_DSE, 256);
         if (my) {
 #pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
-            const int R = c * 64 + kr;
-            *reinterpret_cast<uint32_t *>(sDS + sw128(R, 2 * kk) + q4 * 4) = da[kk][0];
-            *reinterpret_cast<uint32_t *>(sDS + sw128(R + 8, 2 * kk) + q4 * 4) = da[kk][1];
-            *reinterpret_cast<uint32_t *>(sDS + sw128(R, 2 * kk + 1) + q4 * 4) = da[kk][2];
-            *reinterpret_cast<uint32_t *>(sDS + sw128(R + 8, 2 * kk + 1) + q4 * 4) = da[kk][3];
-        }
-        hop::fence_proxy_async();
+            for (int kk = 0; kk < 4; kk++) {
+                const int R = c * 64 + kr;
+                *reinterpret_cast<uint32_t *>(sDS + sw128(R, 2 * kk) + q4 * 4) = da[kk][0];
+                *reinterpret_cast<uint32_t *>(sDS + sw128(R + 8, 2 * kk) + q4 * 4) = da[kk][1];
+                *reinterpret_cast<uint32_t *>(sDS + sw128(R, 2 * kk + 1) + q4 * 4) = da[kk][2];
+                *reinterpret_cast<uint32_t *>(sDS + sw128(R + 8, 2 * kk + 1) + q4 * 4) = da[kk][3];
+            }
+            hop::fence_proxy_async();
         }
         // dV / dK done before dQ is issued: with all three in flight the accumulators do not fit
         // (ptxas serialises / spills at D = 128)
