@@ -24,8 +24,12 @@
  *     a -inf score acts as a masked pair (all -inf: a row with no key).  The backward
  *     propagates them the same way (a NaN row gives NaN dQ and NaN dK, dV rows of the keys it
  *     attends).  Values a row does not attend never affect it, with one exception on CUDA:
- *     a non-finite v of a key that some rows of the same 128-row query tile attend and others
- *     mask out also reaches the latter through 0 * NaN in the tensor-core product.
+ *     the tensor-core products run over whole tiles, so a non-finite value in a tile also
+ *     reaches pairs of that tile the mask excludes through 0 * NaN (forward: v of a key that
+ *     some rows of the 128-row query tile attend; bsa backward: q, k, v, dO, O of the 64-row x
+ *     128-key tiles, e.g. a NaN q row makes dK / dV of the tile's keys NaN).  Such a value
+ *     only adds NaN, it never turns a result into a plausible finite number; the CPU backend
+ *     has no exception.
  *   - Results are deterministic by default: the same inputs give bitwise the same outputs for
  *     any CPU thread count and any launch.
  *   - Outputs must not overlap any input or each other (error SPATTN_STATUS_ALIASING); inputs
