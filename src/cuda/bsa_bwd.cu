@@ -47,8 +47,6 @@ template <int DP> struct BwdCfg {
 
 enum { NB_DS = 1, NB_DSE = 2 };
 
-__device__ __forceinline__ uint32_t sw128(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
-
 template <int DP, typename T>
 __global__ void __launch_bounds__(384, 1)
     bsa_bwd90_kernel(const bsa_params p, const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
@@ -283,10 +281,10 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
                 const int R = c * 64 + kr;
-                *reinterpret_cast<uint32_t *>(sDS + sw128(R, 2 * kk) + q4 * 4) = da[kk][0];
-                *reinterpret_cast<uint32_t *>(sDS + sw128(R + 8, 2 * kk) + q4 * 4) = da[kk][1];
-                *reinterpret_cast<uint32_t *>(sDS + sw128(R, 2 * kk + 1) + q4 * 4) = da[kk][2];
-                *reinterpret_cast<uint32_t *>(sDS + sw128(R + 8, 2 * kk + 1) + q4 * 4) = da[kk][3];
+                *reinterpret_cast<uint32_t *>(sDS + hop::sw128(R, 2 * kk) + q4 * 4) = da[kk][0];
+                *reinterpret_cast<uint32_t *>(sDS + hop::sw128(R + 8, 2 * kk) + q4 * 4) = da[kk][1];
+                *reinterpret_cast<uint32_t *>(sDS + hop::sw128(R, 2 * kk + 1) + q4 * 4) = da[kk][2];
+                *reinterpret_cast<uint32_t *>(sDS + hop::sw128(R + 8, 2 * kk + 1) + q4 * 4) = da[kk][3];
             }
             hop::fence_proxy_async();
         }

@@ -11,6 +11,7 @@
 #include "../core/internal.h"
 #include "bsa_launch.h"
 #include "convert.cuh"
+#include "scratch.h"
 #include "bsa_plan.h"
 
 namespace {
@@ -212,31 +213,6 @@ spattn_status fail(cudaError_t e, const char *what) {
     return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "bsa cuda: %s: %s", what, cudaGetErrorString(e));
 }
 
-// Workspace: the caller's, or stream-ordered allocation freed after the launches.
-struct Workspace {
-    char *base = nullptr;
-    bool owned = false;
-    cudaStream_t st = nullptr;
-    spattn_status get(const spattn_exec *ex, size_t bytes) {
-        st = (cudaStream_t)ex->stream;
-        if (bytes == 0) return SPATTN_STATUS_SUCCESS;
-        if (ex->workspace) {
-            base = static_cast<char *>(ex->workspace);
-            return SPATTN_STATUS_SUCCESS;
-        }
-        cudaError_t e = cudaMallocAsync((void **)&base, bytes, st);
-        if (e != cudaSuccess) {
-            cudaGetLastError();
-            return spattn_set_error(SPATTN_STATUS_OUT_OF_MEMORY, "bsa cuda: cudaMallocAsync(%zu bytes): %s", bytes,
-                                    cudaGetErrorString(e));
-        }
-        owned = true;
-        return SPATTN_STATUS_SUCCESS;
-    }
-    ~Workspace() {
-        if (owned) cudaFreeAsync(base, st);
-    }
-};
 
 }  // namespace
 
@@ -250,8 +226,8 @@ extern "C" size_t spattn_cuda_bsa_workspace(const spattn_bsa_problem *p, int bac
 
 extern "C" spattn_status spattn_cuda_bsa_fwd(const spattn_bsa_problem *pb, const spattn_exec *ex) {
     const Layout L = layout(pb, 0);
-    Workspace ws;
-    spattn_status s = ws.get(ex, L.total);
+    cuda_scratch ws;
+    spattn_status s = ws.get(ex, L.total, "bsa cuda");
     if (s != SPATTN_STATUS_SUCCESS) return s;
     cudaStream_t st = ws.st;
     cudaError_t e;
@@ -292,7 +268,7 @@ extern "C" spattn_status spattn_cuda_bsa_fwd(const spattn_bsa_problem *pb, const
 
 // Hopper backward: Delta / lse2, the two schedules at 64 x 128 tiles (from the plan when there
 // is one), one kernel for dK, dV, dQ (accumulator + postprocess).
-static spattn_status bwd90_run(const spattn_bsa_problem *pb, const spattn_exec *ex, const Layout &L, Workspace &ws) {
+static spattn_status bwd90_run(const spattn_bsa_problem *pb, const spattn_exec *ex, const Layout &L, cuda_scratch &ws) {
     cudaStream_t st = ws.st;
     cudaError_t e;
     const int dp = bsa_dpad(pb->D), bf16 = pb->dtype == SPATTN_DTYPE_BF16;
@@ -333,8 +309,8 @@ static spattn_status bwd90_run(const spattn_bsa_problem *pb, const spattn_exec *
 
 extern "C" spattn_status spattn_cuda_bsa_bwd(const spattn_bsa_problem *pb, const spattn_exec *ex) {
     const Layout L = layout(pb, bwd90(pb) ? 1 : 2);
-    Workspace ws;
-    spattn_status s = ws.get(ex, L.total);
+    cuda_scratch ws;
+    spattn_status s = ws.get(ex, L.total, "bsa cuda");
     if (s != SPATTN_STATUS_SUCCESS) return s;
     cudaStream_t st = ws.st;
     cudaError_t e;

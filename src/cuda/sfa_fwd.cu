@@ -25,16 +25,16 @@
 #include <math.h>
 
 #include "hopper/hopper.cuh"
-#include "sfa_common.cuh"
+#include "sfa_gather.cuh"
 
 namespace {
 
 using sfa::Params;
 
 constexpr int BH = 64;                  // query heads per CTA (MMA rows)
-constexpr int BK = 64;                  // selected keys per block
-constexpr int NBOX = sfa::DQK / 64;     // 9 boxes of 64 columns (128 bytes) per row
-constexpr int BOX = 64 * 128;           // one box of 64 rows
+constexpr int BK = sfa::GBK;                  // selected keys per block
+constexpr int NBOX = sfa::GNBOX;              // 9 boxes of 64 columns (128 bytes) per row
+constexpr int BOX = sfa::GBOX;                // one box of 64 rows
 constexpr int TILE = NBOX * BOX;        // Q tile or one key block: 73728 bytes
 constexpr int OFF_Q = 0, OFF_K = TILE, OFF_P1 = 3 * TILE, OFF_VALID = OFF_P1 + BOX;
 constexpr int OFF_M = OFF_VALID + 2 * BK, OFF_L = OFF_M + 32 * 8, OFF_BAR = OFF_L + 64 * 8;
@@ -44,14 +44,6 @@ static_assert(SMEM <= 232448, "fits in 227 KB");
 
 // named barriers (consumers only, 256 threads, except NB_SCAN: all 384)
 enum { NB_Q = 1, NB_M0 = 2, NB_M1 = 3, NB_P0 = 4, NB_P1 = 5, NB_O = 7 /* and 8 */, NB_SCAN = 9 /* 384 */ };
-
-__device__ __forceinline__ float ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
-__device__ __forceinline__ uint32_t sw128(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
 
 template <typename T>
 __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant__ Params p) {
@@ -95,63 +87,37 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
     __syncthreads();  // barrier init and s_last = -1 are visible
     // The consumers load Q and pre-scan the index row (the last valid slot decides how many block
     // pairs are visited) while the producer already gathers pair 0; it learns the count on NB_SCAN.
-    auto npairs_of = [](int last) { return last < 0 ? 0 : last / (2 * BK) + 1; };
 
     if (wg == 0) {  // ------------------------------------------------------------------ producer
         hop::setmaxnreg_dec<72>();
-        const int grp = t >> 3, ig = t & 7;  // rows grp + 16 r of each block; 16-byte chunk ig
-        const T *kb = static_cast<const T *>(p.k) + b * p.sk[0] + n2 * p.sk[2] + ig * 8;
-        const T *krb = static_cast<const T *>(p.kr) + b * p.skr[0] + n2 * p.skr[2] + ig * 8;
-        // keys are reused by many query tokens: keep them in L2 (evict_last), fetch 256-byte
-        // sectors (a row's neighbouring box comes with it)
-        auto cp16 = [&](unsigned char *dst, const T *src, int bytes) {
-            asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(hop::smem_u32(dst)), "l"(src), "r"(bytes)
-                         : "memory");
-        };
-        auto copy = [&](unsigned char *dst, const int (&key)[4], int box0, int box1) {
-#pragma unroll
-            for (int r = 0; r < 4; r++) {
-                const int row = grp + 16 * r, ok = key[r] >= 0;
-                const T *nope = kb + (int64_t)(ok ? key[r] : 0) * p.sk[1];
-                const T *rope = krb + (int64_t)(ok ? key[r] : 0) * p.skr[1];
-#pragma unroll
-                for (int x = box0; x < box1; x++)
-                    cp16(dst + x * BOX + sw128(row, ig), x < 8 ? nope + x * 64 : rope, ok ? 16 : 0);
-            }
-        };
+        const sfa::Gather<T> gat(p, b, n2, t);
         int np = 1;  // pair 0 is gathered before the scan's answer (harmless when it is 0)
         for (int i = 0; i < np; i++) {
             const uint32_t fp = (i & 1) ^ 1;
             int k0[4], k1[4];
-#pragma unroll
-            for (int r = 0; r < 4; r++) {
-                k0[r] = sfa::key_of(p, irow, si3, (2 * i) * BK + grp + 16 * r, lim);
-                k1[r] = sfa::key_of(p, irow, si3, (2 * i + 1) * BK + grp + 16 * r, lim);
-            }
+            gat.keys(p, irow, si3, 2 * i, lim, k0);
+            gat.keys(p, irow, si3, 2 * i + 1, lim, k1);
             // order: what each consumer reads first (even: columns 0-255 first; odd: 256-575)
             hop::mbar_wait(fre + 0, fp);
-            copy(sK0, k0, 0, 4);
+            gat.copy(sK0, k0, 0, 4);
             hop::cp_async_arrive_noinc(rdy + 0);
             hop::mbar_wait(fre + 3, fp);
-            copy(sK1, k1, 4, NBOX);
+            gat.copy(sK1, k1, 4, NBOX);
             hop::cp_async_arrive_noinc(rdy + 3);
             hop::mbar_wait(fre + 1, fp);
-            copy(sK0, k0, 4, NBOX);
+            gat.copy(sK0, k0, 4, NBOX);
             hop::cp_async_arrive_noinc(rdy + 1);
             hop::mbar_wait(fre + 2, fp);
-            copy(sK1, k1, 0, 4);
+            gat.copy(sK1, k1, 0, 4);
             hop::cp_async_arrive_noinc(rdy + 2);
-            if (ig == 0) {
-#pragma unroll
-                for (int r = 0; r < 4; r++) {
-                    valid[grp + 16 * r] = k0[r] >= 0;
-                    valid[BK + grp + 16 * r] = k1[r] >= 0;
-                }
+            if (gat.ig == 0) {
+                gat.flags(valid, k0);
+                gat.flags(valid + BK, k1);
                 hop::mbar_arrive(vbar);
             }
             if (i == 0) {
                 hop::bar_sync(NB_SCAN, 384);
-                np = npairs_of(*s_last);
+                np = sfa::npairs_of(*s_last);
             }
         }
         sfa::cp_async_wait<0>();
@@ -174,32 +140,12 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
     // -1e30 instead of -inf keeps exp2(m_old - m_new) finite when a block is fully masked
     float m0 = -1e30f, m1 = -1e30f, l0 = 0.f, l1 = 0.f;
 
-    {  // Q (rows past nh are zero)
-        for (int x = t + c * 128; x < BH * NBOX * 8; x += 256) {
-            const int h = x / (NBOX * 8), ch = x % (NBOX * 8), ok = h < nh;
-            const T *src = !ok ? qb : ch < 64 ? qb + (int64_t)(head0 + h) * p.sq[2] + ch * 8
-                                              : qrb + (int64_t)(head0 + h) * p.sqr[2] + (ch - 64) * 8;
-            sfa::cp_async16(sQ + (ch >> 3) * BOX + sw128(h, ch & 7), src, ok ? 16 : 0);
-        }
-        sfa::cp_async_commit();
-    }
-    {  // pre-scan
-        const int kmax = min(p.S2 - 1, lim);
-        int last = -1;
-        for (int e = t + c * 128; e < p.K; e += 256) {
-            const int bi = __ldg(irow + e * si3);
-            if (bi >= 0 && bi < p.nblk) {
-                const long long k0 = (long long)bi << p.log2sbs;
-                if (k0 <= kmax) last = max(last, (e << p.log2sbs) + (int)min((long long)p.sbs - 1, kmax - k0));
-            }
-        }
-        for (int o = 16; o > 0; o >>= 1) last = max(last, __shfl_xor_sync(0xffffffffu, last, o));
-        if (lane == 0 && last >= 0) atomicMax(s_last, last);
-    }
+    sfa::load_q<T>(sQ, BH, p, qb, qrb, head0, nh, t + c * 128, 256);  // rows past nh are zero
+    sfa::prescan_last(p, irow, si3, lim, t + c * 128, 256, s_last);
     sfa::cp_async_wait<0>();
     hop::fence_proxy_async();
     hop::bar_sync(NB_Q, 256);
-    const int npairs = npairs_of(*s_last);
+    const int npairs = sfa::npairs_of(*s_last);
     hop::bar_arrive(NB_SCAN, 384);
 
     // Descriptors: one base each, k-steps added to the address field (addr >> 4; shared memory
@@ -253,15 +199,15 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
     };
     // P = exp2(s - m') with the pair's max m' = (n0, n1); O and the sums rescaled from the old max
     auto softmax = [&](float n0, float n1) {
-        const float a0 = ex2(m0 - n0), a1 = ex2(m1 - n1);
+        const float a0 = hop::ex2(m0 - n0), a1 = hop::ex2(m1 - n1);
         scale_o(a0, a1);
         float ls0 = 0.f, ls1 = 0.f;
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            s[4 * j] = ex2(s[4 * j] - n0);
-            s[4 * j + 1] = ex2(s[4 * j + 1] - n0);
-            s[4 * j + 2] = ex2(s[4 * j + 2] - n1);
-            s[4 * j + 3] = ex2(s[4 * j + 3] - n1);
+            s[4 * j] = hop::ex2(s[4 * j] - n0);
+            s[4 * j + 1] = hop::ex2(s[4 * j + 1] - n0);
+            s[4 * j + 2] = hop::ex2(s[4 * j + 2] - n1);
+            s[4 * j + 3] = hop::ex2(s[4 * j + 3] - n1);
             ls0 += s[4 * j] + s[4 * j + 1];
             ls1 += s[4 * j + 2] + s[4 * j + 3];
         }
@@ -281,10 +227,10 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
     auto store_p = [&](unsigned char *dst) {
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
-            *reinterpret_cast<uint32_t *>(dst + sw128(r0, 2 * kk) + q4 * 4) = pa[kk][0];
-            *reinterpret_cast<uint32_t *>(dst + sw128(r0 + 8, 2 * kk) + q4 * 4) = pa[kk][1];
-            *reinterpret_cast<uint32_t *>(dst + sw128(r0, 2 * kk + 1) + q4 * 4) = pa[kk][2];
-            *reinterpret_cast<uint32_t *>(dst + sw128(r0 + 8, 2 * kk + 1) + q4 * 4) = pa[kk][3];
+            *reinterpret_cast<uint32_t *>(dst + hop::sw128(r0, 2 * kk) + q4 * 4) = pa[kk][0];
+            *reinterpret_cast<uint32_t *>(dst + hop::sw128(r0 + 8, 2 * kk) + q4 * 4) = pa[kk][1];
+            *reinterpret_cast<uint32_t *>(dst + hop::sw128(r0, 2 * kk + 1) + q4 * 4) = pa[kk][2];
+            *reinterpret_cast<uint32_t *>(dst + hop::sw128(r0 + 8, 2 * kk + 1) + q4 * 4) = pa[kk][3];
         }
     };
     auto pv_local = [&](int blk) {
@@ -420,8 +366,8 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
 #pragma unroll
     for (int j = 0; j < 32; j++) {
         unsigned char *bx = so + (j >> 3) * BOX + q4 * 4;
-        *reinterpret_cast<uint32_t *>(bx + sw128(r0, j & 7)) = hop::elt<T>::pack(o[4 * j] * inv0, o[4 * j + 1] * inv0);
-        *reinterpret_cast<uint32_t *>(bx + sw128(r0 + 8, j & 7)) = hop::elt<T>::pack(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1);
+        *reinterpret_cast<uint32_t *>(bx + hop::sw128(r0, j & 7)) = hop::elt<T>::pack(o[4 * j] * inv0, o[4 * j + 1] * inv0);
+        *reinterpret_cast<uint32_t *>(bx + hop::sw128(r0 + 8, j & 7)) = hop::elt<T>::pack(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1);
     }
     hop::bar_sync(NB_O + c, 128);
     T *ob = static_cast<T *>(p.out_o) + b * p.so[0] + (int64_t)s1 * p.so[1] + (int64_t)head0 * p.so[2] + c * 256;
@@ -430,7 +376,7 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
         const int row = x >> 5, ch = x & 31;
         if (row < nh && gate == ~0ull)
             __stcs(reinterpret_cast<int4 *>(ob + (int64_t)row * p.so[2] + ch * 8),
-                   *reinterpret_cast<const int4 *>(so + (ch >> 3) * BOX + sw128(row, ch & 7)));  // streamed
+                   *reinterpret_cast<const int4 *>(so + (ch >> 3) * BOX + hop::sw128(row, ch & 7)));  // streamed
     }
     const bool ok0 = r0 < nh, ok1 = r0 + 8 < nh;
     if (c == 0 && q4 == 0 && p.out_lse && gate == ~0ull) {

@@ -25,15 +25,15 @@
 #include <math.h>
 
 #include "hopper/hopper.cuh"
-#include "sfa_common.cuh"
+#include "sfa_gather.cuh"
 
 namespace {
 
 using sfa::Params;
 
-constexpr int BK = 64;               // selected keys per block (MMA rows)
-constexpr int NBOX = sfa::DQK / 64;  // 9 boxes of 64 columns (128 bytes) per key row
-constexpr int BOX = 64 * 128;        // one box of 64 key rows
+constexpr int BK = sfa::GBK;                  // selected keys per block
+constexpr int NBOX = sfa::GNBOX;              // 9 boxes of 64 columns (128 bytes) per row
+constexpr int BOX = sfa::GBOX;                // one box of 64 rows
 constexpr int TILE = NBOX * BOX;     // one key block: 73728 bytes
 
 template <int N> struct SmallCfg {
@@ -58,14 +58,6 @@ template <int N> struct SmallCfg {
 // named barriers: NB_Q consumers (256); NB_RED + c, NB_O + c one consumer warpgroup (128);
 // NB_SCAN all 384; 0 is __syncthreads
 enum { NB_Q = 1, NB_RED = 2 /* and 3 */, NB_O = 4 /* and 5 */, NB_SCAN = 9 };
-
-__device__ __forceinline__ float ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
-__device__ __forceinline__ uint32_t sw128(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
 
 template <int N, typename T>
 __global__ void __launch_bounds__(384, 1) sfa_fwd_small_kernel(const __grid_constant__ Params p) {
@@ -105,65 +97,42 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_small_kernel(const __grid_cons
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    auto npairs_of = [](int last) { return last < 0 ? 0 : last / (2 * BK) + 1; };
 
     if (wg == 0) {  // ------------------------------------------------------------------ producer
         hop::setmaxnreg_dec<72>();
-        const int grp = t >> 3, ig = t & 7;  // rows grp + 16 r of each block; 16-byte chunk ig
-        const T *kb = static_cast<const T *>(p.k) + b * p.sk[0] + n2 * p.sk[2] + ig * 8;
-        const T *krb = static_cast<const T *>(p.kr) + b * p.skr[0] + n2 * p.skr[2] + ig * 8;
-        auto cp16 = [&](unsigned char *dst, const T *src, int bytes) {
-            asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(hop::smem_u32(dst)), "l"(src), "r"(bytes)
-                         : "memory");
-        };
-        auto copy = [&](unsigned char *dst, const int (&key)[4], int box0, int box1) {
-#pragma unroll
-            for (int r = 0; r < 4; r++) {
-                const int row = grp + 16 * r, ok = key[r] >= 0;
-                const T *nope = kb + (int64_t)(ok ? key[r] : 0) * p.sk[1];
-                const T *rope = krb + (int64_t)(ok ? key[r] : 0) * p.skr[1];
-#pragma unroll
-                for (int x = box0; x < box1; x++)
-                    cp16(dst + x * BOX + sw128(row, ig), x < 8 ? nope + x * 64 : rope, ok ? 16 : 0);
-            }
-        };
+        const sfa::Gather<T> gat(p, b, n2, t);
         unsigned char *buf0 = sm + C::OFF_K, *buf1 = buf0 + TILE;
         int np = 1;  // pair 0 is gathered before the scan's answer (harmless when it is 0)
         for (int i = 0; i < np; i++) {
             const uint32_t fp = (i & 1) ^ 1;
             int k0[4], k1[4];
-#pragma unroll
-            for (int r = 0; r < 4; r++) {
-                k0[r] = sfa::key_of(p, irow, si3, (2 * i) * BK + grp + 16 * r, lim);
-                k1[r] = sfa::key_of(p, irow, si3, (2 * i + 1) * BK + grp + 16 * r, lim);
-            }
+            gat.keys(p, irow, si3, 2 * i, lim, k0);
+            gat.keys(p, irow, si3, 2 * i + 1, lim, k1);
             // each consumer reads columns 0-255 first
             hop::mbar_wait(fre + 0, fp);
-            copy(buf0, k0, 0, 4);
+            gat.copy(buf0, k0, 0, 4);
             hop::cp_async_arrive_noinc(rdy + 0);
             hop::mbar_wait(fre + 2, fp);
-            copy(buf1, k1, 0, 4);
+            gat.copy(buf1, k1, 0, 4);
             hop::cp_async_arrive_noinc(rdy + 2);
             // a buffer's flags are rewritten once its consumer released both halves (it read them)
             hop::mbar_wait(fre + 1, fp);
-            copy(buf0, k0, 4, NBOX);
+            gat.copy(buf0, k0, 4, NBOX);
             hop::cp_async_arrive_noinc(rdy + 1);
-            if (ig == 0) {
-#pragma unroll
-                for (int r = 0; r < 4; r++) valid[grp + 16 * r] = k0[r] >= 0;
+            if (gat.ig == 0) {
+                gat.flags(valid, k0);
                 hop::mbar_arrive(vbar);
             }
             hop::mbar_wait(fre + 3, fp);
-            copy(buf1, k1, 4, NBOX);
+            gat.copy(buf1, k1, 4, NBOX);
             hop::cp_async_arrive_noinc(rdy + 3);
-            if (ig == 0) {
-#pragma unroll
-                for (int r = 0; r < 4; r++) valid[BK + grp + 16 * r] = k1[r] >= 0;
+            if (gat.ig == 0) {
+                gat.flags(valid + BK, k1);
                 hop::mbar_arrive(vbar + 1);
             }
             if (i == 0) {
                 hop::bar_sync(NB_SCAN, 384);
-                np = npairs_of(*s_last);
+                np = sfa::npairs_of(*s_last);
             }
         }
         sfa::cp_async_wait<0>();
@@ -194,32 +163,12 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_small_kernel(const __grid_cons
             l[g][h] = 0.f;
         }
 
-    {  // Q (rows past nh are zero)
-        for (int x = t + c * 128; x < N * NBOX * 8; x += 256) {
-            const int h = x / (NBOX * 8), ch = x % (NBOX * 8), ok = h < nh;
-            const T *src = !ok ? qb : ch < 64 ? qb + (int64_t)(head0 + h) * p.sq[2] + ch * 8
-                                              : qrb + (int64_t)(head0 + h) * p.sqr[2] + (ch - 64) * 8;
-            sfa::cp_async16(sQ + (ch >> 3) * C::QBOX + sw128(h, ch & 7), src, ok ? 16 : 0);
-        }
-        sfa::cp_async_commit();
-    }
-    {  // pre-scan: the last valid slot decides how many block pairs are visited
-        const int kmax = min(p.S2 - 1, lim);
-        int last = -1;
-        for (int e = t + c * 128; e < p.K; e += 256) {
-            const int bi = __ldg(irow + e * si3);
-            if (bi >= 0 && bi < p.nblk) {
-                const long long k0 = (long long)bi << p.log2sbs;
-                if (k0 <= kmax) last = max(last, (e << p.log2sbs) + (int)min((long long)p.sbs - 1, kmax - k0));
-            }
-        }
-        for (int x = 16; x > 0; x >>= 1) last = max(last, __shfl_xor_sync(0xffffffffu, last, x));
-        if (lane == 0 && last >= 0) atomicMax(s_last, last);
-    }
+    sfa::load_q<T>(sQ, N, p, qb, qrb, head0, nh, t + c * 128, 256);  // rows past nh are zero
+    sfa::prescan_last(p, irow, si3, lim, t + c * 128, 256, s_last);
     sfa::cp_async_wait<0>();
     hop::fence_proxy_async();
     hop::bar_sync(NB_Q, 256);
-    const int npairs = npairs_of(*s_last);
+    const int npairs = sfa::npairs_of(*s_last);
     hop::bar_arrive(NB_SCAN, 384);
 
     // Descriptors, k-steps added to the address field at each use (hop::desc_add)
@@ -282,8 +231,8 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_small_kernel(const __grid_cons
                 x.y = fmaxf(x.y, y.y);
             }
             const float n0 = fmaxf(m[g][0], x.x), n1 = fmaxf(m[g][1], x.y);
-            alpha[g][0] = ex2(m[g][0] - n0);
-            alpha[g][1] = ex2(m[g][1] - n1);
+            alpha[g][0] = hop::ex2(m[g][0] - n0);
+            alpha[g][1] = hop::ex2(m[g][1] - n1);
             m[g][0] = n0;
             m[g][1] = n1;
         }
@@ -292,7 +241,7 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_small_kernel(const __grid_cons
         for (int g = 0; g < NJ; g++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const float pa = ex2(st[4 * g + h] - m[g][h]), pb = ex2(st[4 * g + 2 + h] - m[g][h]);
+                const float pa = hop::ex2(st[4 * g + h] - m[g][h]), pb = hop::ex2(st[4 * g + 2 + h] - m[g][h]);
                 st[4 * g + h] = pa;
                 st[4 * g + 2 + h] = pb;
                 l[g][h] = l[g][h] * alpha[g][h] + pa + pb;
@@ -313,8 +262,8 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_small_kernel(const __grid_cons
             for (int h = 0; h < 2; h++) {
                 const int col = 8 * g + 2 * q4 + h;
                 const uint32_t pk = hop::elt<T>::pack(st[4 * g + h], st[4 * g + 2 + h]);  // rows r0, r0 + 8
-                *reinterpret_cast<uint16_t *>(sP + sw128(col, r0 >> 3) + (r0 & 7) * 2) = (uint16_t)(pk & 0xffffu);
-                *reinterpret_cast<uint16_t *>(sP + sw128(col, (r0 >> 3) + 1) + (r0 & 7) * 2) = (uint16_t)(pk >> 16);
+                *reinterpret_cast<uint16_t *>(sP + hop::sw128(col, r0 >> 3) + (r0 & 7) * 2) = (uint16_t)(pk & 0xffffu);
+                *reinterpret_cast<uint16_t *>(sP + hop::sw128(col, (r0 >> 3) + 1) + (r0 & 7) * 2) = (uint16_t)(pk >> 16);
             }
         hop::fence_proxy_async();
         hop::bar_sync(NB_RED + c, 128);
@@ -393,8 +342,8 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_small_kernel(const __grid_cons
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const float mm = fmaxf(own[h], oth[h]);
-            so[g][h] = ex2(own[h] - mm);
-            sx[g][h] = ex2(oth[h] - mm);
+            so[g][h] = hop::ex2(own[h] - mm);
+            sx[g][h] = hop::ex2(oth[h] - mm);
             const float ll = lown[h] * so[g][h] + loth[h] * sx[g][h];
             lf[g][h] = ll;
             mf[g][h] = mm;

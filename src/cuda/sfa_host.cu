@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "convert.cuh"
+#include "scratch.h"
 #include "sfa_common.cuh"
 
 extern "C" cudaError_t spattn_sfa_fast_fwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
@@ -427,26 +428,6 @@ extern "C" spattn_status spattn_cuda_sfa_check_indices(const spattn_sfa_problem 
 // only, not a host round trip before the launch).  One synchronisation at the end reports it.
 namespace {
 
-// Scratch of the simple-kernel path: the caller's workspace, or a stream-ordered allocation freed
-// after the conversions.
-struct Scratch {
-    char *base = nullptr;
-    bool owned = false;
-    cudaStream_t st = nullptr;
-    spattn_status get(const spattn_exec *ex, size_t bytes) {
-        st = (cudaStream_t)ex->stream;
-        if (ex->workspace) {
-            base = static_cast<char *>(ex->workspace);
-            return SPATTN_STATUS_SUCCESS;
-        }
-        CU_TRY(cudaMallocAsync((void **)&base, bytes, st));
-        owned = true;
-        return SPATTN_STATUS_SUCCESS;
-    }
-    ~Scratch() {
-        if (owned) cudaFreeAsync(base, st);
-    }
-};
 
 spattn_status ref_grid_ok(const spattn_sfa_problem *p) {
     const long long H = p->N1 / p->N2;
@@ -463,8 +444,8 @@ spattn_status ref_fwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
     if (s == SPATTN_STATUS_SUCCESS) s = spattn_cuda_sfa_check_indices(p, ex);
     if (s != SPATTN_STATUS_SUCCESS) return s;
     size_t off[5];
-    Scratch w;
-    if ((s = w.get(ex, ref_parts(p, 0, off))) != SPATTN_STATUS_SUCCESS) return s;
+    cuda_scratch w;
+    if ((s = w.get(ex, ref_parts(p, 0, off), "sfa cuda")) != SPATTN_STATUS_SUCCESS) return s;
     float *o32 = reinterpret_cast<float *>(w.base + off[0]), *l32 = reinterpret_cast<float *>(w.base + off[1]);
     if ((s = spattn_cuda_ref_sfa_fwd(p, ex, o32, l32)) != SPATTN_STATUS_SUCCESS) return s;
     cudaError_t e = cvt::to_tensor(o32, p->o, w.st);
@@ -488,8 +469,8 @@ spattn_status ref_bwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
     spattn_status s = ref_grid_ok(p);
     if (s != SPATTN_STATUS_SUCCESS) return s;
     size_t off[5];
-    Scratch w;
-    if ((s = w.get(ex, ref_parts(p, 1, off))) != SPATTN_STATUS_SUCCESS) return s;
+    cuda_scratch w;
+    if ((s = w.get(ex, ref_parts(p, 1, off), "sfa cuda")) != SPATTN_STATUS_SUCCESS) return s;
     float *f[5];
     for (int i = 0; i < 5; i++) f[i] = reinterpret_cast<float *>(w.base + off[i]);
     const bool rope = p->Dr > 0, sep = !p->shared_kv;

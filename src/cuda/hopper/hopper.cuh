@@ -30,6 +30,17 @@ __device__ __forceinline__ unsigned char *align1024(unsigned char *smem) {
     return smem + ((1024u - (smem_u32(smem) & 1023u)) & 1023u);
 }
 
+// Byte offset of 16-byte chunk `chunk` of row `row` in a 128-byte-swizzled tile (rows of 128
+// bytes; the chunk index is XORed with the row within its 8-row atom).
+__device__ __forceinline__ uint32_t sw128(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
+
+// 2^x (MUFU; flushes denormals).  Softmax in base 2 with the scale folded into log2(e) * scale.
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // Matrix descriptor, 128-byte swizzle.  K-major operand (rows of 64 elements along K): lbo is
 // unused, sbo = 1024 (next 8-row atom).  MN-major operand (rows of 64 elements along M/N, one
 // row per k): lbo = bytes between 64-column boxes along M/N, sbo = 1024 (next 8 k-rows).

@@ -1,0 +1,94 @@
+// Pieces shared by the two Hopper sfa forwards (sfa_fwd.cu: 64 heads per CTA, sfa_fwd_small.cu:
+// H <= 32): the selected-key gather of the producer warpgroup, the consumers' pre-scan of the
+// index row and their load of the token's Q rows.  All write the 128-byte-swizzled layout wgmma
+// reads: 64-column boxes (128-byte rows), chunk c of row r at r * 128 + ((c ^ (r & 7)) << 4).
+#pragma once
+#include "hopper/hopper.cuh"
+#include "sfa_common.cuh"
+
+namespace sfa {
+
+constexpr int GBK = 64;             // selected keys per gathered block
+constexpr int GNBOX = DQK / 64;     // 9 boxes of 64 columns per key row (8 nope + 1 rope)
+constexpr int GBOX = GBK * 128;     // one box of a block
+
+// One producer thread's share of a block gather: 128 threads, 8 per key row (16-byte chunk ig of
+// each box), rows grp + 16 r (r < 4).  Invalid slots (-1, out of range, past the causal limit)
+// are zero-filled (src-size 0), never read.
+template <typename T> struct Gather {
+    const T *kb, *krb;
+    int64_t sk1, skr1;
+    int grp, ig;
+    __device__ __forceinline__ Gather(const Params &p, int b, int n2, int t) {
+        grp = t >> 3;
+        ig = t & 7;
+        kb = static_cast<const T *>(p.k) + b * p.sk[0] + n2 * p.sk[2] + ig * 8;
+        krb = static_cast<const T *>(p.kr) + b * p.skr[0] + n2 * p.skr[2] + ig * 8;
+        sk1 = p.sk[1];
+        skr1 = p.skr[1];
+    }
+    // keys of this thread's rows of block `blk` (-1: invalid)
+    __device__ __forceinline__ void keys(const Params &p, const int32_t *irow, int64_t si3, int blk, int lim,
+                                         int (&key)[4]) const {
+#pragma unroll
+        for (int r = 0; r < 4; r++) key[r] = key_of(p, irow, si3, blk * GBK + grp + 16 * r, lim);
+    }
+    // boxes [box0, box1) of this thread's rows into the block at dst; keys are reused by many
+    // query tokens: 256-byte L2 sectors (a row's neighbouring box comes with it)
+    __device__ __forceinline__ void copy(unsigned char *dst, const int (&key)[4], int box0, int box1) const {
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const int row = grp + 16 * r, ok = key[r] >= 0;
+            const T *nope = kb + (int64_t)(ok ? key[r] : 0) * sk1;
+            const T *rope = krb + (int64_t)(ok ? key[r] : 0) * skr1;
+#pragma unroll
+            for (int x = box0; x < box1; x++) {
+                const T *src = x < 8 ? nope + x * 64 : rope;
+                asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(
+                                 hop::smem_u32(dst + x * GBOX + hop::sw128(row, ig))),
+                             "l"(src), "r"(ok ? 16 : 0)
+                             : "memory");
+            }
+        }
+    }
+    // the block's valid flags (one thread of each row group writes them)
+    __device__ __forceinline__ void flags(uint8_t *valid, const int (&key)[4]) const {
+#pragma unroll
+        for (int r = 0; r < 4; r++) valid[grp + 16 * r] = key[r] >= 0;
+    }
+};
+
+// The last valid slot of an index row (-1: none), for the threads t0, t0 + stride, ... of whole
+// warps: each warp's maximum goes into *s_last by atomicMax.  Rows whose remaining slots are all
+// invalid end the consumers' loops there, so padded tails cost nothing.
+__device__ __forceinline__ void prescan_last(const Params &p, const int32_t *irow, int64_t si3, int lim, int t0,
+                                             int stride, int *s_last) {
+    const int kmax = min(p.S2 - 1, lim);
+    int last = -1;
+    for (int e = t0; e < p.K; e += stride) {
+        const int bi = __ldg(irow + e * si3);
+        if (bi >= 0 && bi < p.nblk) {
+            const long long k0 = (long long)bi << p.log2sbs;
+            if (k0 <= kmax) last = max(last, (e << p.log2sbs) + (int)min((long long)p.sbs - 1, kmax - k0));
+        }
+    }
+    for (int x = 16; x > 0; x >>= 1) last = max(last, __shfl_xor_sync(0xffffffffu, last, x));
+    if ((threadIdx.x & 31) == 0 && last >= 0) atomicMax(s_last, last);
+}
+__device__ __forceinline__ int npairs_of(int last) { return last < 0 ? 0 : last / (2 * GBK) + 1; }
+
+// The token's Q rows h < rows (zero past nh) into 9 boxes of `rows` rows (box stride rows * 128),
+// by threads t0, t0 + stride, ...; one cp.async group (the caller waits).
+template <typename T>
+__device__ __forceinline__ void load_q(unsigned char *sQ, int rows, const Params &p, const T *qb, const T *qrb, int head0,
+                                       int nh, int t0, int stride) {
+    for (int x = t0; x < rows * GNBOX * 8; x += stride) {
+        const int h = x / (GNBOX * 8), ch = x % (GNBOX * 8), ok = h < nh;
+        const T *src = !ok ? qb : ch < 64 ? qb + (int64_t)(head0 + h) * p.sq[2] + ch * 8
+                                          : qrb + (int64_t)(head0 + h) * p.sqr[2] + (ch - 64) * 8;
+        cp_async16(sQ + (ch >> 3) * (rows * 128) + hop::sw128(h, ch & 7), src, ok ? 16 : 0);
+    }
+    cp_async_commit();
+}
+
+}  // namespace sfa
