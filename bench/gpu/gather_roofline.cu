@@ -8,22 +8,9 @@
 //   build: nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 bench/gpu/gather_roofline.cu -o gather_roofline
 //   run:   ./gather_roofline [tokens=4096] [K=2048]
 // Timing: CUDA events, L2 flushed (256 MB memset) before each of 10 repeats, median.
-#include <cuda_runtime.h>
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
 
-#include <algorithm>
-#include <vector>
-
-#define CK(x)                                                                                     \
-    do {                                                                                          \
-        cudaError_t e_ = (x);                                                                     \
-        if (e_ != cudaSuccess) {                                                                  \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));    \
-            exit(2);                                                                              \
-        }                                                                                         \
-    } while (0)
+#include "roofline.cuh"
 
 constexpr int ROW = 1152;           // bytes per key row (576 bf16)
 constexpr int CH = ROW / 16;        // 16-byte chunks per row
@@ -75,23 +62,7 @@ template <int V, int NB>
 static float run(const unsigned char *keys, const int32_t *idx, int T, int K, unsigned *sink, void *flush) {
     const int smem = NB * BK * ROW;
     CK(cudaFuncSetAttribute(gather_kernel<V, NB>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    std::vector<float> ts;
-    for (int r = 0; r < 11; r++) {
-        CK(cudaMemset(flush, r, 256u << 20));
-        CK(cudaEventRecord(a));
-        gather_kernel<V, NB><<<T, 128, smem>>>(keys, idx, K, sink);
-        CK(cudaEventRecord(b));
-        CK(cudaEventSynchronize(b));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        if (r) ts.push_back(ms);  // the first is a warm-up
-    }
-    CK(cudaGetLastError());
-    std::sort(ts.begin(), ts.end());
-    return ts[ts.size() / 2];
+    return median_ms(flush, [](int) {}, [&] { gather_kernel<V, NB><<<T, 128, smem>>>(keys, idx, K, sink); });
 }
 
 int main(int argc, char **argv) {
@@ -105,7 +76,7 @@ int main(int argc, char **argv) {
     printf("%s, %d SMs; %d tokens x %d rows of %d bytes per run\n", prop.name, prop.multiProcessorCount, T, K, ROW);
     void *flush;
     unsigned *sink;
-    CK(cudaMalloc(&flush, 256u << 20));
+    CK(cudaMalloc(&flush, kFlushBytes));
     CK(cudaMalloc(&sink, 4));
     printf("%-8s %-10s %3s %9s %8s | TF bound at H = 4 / 8 / 16 / 64\n", "S2", "variant", "B", "ms", "TB/s");
     for (int S2 : {8192, 32768}) {

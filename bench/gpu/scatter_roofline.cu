@@ -14,22 +14,9 @@
 //   build: nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 bench/gpu/scatter_roofline.cu -o scatter_roofline
 //   run:   ./scatter_roofline [tokens=4096] [K=2048]
 // Timing: CUDA events, L2 flushed (256 MB memset) before each of 10 repeats, median.
-#include <cuda_runtime.h>
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
 
-#include <algorithm>
-#include <vector>
-
-#define CK(x)                                                                                     \
-    do {                                                                                          \
-        cudaError_t e_ = (x);                                                                     \
-        if (e_ != cudaSuccess) {                                                                  \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));    \
-            exit(2);                                                                              \
-        }                                                                                         \
-    } while (0)
+#include "roofline.cuh"
 
 constexpr int COLS = 576;  // dK row (512 + 64 rope; dV folded into the first 512)
 constexpr int BK = 64;     // keys per block
@@ -87,24 +74,9 @@ template <int V>
 static float run(const int32_t *idx, int T, int K, float *accf, unsigned long long *acci, size_t acc_bytes, void *flush) {
     const int smem = V == BULK ? BK * COLS * 4 : 0;
     if (smem) CK(cudaFuncSetAttribute(scatter_kernel<V>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    std::vector<float> ts;
-    for (int r = 0; r < 11; r++) {
-        CK(cudaMemset(V == ATOM_U64 ? (void *)acci : (void *)accf, 0, acc_bytes));
-        CK(cudaMemset(flush, r, 256u << 20));
-        CK(cudaEventRecord(a));
-        scatter_kernel<V><<<T, 128, smem>>>(idx, K, accf, acci);
-        CK(cudaEventRecord(b));
-        CK(cudaEventSynchronize(b));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        if (r) ts.push_back(ms);  // the first is a warm-up
-    }
-    CK(cudaGetLastError());
-    std::sort(ts.begin(), ts.end());
-    return ts[ts.size() / 2];
+    return median_ms(
+        flush, [&](int) { CK(cudaMemset(V == ATOM_U64 ? (void *)acci : (void *)accf, 0, acc_bytes)); },
+        [&] { scatter_kernel<V><<<T, 128, smem>>>(idx, K, accf, acci); });
 }
 
 int main(int argc, char **argv) {
@@ -117,7 +89,7 @@ int main(int argc, char **argv) {
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("%s, %d SMs; %d tokens x %d rows of %d fp32 added per run\n", prop.name, prop.multiProcessorCount, T, K, COLS);
     void *flush;
-    CK(cudaMalloc(&flush, 256u << 20));
+    CK(cudaMalloc(&flush, kFlushBytes));
     printf("%-8s %-11s %9s %9s %8s | TF bound at H = 4 / 16 / 64\n", "S2", "variant", "ms", "Gpairs/s", "TB/s");
     for (int S2 : {8192, 32768}) {
         float *accf;
