@@ -245,7 +245,9 @@ static inline void apply_pokes(call *c, fz_in *in) {
         if (f->share >= 0) f = &c->ts[f->share];
         size_t es = spattn_dtype_size((spattn_dtype)f->t.dtype);
         if (!f->buf || !es || f->bytes < es) continue;
-        size_t off = ((size_t)at * es) % f->bytes / es * es;
+        /* a whole element inside the buffer: bytes need not be a multiple of es (members of
+         * other dtypes share it) */
+        size_t off = (size_t)at % (f->bytes / es) * es;
         if (es == 4) { int32_t x = (int32_t)v; memcpy(f->buf + off, &x, 4); }
         else if (es == 2) { uint16_t x = (uint16_t)v; memcpy(f->buf + off, &x, 2); }
         else f->buf[off] = (uint8_t)v;
