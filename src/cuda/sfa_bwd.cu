@@ -353,14 +353,8 @@ static cudaError_t launch_bwd(const Params &p, cudaStream_t st) {
 
 extern "C" cudaError_t spattn_sfa_fast_bwd_launch(const sfa::Params *p, int is_bf16,
                                                   cudaStream_t st) {
+    // H <= 32 only (more heads: sfa_bwd90.cu)
     const int H = p->H;
-    // 64 heads per CTA (8 warps of 32 rows) when H >= 64: half the dK atomics of 32-head CTAs
-    if (is_bf16) {
-        if (H <= 16) return sfa::launch_bwd<__nv_bfloat16, 1, 1>(*p, st);
-        if (H <= 32) return sfa::launch_bwd<__nv_bfloat16, 2, 1>(*p, st);
-        return sfa::launch_bwd<__nv_bfloat16, 4, 2>(*p, st);
-    }
-    if (H <= 16) return sfa::launch_bwd<__half, 1, 1>(*p, st);
-    if (H <= 32) return sfa::launch_bwd<__half, 2, 1>(*p, st);
-    return sfa::launch_bwd<__half, 4, 2>(*p, st);
+    if (is_bf16) return H <= 16 ? sfa::launch_bwd<__nv_bfloat16, 1, 1>(*p, st) : sfa::launch_bwd<__nv_bfloat16, 2, 1>(*p, st);
+    return H <= 16 ? sfa::launch_bwd<__half, 1, 1>(*p, st) : sfa::launch_bwd<__half, 2, 1>(*p, st);
 }

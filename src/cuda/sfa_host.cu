@@ -1,5 +1,5 @@
 // sfa CUDA backend entry points (src/core/internal.h): index check, workspace size, forward and
-// backward dispatch to the fast kernels (sfa_fwd.cu, sfa_bwd.cu), the deterministic
+// backward dispatch to the fast kernels (sfa_fwd*.cu, sfa_bwd90.cu, sfa_bwd.cu), the deterministic
 // fixed-point setup and the final dK conversion.
 //
 // Fast path: fp16/bf16, D = 512, Dr = 64, shared key/value (v == NULL), unit stride on the last
@@ -17,6 +17,7 @@
 extern "C" cudaError_t spattn_sfa_fast_fwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_small_fwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_fast_bwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
+extern "C" cudaError_t spattn_sfa_bwd90_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
 
 namespace {
 
@@ -300,7 +301,9 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
         } else {
             kp->acc_f32 = (float *)ws;
         }
-        e = spattn_sfa_fast_bwd_launch(kp, p->dtype == SPATTN_DTYPE_BF16, st);
+        // more than 32 heads per key head: the Hopper kernel (sfa_bwd90.cu); fewer: sfa_bwd.cu
+        const int bf16 = p->dtype == SPATTN_DTYPE_BF16;
+        e = kp->H > 32 ? spattn_sfa_bwd90_launch(kp, bf16, st) : spattn_sfa_fast_bwd_launch(kp, bf16, st);
     }
     if (e == cudaSuccess) {
         const spattn_tensor *dk = p->dk, *dkr = p->dk_rope;

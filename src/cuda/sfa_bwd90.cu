@@ -1,0 +1,395 @@
+// Top-k sparse flash attention backward for Hopper (sm_90a), more than 32 query heads per key
+// head: D = 512 (value / nope part) + Dr = 64 (rope), shared key/value (dV folded into dK's first
+// 512 columns), any sbs, modes 0 and 3, GQA.
+//
+// One CTA = one query token (b, s1, n2) and 64 of its H = N1 / N2 heads (zero-padded; padded rows
+// get LSE = +inf, so P = dS = 0).  Q (64 x 576) and dO (64 x 512) stay in shared memory for the
+// whole index row; the selected keys come in blocks of 64 rows (576 columns), gathered by the
+// producer warpgroup exactly as in the forward (sfa_gather.cuh: cp.async, zero-filled invalid
+// slots, the block's key ids in shared memory).  Per block, two consumer warpgroups:
+//   1. S = Q K^T and dP = dO V^T (V = K's first 512 columns), SS wgmma; warpgroup c takes keys
+//      32c..32c+31 (m64n32: 68 k-steps each), so both hold fp32 P and dP of their keys and
+//      dS = scale P (dP - Delta) is formed in fp32 before any rounding;
+//   2. P and dS (bf16/fp16) go to two 64 x 64 tiles [head][key] in shared memory (after a
+//      rendezvous: the other warpgroup has finished reading the previous block's);
+//   3. dQ += dS K (A = dS K-major, B = the key block MN-major), accumulated in registers over the
+//      whole row and stored once: warpgroup 0 owns columns 0-255 (4 boxes), 1 owns 256-575 (5);
+//   4. dKV = dS^T Q + P^T dO (A = the same tiles read MN-major, B = Q / dO MN-major), one 64-key x
+//      64-column box at a time (warpgroup 0: boxes 0-3 and the rope box 8; 1: boxes 4-7: 13 units
+//      of 64 x 64 x 64 MMA each, with step 3), added to the per-key accumulator of sfa_host.cu:
+//        deterministic: int64 fixed point (exact integer adds, order-free, bitwise reproducible);
+//        deterministic = 0: fp32 red.global.add.v4 (one 16-byte add per lane pair and row).
+//      The key buffer is released (to the producer's next gather) once both warpgroups' dQ GEMMs
+//      have read it, so the next gather overlaps step 4.
+// Shared memory: Q 72 KB + dO 64 KB + one key block 72 KB + P, dS 16 KB = 224 KB: one key buffer
+// (a second does not fit next to resident Q and dO).
+#include <math.h>
+
+#include "hopper/hopper.cuh"
+#include "sfa_gather.cuh"
+
+namespace {
+
+using sfa::Params;
+
+constexpr int BH = 64;            // query heads per CTA (MMA rows)
+constexpr int BK = sfa::GBK;      // keys per block
+constexpr int NBOX = sfa::GNBOX;  // 9 boxes of 64 columns per Q / key row
+constexpr int BOX = sfa::GBOX;    // one 64-row box: 8 KB
+constexpr int OFF_Q = 0, OFF_DO = NBOX * BOX, OFF_K = OFF_DO + 8 * BOX, OFF_P = OFF_K + NBOX * BOX;
+constexpr int OFF_DS = OFF_P + BOX, OFF_LSE = OFF_DS + BOX, OFF_DELTA = OFF_LSE + 64 * 4;
+constexpr int OFF_KEY = OFF_DELTA + 64 * 4, OFF_BAR = OFF_KEY + 2 * BK * 4, OFF_LAST = OFF_BAR + 4 * 8;
+constexpr int SMEM = OFF_LAST + 16 + 1024;  // + alignment slack
+static_assert(SMEM <= 232448, "fits in 227 KB");
+
+// named barriers: NB_Q, NB_PW, NB_PR over the 256 consumer threads; NB_SCAN over all 384
+enum { NB_Q = 1, NB_SCAN = 2, NB_PW = 3, NB_PR = 4 };
+
+struct Smem {
+    unsigned char *q, *dout, *k, *p, *ds;
+    float *lse2, *delta;  // [64] per head row: LSE * log2(e) (+inf: P = 0), rowsum(dO O)
+    int *key;             // [2][64] key ids of the block (-1: invalid slot), by block parity
+    uint64_t *rdy, *vbar, *fre;  // rdy[2]: boxes 0-3 / 4-8 landed; vbar: key ids; fre: buffer free
+    int *last;
+};
+
+__device__ __forceinline__ void red_add_v4(float *a, float x, float y, float z, float w) {
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(a), "f"(x), "f"(y), "f"(z), "f"(w)
+                 : "memory");
+}
+__device__ __forceinline__ void red_add_u64(unsigned long long *a, float v, float fs) {
+    asm volatile("red.global.add.u64 [%0], %1;\n" ::"l"(a), "l"((unsigned long long)__float2ll_rn(v * fs)) : "memory");
+}
+
+// One 64-key x 64-column dKV box (m64n64 accumulator) added to the keys' accumulator rows.
+// Rows r0 and r0 + 8 of this thread are block slots; invalid slots add nothing.
+__device__ __forceinline__ void scatter_box(const Params &p, const float (&a)[32], const int *key, int r0, int lane,
+                                            int64_t base, int col0, float fs) {
+    const int q4 = lane & 3;
+    const int ka = key[r0], kb = key[r0 + 8];
+    if (p.acc_i64) {
+        // one 32-byte sector per quad and instruction: lane q adds columns q and q + 4 of each
+        // 8-column group (values regrouped by quad shuffles)
+        const int src1 = (lane & ~3) | (q4 >> 1), src2 = src1 + 2;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int kk = h ? kb : ka;
+            unsigned long long *dst = p.acc_i64 + base + (int64_t)max(kk, 0) * p.N2 * sfa::DQK + col0 + q4;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const float x0 = a[4 * j + 2 * h], x1 = a[4 * j + 2 * h + 1];
+                const float a0 = __shfl_sync(0xffffffffu, x0, src1), a1 = __shfl_sync(0xffffffffu, x1, src1);
+                const float c0 = __shfl_sync(0xffffffffu, x0, src2), c1 = __shfl_sync(0xffffffffu, x1, src2);
+                if (kk >= 0) {
+                    red_add_u64(dst + 8 * j, q4 & 1 ? a1 : a0, fs);
+                    red_add_u64(dst + 8 * j + 4, q4 & 1 ? c1 : c0, fs);
+                }
+            }
+        }
+    } else {
+        // lane pairs swap halves: the even lane adds 4 columns of row r0, the odd one of r0 + 8
+        const bool odd = q4 & 1;
+        const int kk = odd ? kb : ka;
+        float *dst = p.acc_f32 + base + (int64_t)max(kk, 0) * p.N2 * sfa::DQK + col0 + 2 * (q4 & 2);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const float s0 = odd ? a[4 * j] : a[4 * j + 2], s1 = odd ? a[4 * j + 1] : a[4 * j + 3];
+            const float r0v = __shfl_xor_sync(0xffffffffu, s0, 1), r1v = __shfl_xor_sync(0xffffffffu, s1, 1);
+            if (kk >= 0) {
+                if (odd) red_add_v4(dst + 8 * j, r0v, r1v, a[4 * j + 2], a[4 * j + 3]);
+                else red_add_v4(dst + 8 * j, a[4 * j], a[4 * j + 1], r0v, r1v);
+            }
+        }
+    }
+}
+
+// dO rows h < nh (zero past nh) into 8 boxes of 64 rows, by threads t0, t0 + stride, ...
+template <typename T>
+__device__ __forceinline__ void load_do(unsigned char *sdo, const Params &p, const T *dob, int head0, int nh, int t0,
+                                        int stride) {
+    for (int x = t0; x < BH * 64; x += stride) {
+        const int h = x >> 6, ch = x & 63, ok = h < nh;
+        const T *src = ok ? dob + (int64_t)(head0 + h) * p.sdo[2] + ch * 8 : dob;
+        sfa::cp_async16(sdo + (ch >> 3) * BOX + hop::sw128(h, ch & 7), src, ok ? 16 : 0);
+    }
+}
+
+// Consumer warpgroup C (0 or 1); see the file comment for the split of the work.
+template <typename T, int C>
+__device__ __forceinline__ void consume(const Params &p, const Smem &s, int nblk, int b, int n2, int s1, int head0,
+                                        int nh) {
+    const int t = threadIdx.x & 127, warp = t >> 5, lane = t & 31, q4 = lane & 3;
+    const int r0 = warp * 16 + (lane >> 2);  // this thread's rows r0, r0 + 8 (heads, or keys in step 4)
+    const float sl2 = p.scale_log2, scale = p.scale;
+    const float l2a = s.lse2[r0], l2b = s.lse2[r0 + 8], da = s.delta[r0], db = s.delta[r0 + 8];
+    const float fs = p.acc_i64 ? *p.fix_scale : 1.f;
+    const int64_t base = ((int64_t)b * p.S2 * p.N2 + n2) * sfa::DQK;  // accumulator row of key 0
+
+    constexpr int QB = C == 0 ? 0 : 4;  // first dQ box: boxes 0-3 (C = 0) or 4-7 plus 8 (C = 1)
+    float dq[128], dqr[C == 1 ? 32 : 1];
+#pragma unroll
+    for (int i = 0; i < 128; i++) dq[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < (C == 1 ? 32 : 1); i++) dqr[i] = 0.f;
+
+    const uint64_t qd = hop::desc_sw128(s.q, 16, 1024), dod = hop::desc_sw128(s.dout, 16, 1024);
+    const uint64_t kd = hop::desc_sw128(s.k + C * 32 * 128, 16, 1024);   // this warpgroup's 32 keys
+    const uint64_t dsd = hop::desc_sw128(s.ds, 16, 1024);                 // dS as A (K-major)
+    const uint64_t dstd = hop::desc_sw128(s.ds, BOX, 1024), ptd = hop::desc_sw128(s.p, BOX, 1024);  // MN-major
+    auto kmaj = [](uint64_t d, int kk) { return hop::desc_add(d, (kk >> 2) * BOX + (kk & 3) * 32); };
+    auto mnmaj = [](uint64_t d, int kk) { return hop::desc_add(d, kk * 16 * 128); };  // 16 k-rows per step
+    auto boxd = [](const unsigned char *tile, int box) { return hop::desc_sw128(tile + box * BOX, BOX, 1024); };
+
+    for (int j = 0; j < nblk; j++) {
+        const uint32_t ph = j & 1;
+        const int *key = s.key + ph * BK;
+        // ---- 1. S and dP of this warpgroup's 32 keys (boxes 0-3 first: the first half to land)
+        float sa[16], dpa[16];
+        hop::mbar_wait(s.rdy + 0, ph);
+        hop::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 16; kk++) hop::elt<T>::template ssn<32, 0, 0>(sa, kmaj(qd, kk), kmaj(kd, kk), kk > 0);
+#pragma unroll
+        for (int kk = 0; kk < 16; kk++) hop::elt<T>::template ssn<32, 0, 0>(dpa, kmaj(dod, kk), kmaj(kd, kk), kk > 0);
+        hop::wgmma_commit();
+        hop::mbar_wait(s.rdy + 1, ph);
+        hop::wgmma_fence();
+#pragma unroll
+        for (int kk = 16; kk < 36; kk++) hop::elt<T>::template ssn<32, 0, 0>(sa, kmaj(qd, kk), kmaj(kd, kk), 1);
+#pragma unroll
+        for (int kk = 16; kk < 32; kk++) hop::elt<T>::template ssn<32, 0, 0>(dpa, kmaj(dod, kk), kmaj(kd, kk), 1);
+        hop::wgmma_commit();
+        hop::wgmma_wait<0>();
+        hop::reg_fence(sa);
+        hop::reg_fence(dpa);
+
+        // ---- P = exp2(S scale log2e - LSE2), dS = scale P (dP - Delta); invalid keys: P = 0
+        hop::mbar_wait(s.vbar, ph);
+        uint32_t pk[8], dk[8];  // packed pairs: [2 j + h] = row r0 + 8 h, columns 8 j + 2 q4 (+1)
+#pragma unroll
+        for (int jj = 0; jj < 4; jj++) {
+            const int col = C * 32 + 8 * jj + 2 * q4;
+            const bool v0 = key[col] >= 0, v1 = key[col + 1] >= 0;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const float l2 = h ? l2b : l2a, dl = h ? db : da;
+                const float p0 = v0 ? hop::ex2(sa[4 * jj + 2 * h] * sl2 - l2) : 0.f;
+                const float p1 = v1 ? hop::ex2(sa[4 * jj + 2 * h + 1] * sl2 - l2) : 0.f;
+                pk[2 * jj + h] = hop::elt<T>::pack(p0, p1);
+                dk[2 * jj + h] = hop::elt<T>::pack(scale * p0 * (dpa[4 * jj + 2 * h] - dl),
+                                                   scale * p1 * (dpa[4 * jj + 2 * h + 1] - dl));
+            }
+        }
+        // ---- 2. into the shared tiles, once the other warpgroup has read the previous block's
+        hop::bar_sync(NB_PW, 256);
+#pragma unroll
+        for (int jj = 0; jj < 4; jj++) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const uint32_t off = hop::sw128(r0 + 8 * h, C * 4 + jj) + q4 * 4;
+                *reinterpret_cast<uint32_t *>(s.p + off) = pk[2 * jj + h];
+                *reinterpret_cast<uint32_t *>(s.ds + off) = dk[2 * jj + h];
+            }
+        }
+        hop::fence_proxy_async();
+        hop::bar_sync(NB_PR, 256);
+
+        // ---- 3. dQ += dS K (4 k-steps of 16 keys)
+        hop::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            const uint64_t a = hop::desc_add(dsd, kk * 32);
+            hop::elt<T>::template ss256<0, 1>(dq, a, mnmaj(boxd(s.k, QB), kk), 1);
+            if constexpr (C == 1) hop::elt<T>::template ss64<0, 1>(dqr, a, mnmaj(boxd(s.k, 8), kk), 1);
+        }
+        hop::wgmma_commit();
+
+        // ---- 4. dKV boxes: dS^T Q (+ P^T dO on the value columns).  The first box's GEMM is
+        // queued behind dQ, so the key buffer is released as soon as dQ has read it.
+        auto dkv = [&](float (&acc)[32], int box) {
+            hop::wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+                hop::elt<T>::template ss64<1, 1>(acc, mnmaj(dstd, kk), mnmaj(boxd(s.q, box), kk), kk > 0);
+            if (box < 8) {
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++)
+                    hop::elt<T>::template ss64<1, 1>(acc, mnmaj(ptd, kk), mnmaj(boxd(s.dout, box), kk), 1);
+            }
+            hop::wgmma_commit();
+        };
+        {
+            float acc[32];
+            dkv(acc, C == 0 ? 0 : 4);
+            hop::wgmma_wait<1>();
+            hop::mbar_arrive(s.fre);
+            hop::wgmma_wait<0>();
+            hop::reg_fence(acc);
+            scatter_box(p, acc, key, r0, lane, base, (C == 0 ? 0 : 4) * 64, fs);
+        }
+#pragma unroll
+        for (int i = 1; i < (C == 0 ? 5 : 4); i++) {
+            const int box = C == 0 ? (i < 4 ? i : 8) : 4 + i;
+            float acc[32];
+            dkv(acc, box);
+            hop::wgmma_wait<0>();
+            hop::reg_fence(acc);
+            scatter_box(p, acc, key, r0, lane, base, box * 64, fs);
+        }
+        hop::reg_fence(dq);
+        if constexpr (C == 1) hop::reg_fence(dqr);
+    }
+
+    // ---- dQ / dQ_rope, rows h < nh
+    T *dqb = static_cast<T *>(p.dq) + b * p.sdq[0] + (int64_t)s1 * p.sdq[1];
+    T *dqrb = static_cast<T *>(p.dqr) + b * p.sdqr[0] + (int64_t)s1 * p.sdqr[1];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int row = r0 + 8 * h;
+        if (row >= nh) continue;
+        T *d = dqb + (int64_t)(head0 + row) * p.sdq[2] + QB * 64 + 2 * q4;
+#pragma unroll
+        for (int jj = 0; jj < 32; jj++)
+            *reinterpret_cast<uint32_t *>(d + 8 * jj) = hop::elt<T>::pack(dq[4 * jj + 2 * h], dq[4 * jj + 2 * h + 1]);
+        if constexpr (C == 1) {
+            T *dr = dqrb + (int64_t)(head0 + row) * p.sdqr[2] + 2 * q4;
+#pragma unroll
+            for (int jj = 0; jj < 8; jj++)
+                *reinterpret_cast<uint32_t *>(dr + 8 * jj) = hop::elt<T>::pack(dqr[4 * jj + 2 * h], dqr[4 * jj + 2 * h + 1]);
+        }
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(384, 1) sfa_bwd90_kernel(const __grid_constant__ Params p) {
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char *sm = hop::align1024(smem_raw);
+    Smem s;
+    s.q = sm + OFF_Q;
+    s.dout = sm + OFF_DO;
+    s.k = sm + OFF_K;
+    s.p = sm + OFF_P;
+    s.ds = sm + OFF_DS;
+    s.lse2 = reinterpret_cast<float *>(sm + OFF_LSE);
+    s.delta = reinterpret_cast<float *>(sm + OFF_DELTA);
+    s.key = reinterpret_cast<int *>(sm + OFF_KEY);
+    s.rdy = reinterpret_cast<uint64_t *>(sm + OFF_BAR);
+    s.vbar = s.rdy + 2;
+    s.fre = s.rdy + 3;
+    s.last = reinterpret_cast<int *>(sm + OFF_LAST);
+
+    const int ngroups = (p.H + BH - 1) / BH;
+    const int s1 = p.S1 - 1 - (int)(blockIdx.x / ngroups);  // the longest rows (mode 3) first
+    const int g = (int)(blockIdx.x % ngroups);
+    const int b = blockIdx.y / p.N2, n2 = blockIdx.y % p.N2;
+    const int head0 = n2 * p.H + g * BH, nh = min(BH, p.H - g * BH);
+    const int lim = p.mode == 3 ? p.S2 - p.S1 + s1 : p.S2 - 1;
+    const int32_t *irow = p.idx + b * p.sidx[0] + (int64_t)s1 * p.sidx[1] + n2 * p.sidx[2];
+    const int64_t si3 = p.sidx[3];
+    const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 7), 0), t = threadIdx.x & 127;
+
+    if (threadIdx.x == 0) {
+        hop::mbar_init(s.rdy + 0, 128);
+        hop::mbar_init(s.rdy + 1, 128);
+        hop::mbar_init(s.vbar, 16);
+        hop::mbar_init(s.fre, 256);
+        *s.last = -1;
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {  // ------------------------------------------------------------------ producer
+        hop::setmaxnreg_dec<40>();
+        const sfa::Gather<T> gat(p, b, n2, t);
+        int nb = 1;  // block 0 is gathered before the scan's answer (harmless when there is none)
+        for (int j = 0; j < nb; j++) {
+            int key[4];
+            gat.keys(p, irow, si3, j, lim, key);
+            if (j > 0) hop::mbar_wait(s.fre, (j - 1) & 1);
+            gat.copy(s.k, key, 0, 4);
+            hop::cp_async_arrive_noinc(s.rdy + 0);
+            gat.copy(s.k, key, 4, NBOX);
+            hop::cp_async_arrive_noinc(s.rdy + 1);
+            if (gat.ig == 0) {
+#pragma unroll
+                for (int r = 0; r < 4; r++) s.key[(j & 1) * BK + gat.grp + 16 * r] = key[r];
+                hop::mbar_arrive(s.vbar);
+            }
+            if (j == 0) {
+                hop::bar_sync(NB_SCAN, 384);
+                const int last = *s.last;
+                nb = last < 0 ? 0 : last / BK + 1;
+            }
+        }
+        sfa::cp_async_wait<0>();
+        return;
+    }
+
+    // ------------------------------------------------------------------------------- consumers
+    hop::setmaxnreg_inc<232>();
+    const int c = wg - 1, tc = t + c * 128;
+    const T *qb = static_cast<const T *>(p.q) + b * p.sq[0] + (int64_t)s1 * p.sq[1];
+    const T *qrb = static_cast<const T *>(p.qr) + b * p.sqr[0] + (int64_t)s1 * p.sqr[1];
+    const T *dob = static_cast<const T *>(p.dout) + b * p.sdo[0] + (int64_t)s1 * p.sdo[1];
+    load_do<T>(s.dout, p, dob, head0, nh, tc, 256);
+    sfa::load_q<T>(s.q, BH, p, qb, qrb, head0, nh, tc, 256);  // commits both copies' group
+    sfa::prescan_last(p, irow, si3, lim, tc, 256, s.last);
+    {
+        // Delta = rowsum(dO O) in fp32 (4 threads per head row, 128 columns each) and LSE * log2(e)
+        const int h = tc >> 2, part = tc & 3;
+        float sum = 0.f;
+        if (h < nh) {
+            const T *orow = static_cast<const T *>(p.o) + b * p.so[0] + (int64_t)s1 * p.so[1] + (int64_t)(head0 + h) * p.so[2];
+            const T *drow = dob + (int64_t)(head0 + h) * p.sdo[2];
+#pragma unroll 4
+            for (int x = 0; x < 16; x++) {
+                const int col = part * 128 + x * 8;
+                const uint4 ov = *reinterpret_cast<const uint4 *>(orow + col);
+                const uint4 dv = *reinterpret_cast<const uint4 *>(drow + col);
+                const uint32_t *oe = reinterpret_cast<const uint32_t *>(&ov);
+                const uint32_t *de = reinterpret_cast<const uint32_t *>(&dv);
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float2 a = hop::elt<T>::unpack(oe[e]), d = hop::elt<T>::unpack(de[e]);
+                    sum += a.x * d.x + a.y * d.y;
+                }
+            }
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        if (part == 0) s.delta[h] = sum;
+        if (part == 1) {
+            float l2 = INFINITY;  // padded rows and rows without a valid key: P = 0
+            if (h < nh) {
+                const float lse = p.lse_in[b * p.slse[0] + (int64_t)s1 * p.slse[1] + (int64_t)(head0 + h) * p.slse[2]];
+                if (lse > -INFINITY) l2 = lse * 1.4426950408889634f;
+            }
+            s.lse2[h] = l2;
+        }
+    }
+    sfa::cp_async_wait<0>();
+    hop::fence_proxy_async();
+    hop::bar_sync(NB_Q, 256);
+    const int last = *s.last;
+    const int nblk = last < 0 ? 0 : last / BK + 1;
+    hop::bar_arrive(NB_SCAN, 384);
+    if (c == 0) consume<T, 0>(p, s, nblk, b, n2, s1, head0, nh);
+    else consume<T, 1>(p, s, nblk, b, n2, s1, head0, nh);
+}
+
+template <typename T> cudaError_t launch(const Params &p, cudaStream_t st) {
+    static unsigned long long done = 0;
+    const cudaError_t e = hop::set_smem(sfa_bwd90_kernel<T>, SMEM, &done);
+    if (e != cudaSuccess) return e;
+    const int ngroups = (p.H + BH - 1) / BH;
+    dim3 grid((unsigned)((long long)p.S1 * ngroups), (unsigned)(p.B * p.N2));
+    sfa_bwd90_kernel<T><<<grid, 384, SMEM, st>>>(p);
+    return cudaGetLastError();
+}
+
+}  // namespace
+
+// Launcher used by sfa_host.cu (H = N1 / N2 > 32; the accumulator and fix_scale of p are set).
+extern "C" cudaError_t spattn_sfa_bwd90_launch(const sfa::Params *p, int is_bf16, cudaStream_t st) {
+    return is_bf16 ? launch<__nv_bfloat16>(*p, st) : launch<__half>(*p, st);
+}
