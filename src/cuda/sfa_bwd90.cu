@@ -26,6 +26,7 @@
 #include <math.h>
 
 #include "hopper/hopper.cuh"
+#include "sfa_adds.cuh"
 #include "sfa_gather.cuh"
 
 namespace {
@@ -52,56 +53,6 @@ struct Smem {
     uint64_t *rdy, *vbar, *fre;  // rdy[2]: boxes 0-3 / 4-8 landed; vbar: key ids; fre: buffer free
     int *last;
 };
-
-__device__ __forceinline__ void red_add_v4(float *a, float x, float y, float z, float w) {
-    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(a), "f"(x), "f"(y), "f"(z), "f"(w)
-                 : "memory");
-}
-__device__ __forceinline__ void red_add_u64(unsigned long long *a, float v, float fs) {
-    asm volatile("red.global.add.u64 [%0], %1;\n" ::"l"(a), "l"((unsigned long long)__float2ll_rn(v * fs)) : "memory");
-}
-
-// One 64-key x 64-column dKV box (m64n64 accumulator) added to the keys' accumulator rows.
-// Rows r0 and r0 + 8 of this thread are block slots; invalid slots add nothing.
-__device__ __forceinline__ void scatter_box(const Params &p, const float (&a)[32], const int *key, int r0, int lane,
-                                            int64_t base, int col0, float fs) {
-    const int q4 = lane & 3;
-    const int ka = key[r0], kb = key[r0 + 8];
-    if (p.acc_i64) {
-        // one 32-byte sector per quad and instruction: lane q adds columns q and q + 4 of each
-        // 8-column group (values regrouped by quad shuffles)
-        const int src1 = (lane & ~3) | (q4 >> 1), src2 = src1 + 2;
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int kk = h ? kb : ka;
-            unsigned long long *dst = p.acc_i64 + base + (int64_t)max(kk, 0) * p.N2 * sfa::DQK + col0 + q4;
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const float x0 = a[4 * j + 2 * h], x1 = a[4 * j + 2 * h + 1];
-                const float a0 = __shfl_sync(0xffffffffu, x0, src1), a1 = __shfl_sync(0xffffffffu, x1, src1);
-                const float c0 = __shfl_sync(0xffffffffu, x0, src2), c1 = __shfl_sync(0xffffffffu, x1, src2);
-                if (kk >= 0) {
-                    red_add_u64(dst + 8 * j, q4 & 1 ? a1 : a0, fs);
-                    red_add_u64(dst + 8 * j + 4, q4 & 1 ? c1 : c0, fs);
-                }
-            }
-        }
-    } else {
-        // lane pairs swap halves: the even lane adds 4 columns of row r0, the odd one of r0 + 8
-        const bool odd = q4 & 1;
-        const int kk = odd ? kb : ka;
-        float *dst = p.acc_f32 + base + (int64_t)max(kk, 0) * p.N2 * sfa::DQK + col0 + 2 * (q4 & 2);
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const float s0 = odd ? a[4 * j] : a[4 * j + 2], s1 = odd ? a[4 * j + 1] : a[4 * j + 3];
-            const float r0v = __shfl_xor_sync(0xffffffffu, s0, 1), r1v = __shfl_xor_sync(0xffffffffu, s1, 1);
-            if (kk >= 0) {
-                if (odd) red_add_v4(dst + 8 * j, r0v, r1v, a[4 * j + 2], a[4 * j + 3]);
-                else red_add_v4(dst + 8 * j, a[4 * j], a[4 * j + 1], r0v, r1v);
-            }
-        }
-    }
-}
 
 // dO rows h < nh (zero past nh) into 8 boxes of 64 rows, by threads t0, t0 + stride, ...
 template <typename T>
@@ -225,7 +176,7 @@ __device__ __forceinline__ void consume(const Params &p, const Smem &s, int nblk
             hop::mbar_arrive(s.fre);
             hop::wgmma_wait<0>();
             hop::reg_fence(acc);
-            scatter_box(p, acc, key, r0, lane, base, (C == 0 ? 0 : 4) * 64, fs);
+            sfa::add_box(p, acc, key[r0], key[r0 + 8], lane, base, (C == 0 ? 0 : 4) * 64, fs);
         }
 #pragma unroll
         for (int i = 1; i < (C == 0 ? 5 : 4); i++) {
@@ -234,7 +185,7 @@ __device__ __forceinline__ void consume(const Params &p, const Smem &s, int nblk
             dkv(acc, box);
             hop::wgmma_wait<0>();
             hop::reg_fence(acc);
-            scatter_box(p, acc, key, r0, lane, base, box * 64, fs);
+            sfa::add_box(p, acc, key[r0], key[r0 + 8], lane, base, box * 64, fs);
         }
         hop::reg_fence(dq);
         if constexpr (C == 1) hop::reg_fence(dqr);

@@ -12,12 +12,15 @@
 
 #include "convert.cuh"
 #include "scratch.h"
+#include "sfa_bwd_small.h"
 #include "sfa_common.cuh"
 
 extern "C" cudaError_t spattn_sfa_fast_fwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_small_fwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_fast_bwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_bwd90_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
+extern "C" cudaError_t spattn_sfa_bwd_small_launch(const sfa::Params *p, const sfa::SmallLists *L, int is_bf16,
+                                                   cudaStream_t st);
 
 namespace {
 
@@ -114,14 +117,40 @@ __global__ void fix_scale_kernel(unsigned *stats, float scale, int D, int H) {
     const float mq = __uint_as_float(stats[0]), mk = __uint_as_float(stats[1]);
     const float mo = __uint_as_float(stats[2]), mdo = __uint_as_float(stats[3]);
     const double cnt = (double)stats[4] * H;
-    // |contribution of one (row, head, key)| <= P * (scale*(|dP| + |Delta|)*max|q| + max|dO|)
+    // |contribution of one (row, head, key)| <= P * (|scale|*(|dP| + |Delta|)*max|q| + max|dO|)
     // with P <= 1, |dP| <= D max|dO| max|k|, |Delta| <= D max|dO| max|o|; margin 8.
-    const double per = (double)scale * D * mdo * ((double)mk + mo) * mq + mdo;
+    const double ds = fabs((double)scale) * D * mdo * ((double)mk + mo);
+    const double per = ds * mq + mdo;
     const double bound = 8.0 * cnt * per + 1e-30;
     int F = 62 - (int)ceil(log2(bound));
     F = F > 60 ? 60 : (F < -60 ? -60 : F);
     reinterpret_cast<float *>(stats)[5] = exp2f((float)F);
     reinterpret_cast<float *>(stats)[6] = exp2f((float)-F);
+    // dQ (key-major backward): |dQ| <= sum_k |dS| max|k| <= |scale| (|dP| + |Delta|) max|k|, as the
+    // P of a row sum to 1 (any partial sum obeys the same bound); margin 8
+    const double bq = 8.0 * ds * mk + 1e-30;
+    int Fq = 62 - (int)ceil(log2(bq));
+    Fq = Fq > 60 ? 60 : (Fq < -60 ? -60 : Fq);
+    reinterpret_cast<float *>(stats)[7] = exp2f((float)Fq);
+    reinterpret_cast<float *>(stats)[8] = exp2f((float)-Fq);
+}
+
+// The key-major backward's dQ accumulator [B, S1, N1, 576] into dq / dq_rope.
+template <typename T>
+__global__ void convert_dq_kernel(const void *acc, int det, const float *inv_scale, T *dq, T *dqr, int64_t B,
+                                  int64_t S1, int64_t N1, int64_t sd0, int64_t sd1, int64_t sd2, int64_t sr0,
+                                  int64_t sr1, int64_t sr2) {
+    const int64_t total = B * S1 * N1 * sfa::DQK;
+    const float inv = det ? *inv_scale : 1.f;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t col = i % sfa::DQK, t = i / sfa::DQK;
+        const int64_t n = t % N1, t2 = t / N1;
+        const int64_t s = t2 % S1, b = t2 / S1;
+        const float v = det ? (float)((double)reinterpret_cast<const long long *>(acc)[i] * (double)inv)
+                            : reinterpret_cast<const float *>(acc)[i];
+        if (col < sfa::D) dq[b * sd0 + s * sd1 + n * sd2 + col] = sfa::Ty<T>::from_f(v);
+        else dqr[b * sr0 + s * sr1 + n * sr2 + (col - sfa::D)] = sfa::Ty<T>::from_f(v);
+    }
 }
 
 template <typename T>
@@ -251,6 +280,45 @@ size_t bwd_ws_parts(const spattn_sfa_problem *p, size_t *acc, size_t *hist) {
     return *acc + *hist + 256;
 }
 
+// The key-major backward (sfa_bwd_small.cu) for H <= 32 when the rows select a good part of the
+// keys they can reach (every visited 64-key block is computed whole: a row touching a block for
+// one key pays for 64); its token lists must fit int32 counts and the multiplicities uint16.
+struct SmallShape {
+    int64_t nkb, s1w, nl, vmax;
+};
+bool small_shape(const spattn_sfa_problem *p, SmallShape *ss) {
+    const int64_t H = p->N1 / p->N2;
+    if (H > 32 || p->K > 65535) return false;
+    if (p->S2 > 8 * p->K * p->sbs) return false;  // fewer than 1 in 8 keys selected
+    ss->nkb = (p->S2 + 63) / 64;
+    ss->s1w = (p->S1 + 31) / 32;
+    ss->nl = p->B * p->N2 * ss->nkb;
+    const int64_t per_row = ss->nkb < p->K * ((p->sbs + 63) / 64) ? ss->nkb : p->K * ((p->sbs + 63) / 64);
+    ss->vmax = p->B * p->N2 * p->S1 * per_row;
+    const int64_t hp = H <= 1 ? 1 : H <= 2 ? 2 : H <= 4 ? 4 : H <= 8 ? 8 : H <= 16 ? 16 : 32;
+    return ss->nl < (1LL << 31) && ss->vmax < (1LL << 31) && (p->S1 + 32 * (32 / hp) - 1) / (32 * (32 / hp)) <= 65535;
+}
+// Its buffers after the common ones: dQ accumulator, LSE2 + Delta, bitmap, word prefixes, list
+// lengths and offsets, visit tokens, visit multiplicities.
+size_t small_parts(const spattn_sfa_problem *p, const SmallShape &ss, size_t off[8]) {
+    const size_t nq = (size_t)p->B * p->S1 * p->N1, words = (size_t)ss.nl * ss.s1w;
+    const size_t sz[8] = {nq * sfa::DQK * 8, nq * 8, words * 4, words * 4, (size_t)ss.nl * 4, ((size_t)ss.nl + 1) * 4,
+                          (size_t)ss.vmax * 4, (size_t)ss.vmax * 128};
+    size_t t = 0;
+    for (int i = 0; i < 8; i++) {
+        off[i] = t;
+        t += align256(sz[i]);
+    }
+    return t;
+}
+size_t bwd_ws_total(const spattn_sfa_problem *p) {
+    size_t a, h, off[8];
+    size_t need = bwd_ws_parts(p, &a, &h);
+    SmallShape ss;
+    if (small_shape(p, &ss)) need += small_parts(p, ss, off);
+    return need;
+}
+
 unsigned grid_for(int64_t n, int64_t per_block) {
     int64_t g = (n + per_block - 1) / per_block;
     if (g < 1) g = 1;
@@ -268,8 +336,11 @@ void launch_maxabs(const spattn_tensor *t, unsigned *out, cudaStream_t st) {
 template <typename T>
 spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::Params *kp) {
     cudaStream_t st = (cudaStream_t)ex->stream;
-    size_t acc_b, hist_b;
-    size_t need = bwd_ws_parts(p, &acc_b, &hist_b);
+    size_t acc_b, hist_b, soff[8];
+    const size_t common = bwd_ws_parts(p, &acc_b, &hist_b);
+    SmallShape ss;
+    const bool small = small_shape(p, &ss);
+    const size_t need = common + (small ? small_parts(p, ss, soff) : 0);
     unsigned char *ws = (unsigned char *)ex->workspace;
     bool own = false;
     if (!ws) {
@@ -279,7 +350,10 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
     const bool det = ex->deterministic != 0;
     unsigned *hist = (unsigned *)(ws + acc_b);
     unsigned *stats = (unsigned *)(ws + acc_b + hist_b);
-    cudaError_t e = cudaMemsetAsync(ws, 0, det ? need : acc_b / 2, st);
+    unsigned char *sw = ws + common;  // the key-major backward's buffers
+    const size_t nq = (size_t)p->B * p->S1 * p->N1;
+    cudaError_t e = cudaMemsetAsync(ws, 0, det ? common : acc_b / 2, st);
+    if (e == cudaSuccess && small) e = cudaMemsetAsync(sw + soff[0], 0, nq * sfa::DQK * (det ? 8 : 4), st);
     if (e == cudaSuccess && det) {
         launch_maxabs<T>(p->q, stats + 0, st);
         launch_maxabs<T>(p->q_rope, stats + 0, st);
@@ -301,9 +375,36 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
         } else {
             kp->acc_f32 = (float *)ws;
         }
-        // more than 32 heads per key head: the Hopper kernel (sfa_bwd90.cu); fewer: sfa_bwd.cu
         const int bf16 = p->dtype == SPATTN_DTYPE_BF16;
-        e = kp->H > 32 ? spattn_sfa_bwd90_launch(kp, bf16, st) : spattn_sfa_fast_bwd_launch(kp, bf16, st);
+        if (small) {
+            // H <= 32, dense enough selections: key-major (sfa_bwd_small.cu)
+            sfa::SmallLists L;
+            L.dq_i64 = det ? (unsigned long long *)(sw + soff[0]) : nullptr;
+            L.dq_f32 = det ? nullptr : (float *)(sw + soff[0]);
+            L.fix_scale_q = (const float *)(stats + 7);
+            L.lse2 = (float *)(sw + soff[1]);
+            L.delta = L.lse2 + nq;
+            L.bitmap = (uint32_t *)(sw + soff[2]);
+            L.wpre = (uint32_t *)(sw + soff[3]);
+            L.len = (int *)(sw + soff[4]);
+            L.off = (int *)(sw + soff[5]);
+            L.vtok = (int *)(sw + soff[6]);
+            L.vmult = (uint32_t *)(sw + soff[7]);
+            L.nkb = (int)ss.nkb;
+            L.s1w = (int)ss.s1w;
+            e = spattn_sfa_bwd_small_launch(kp, &L, bf16, st);
+            if (e == cudaSuccess) {
+                const spattn_tensor *dq = p->dq, *dqr = p->dq_rope;
+                convert_dq_kernel<T><<<grid_for((int64_t)nq * sfa::DQK, 256), 256, 0, st>>>(
+                    sw + soff[0], det, (const float *)(stats + 8), (T *)dq->data, (T *)dqr->data, p->B, p->S1, p->N1,
+                    dq->strides[0], dq->strides[1], dq->strides[2], dqr->strides[0], dqr->strides[1], dqr->strides[2]);
+                e = cudaGetLastError();
+            }
+        } else {
+            // more than 32 heads per key head: the Hopper kernel (sfa_bwd90.cu); sparse selections
+            // at H <= 32: sfa_bwd.cu
+            e = kp->H > 32 ? spattn_sfa_bwd90_launch(kp, bf16, st) : spattn_sfa_fast_bwd_launch(kp, bf16, st);
+        }
     }
     if (e == cudaSuccess) {
         const spattn_tensor *dk = p->dk, *dkr = p->dk_rope;
@@ -329,8 +430,7 @@ extern "C" size_t spattn_cuda_sfa_workspace(const spattn_sfa_problem *p, int bac
     size_t off[5];
     if (!fast_shape(p, backward)) return ref_parts(p, backward, off);
     if (!backward) return 0;
-    size_t a, h;
-    return bwd_ws_parts(p, &a, &h);
+    return bwd_ws_total(p);
 }
 
 namespace {

@@ -649,8 +649,9 @@ static void test_fallback() {
     printf("  deterministic fallback bwd: %s\n", spattn_last_error());
 }
 
-static void test_determinism() {
-    Cfg c = mk("determinism", 1, 256, 1024, 64, 1, 256, 1, 3, SPATTN_DTYPE_BF16);
+static void test_determinism(int N1) {
+    // N1 = 64: the token-major Hopper backward; 8: the key-major one
+    Cfg c = mk("determinism", 1, 256, 1024, N1, 1, 256, 1, 3, SPATTN_DTYPE_BF16);
     Prob P;
     setup(P, c, 11);
     check(run_fwd(P) == SPATTN_STATUS_SUCCESS, "det fwd%s", "");
@@ -670,7 +671,7 @@ static void test_determinism() {
             for (int i = 0; i < 4; i++) same &= x[i] == a[i];
     }
     check(same, "deterministic backward bitwise repeatable%s", "");
-    printf("  deterministic backward: 20 runs bitwise %s\n", same ? "identical" : "DIFFERENT");
+    printf("  deterministic backward (N1 = %d): 20 runs bitwise %s\n", N1, same ? "identical" : "DIFFERENT");
     // the atomic path: usually not bitwise equal, but close
     check(run_bwd(P, 0) == SPATTN_STATUS_SUCCESS, "atomic bwd%s", "");
     CK(cudaDeviceSynchronize());
@@ -708,6 +709,14 @@ static int small_tests(bool quick) {
         cs.back().dups = 1;
         cs.back().pad_any = 1;
         cs.push_back(mk("h96_sbs16_mode0", 1, 20, 700, 96, 1, 20, 16, 0, BF));
+        // the key-major backward (H <= 32, rows selecting >= 1/8 of the keys they reach): lists of
+        // several chunks (600 tokens, 4 per step at H = 8), index blocks spanning two key blocks
+        // (sbs 128); a sparse selection at H <= 32 still runs the token-major sfa_bwd.cu
+        cs.push_back(mk("h8_s600_multichunk", 1, 600, 600, 8, 1, 200, 1, 3, BF));
+        cs.back().dups = 1;
+        cs.push_back(mk("h4_n2_sbs128", 2, 40, 500, 8, 2, 3, 128, 0, FP));
+        cs.back().pad_any = 1;
+        cs.push_back(mk("h16_sparse_k8_tokenmajor", 1, 30, 2000, 16, 1, 8, 1, 0, BF));
         // the small-head kernel (H <= 32: keys as MMA rows): H 1, 24 (padded to 32), 32 with GQA,
         // an odd number of 64-key blocks, long index rows
         cs.push_back(mk("h1_mqa_k300_mode0", 1, 33, 400, 1, 1, 300, 1, 0, BF));
@@ -739,7 +748,8 @@ static int small_tests(bool quick) {
         printf("%-36s %s\n", "reference kernels (sep v, fp32, D 40/64)", g_fail == before ? "ok" : "FAILED");
         test_bad_index();
         test_fallback();
-        test_determinism();
+        test_determinism(64);
+        test_determinism(8);
     }
     printf("%d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;

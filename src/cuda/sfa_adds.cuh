@@ -1,0 +1,65 @@
+// Adds of fp32 tiles into the sfa backward's global accumulators (sfa_bwd90.cu, sfa_bwd_small.cu):
+// deterministic = 1: int64 fixed point (value * 2^F rounded; integer adds are exact and order-free,
+// so the sum is bitwise reproducible); deterministic = 0: fp32 reductions.
+#pragma once
+#include "sfa_common.cuh"
+
+namespace sfa {
+
+__device__ __forceinline__ void red_add_f32(float *a, float x) {
+    asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(a), "f"(x) : "memory");
+}
+__device__ __forceinline__ void red_add_v4(float *a, float x, float y, float z, float w) {
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(a), "f"(x), "f"(y), "f"(z), "f"(w)
+                 : "memory");
+}
+__device__ __forceinline__ void red_add_u64(unsigned long long *a, float v, float fs) {
+    asm volatile("red.global.add.u64 [%0], %1;\n" ::"l"(a), "l"((unsigned long long)__float2ll_rn(v * fs)) : "memory");
+}
+
+// One 64-row x 64-column fp32 tile in the wgmma m64n64 accumulator layout (this thread: rows
+// r0 = 16 warp + lane / 4 and r0 + 8, columns 8 j + 2 (lane % 4) (+1)) added to the dK accumulator
+// [B, S2, N2, 576] (p.acc_i64 or p.acc_f32): row r0 to key ka, row r0 + 8 to key kb (< 0: nothing),
+// columns col0.. of the row that starts at base + key * N2 * 576.  DET: -1 = follow p (acc_i64 set),
+// 0 / 1 = known at compile time (callers that branch once for many boxes).
+template <int DET = -1>
+__device__ __forceinline__ void add_box(const Params &p, const float (&a)[32], int ka, int kb, int lane, int64_t base,
+                                        int col0, float fs) {
+    const int q4 = lane & 3;
+    if (DET == 1 || (DET == -1 && p.acc_i64)) {
+        // one 32-byte sector per quad and instruction: lane q adds columns q and q + 4 of each
+        // 8-column group (values regrouped by quad shuffles)
+        const int src1 = (lane & ~3) | (q4 >> 1), src2 = src1 + 2;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int kk = h ? kb : ka;
+            unsigned long long *dst = p.acc_i64 + base + (int64_t)max(kk, 0) * p.N2 * DQK + col0 + q4;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const float x0 = a[4 * j + 2 * h], x1 = a[4 * j + 2 * h + 1];
+                const float a0 = __shfl_sync(0xffffffffu, x0, src1), a1 = __shfl_sync(0xffffffffu, x1, src1);
+                const float c0 = __shfl_sync(0xffffffffu, x0, src2), c1 = __shfl_sync(0xffffffffu, x1, src2);
+                if (kk >= 0) {
+                    red_add_u64(dst + 8 * j, q4 & 1 ? a1 : a0, fs);
+                    red_add_u64(dst + 8 * j + 4, q4 & 1 ? c1 : c0, fs);
+                }
+            }
+        }
+    } else {
+        // lane pairs swap halves: the even lane adds 4 columns of row r0, the odd one of r0 + 8
+        const bool odd = q4 & 1;
+        const int kk = odd ? kb : ka;
+        float *dst = p.acc_f32 + base + (int64_t)max(kk, 0) * p.N2 * DQK + col0 + 2 * (q4 & 2);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const float s0 = odd ? a[4 * j] : a[4 * j + 2], s1 = odd ? a[4 * j + 1] : a[4 * j + 3];
+            const float r0v = __shfl_xor_sync(0xffffffffu, s0, 1), r1v = __shfl_xor_sync(0xffffffffu, s1, 1);
+            if (kk >= 0) {
+                if (odd) red_add_v4(dst + 8 * j, r0v, r1v, a[4 * j + 2], a[4 * j + 3]);
+                else red_add_v4(dst + 8 * j, a[4 * j], a[4 * j + 1], r0v, r1v);
+            }
+        }
+    }
+}
+
+}  // namespace sfa

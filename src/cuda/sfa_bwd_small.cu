@@ -1,0 +1,512 @@
+// Top-k sparse flash attention backward for Hopper (sm_90a), H = N1 / N2 <= 32 heads per key head,
+// key-major: D = 512 + Dr = 64, shared key/value, any sbs, modes 0 and 3, GQA.
+//
+// Token-major, every (token, selected key) pair adds a 576-wide dK row: at 4-16 heads those adds,
+// not the MMAs, bound the speed (runbook).  Here a CTA owns one block of 64 consecutive keys and
+// walks the tokens that selected any of them, so dK / dV of its keys stay in registers; dQ gets
+// one add of (heads x 576) per (token, key block) instead of one dK row per key.
+//
+// Lists, built on the device per call (no host synchronisation; workspace bounded by shapes):
+//   touch:  bit s1 of bitmap[(b, n2), key block] for every token whose row selects a key of it;
+//   count:  per list, the exclusive popcount prefix of each 32-token word, and the list length;
+//   scan:   list offsets; fill: visit v = (list offset + rank) -> token s1, in increasing s1
+//           (a stable order: the sums below do not depend on scheduling);
+//   mult:   per visit, the multiplicity of each of the block's 64 keys in the token's row
+//           (uint16 pairs; 0 = not selected or causally masked; duplicates count twice).
+// Main kernel, CTA = (list, chunk of the list): a producer warpgroup gathers the key block once
+// (sfa::Gather) and, per step, the Q and dO rows of the step's tokens (32 token-head rows: T =
+// 32 / HP tokens of HP heads each, HP = H rounded up to a power of two; padded rows masked), with
+// the step's multiplicities, into two stages.  Two consumer warpgroups, each for the whole step:
+//   S^T = K Q^T and dP^T = V dO^T (SS m64n32, keys = MMA rows); P^T = mult exp2(S^T sl2 - LSE2),
+//   dS^T = scale P^T (dP^T - Delta) in fp32 (both warpgroups compute them: no exchange, no rounding
+//   before the product; the duplicated S / dP GEMMs are 28 % of the step's MMA);
+//   dKV[64 x its boxes] += dS^T Q + P^T dO (RS: P^T, dS^T packed from the accumulators as the A
+//   operand; warpgroup 0 boxes 0-3 and the rope box 8, warpgroup 1 boxes 4-7), stored once;
+//   dQ^T[its boxes] = K^T dS^T (A = key box read MN-major, B = its own dS tile), added to the dQ
+//   accumulator (warpgroup 0 boxes 0-3, 1 boxes 4-8).
+// The chunk's dKV (64 keys x 576) is added into the dK accumulator of sfa_host.cu at the end; both
+// accumulators are int64 fixed point (deterministic, bitwise reproducible) or fp32 (fast mode).
+#include <math.h>
+
+#include "hopper/hopper.cuh"
+#include "sfa_adds.cuh"
+#include "sfa_bwd_small.h"
+#include "sfa_gather.cuh"
+
+namespace {
+
+using sfa::Params;
+using sfa::SmallLists;
+
+constexpr int BOX = sfa::GBOX;  // 64 rows x 128 bytes (key block box)
+constexpr int NR = 32;          // token-head rows per step
+constexpr int RBOX = NR * 128;  // 32-row box: 4 KB
+// per stage: Q (9 boxes) and dO (8 boxes) of 32 rows; beside them, per stage, the multiplicities
+// [tokens][64] (uint16), LSE2 [32] and Delta [32]
+constexpr int ST_DO = 9 * RBOX, SQD = 17 * RBOX;
+constexpr int MS_CNT = 0, MS_LSE = 32 * 128, MS_DELTA = MS_LSE + NR * 4, MISC = MS_DELTA + NR * 4;
+constexpr int OFF_K = 0, OFF_ST = 9 * BOX, OFF_DS = OFF_ST + 2 * SQD, OFF_MISC = OFF_DS + 2 * RBOX;
+constexpr int OFF_BAR = OFF_MISC + 2 * MISC;
+constexpr int SMEM = OFF_BAR + 64 + 1024;  // + alignment slack
+static_assert(SMEM <= 232448, "fits in 227 KB");
+constexpr int STEPS = 32;  // steps per CTA (chunk of 32 T visits)
+
+enum { NB_DS0 = 1 /* and 2 */ };
+
+// ---- list building ---------------------------------------------------------------------------
+// The key range [k0, k1] that index entry `bi` selects within the causal limit (k1 < k0: none).
+__device__ __forceinline__ void entry_keys(const Params &p, int bi, int lim, int &k0, int &k1) {
+    k0 = 0;
+    k1 = -1;
+    if (bi < 0 || bi >= p.nblk) return;
+    const long long a = (long long)bi << p.log2sbs;
+    const long long kmax = min((long long)p.S2 - 1, (long long)lim);
+    if (a > kmax) return;
+    k0 = (int)a;
+    k1 = (int)min(a + p.sbs - 1, kmax);
+}
+
+__device__ __forceinline__ int lim_of(const Params &p, int s1) { return p.mode == 3 ? p.S2 - p.S1 + s1 : p.S2 - 1; }
+
+// One warp per index row (b, s1, n2): sets bit s1 in the bitmap of every key block it touches.
+__global__ void touch_kernel(const Params p, SmallLists L) {
+    const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (row >= (int64_t)p.B * p.S1 * p.N2) return;
+    const int n2 = (int)(row % p.N2), s1 = (int)(row / p.N2 % p.S1), b = (int)(row / p.N2 / p.S1);
+    const int32_t *irow = p.idx + b * p.sidx[0] + (int64_t)s1 * p.sidx[1] + n2 * p.sidx[2];
+    const int lim = lim_of(p, s1);
+    uint32_t *bm = L.bitmap + ((int64_t)(b * p.N2 + n2) * L.nkb) * L.s1w + (s1 >> 5);
+    for (int e = lane; e < p.K; e += 32) {
+        int k0, k1;
+        entry_keys(p, __ldg(irow + e * p.sidx[3]), lim, k0, k1);
+        for (int kb = k0 >> 6; k0 <= k1 && kb <= (k1 >> 6); kb++) atomicOr(bm + (int64_t)kb * L.s1w, 1u << (s1 & 31));
+    }
+}
+
+// One CTA (256 threads) per list: exclusive popcount prefix per word, the list length.
+__global__ void count_kernel(SmallLists L) {
+    const int64_t l = blockIdx.x;
+    const uint32_t *bm = L.bitmap + l * L.s1w;
+    uint32_t *pre = L.wpre + l * L.s1w;
+    __shared__ int warp_sum[8];
+    int running = 0;
+    for (int w0 = 0; w0 < L.s1w; w0 += 256) {
+        const int w = w0 + threadIdx.x;
+        const int c = w < L.s1w ? __popc(bm[w]) : 0;
+        int x = c;  // inclusive scan in the warp, then across warps
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, x, o);
+            if ((threadIdx.x & 31) >= o) x += y;
+        }
+        if ((threadIdx.x & 31) == 31) warp_sum[threadIdx.x >> 5] = x;
+        __syncthreads();
+        int before = running;
+        for (int i = 0; i < (int)(threadIdx.x >> 5); i++) before += warp_sum[i];
+        if (w < L.s1w) pre[w] = (uint32_t)(before + x - c);
+        int total = 0;
+        for (int i = 0; i < 8; i++) total += warp_sum[i];
+        __syncthreads();
+        running += total;
+    }
+    if (threadIdx.x == 0) L.len[l] = running;
+}
+
+// One CTA (1024 threads): off[l] = sum of len[< l]; off[nl] = the number of visits.
+__global__ void scan_kernel(SmallLists L, int nl) {
+    __shared__ int warp_sum[32];
+    int running = 0;
+    for (int i0 = 0; i0 < nl; i0 += 1024) {
+        const int i = i0 + threadIdx.x;
+        const int c = i < nl ? L.len[i] : 0;
+        int x = c;
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, x, o);
+            if ((threadIdx.x & 31) >= o) x += y;
+        }
+        if ((threadIdx.x & 31) == 31) warp_sum[threadIdx.x >> 5] = x;
+        __syncthreads();
+        int before = running;
+        for (int w = 0; w < (int)(threadIdx.x >> 5); w++) before += warp_sum[w];
+        if (i < nl) L.off[i] = before + x - c;
+        int total = 0;
+        for (int w = 0; w < 32; w++) total += warp_sum[w];
+        __syncthreads();
+        running += total;
+    }
+    if (threadIdx.x == 0) L.off[nl] = running;
+}
+
+// One thread per (list, word): the tokens of the word's set bits, in order; their multiplicity
+// rows are zeroed here (only visits that exist are touched).
+__global__ void fill_kernel(SmallLists L, int64_t nwords) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= nwords) return;
+    const int64_t l = i / L.s1w;
+    const int w = (int)(i % L.s1w);
+    uint32_t bits = L.bitmap[i];
+    int v = L.off[l] + (int)L.wpre[i];
+    while (bits) {
+        const int bit = __ffs(bits) - 1;
+        bits &= bits - 1;
+        L.vtok[v] = w * 32 + bit;
+        uint4 *m = reinterpret_cast<uint4 *>(L.vmult + (int64_t)v * 32);
+        for (int x = 0; x < 8; x++) m[x] = make_uint4(0, 0, 0, 0);
+        v++;
+    }
+}
+
+// One warp per index row: each selected key's multiplicity in its visit (+1 per selection).
+__global__ void mult_kernel(const Params p, SmallLists L) {
+    const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (row >= (int64_t)p.B * p.S1 * p.N2) return;
+    const int n2 = (int)(row % p.N2), s1 = (int)(row / p.N2 % p.S1), b = (int)(row / p.N2 / p.S1);
+    const int32_t *irow = p.idx + b * p.sidx[0] + (int64_t)s1 * p.sidx[1] + n2 * p.sidx[2];
+    const int lim = lim_of(p, s1);
+    const int64_t l0 = (int64_t)(b * p.N2 + n2) * L.nkb;
+    const uint32_t below = (1u << (s1 & 31)) - 1u;
+    for (int e = lane; e < p.K; e += 32) {
+        int k0, k1;
+        entry_keys(p, __ldg(irow + e * p.sidx[3]), lim, k0, k1);
+        for (int k = k0; k <= k1; k++) {
+            const int64_t l = l0 + (k >> 6), wi = l * L.s1w + (s1 >> 5);
+            const int v = L.off[l] + (int)L.wpre[wi] + __popc(L.bitmap[wi] & below);
+            atomicAdd(L.vmult + (int64_t)v * 32 + ((k & 63) >> 1), 1u << ((k & 1) * 16));
+        }
+    }
+}
+
+// Delta = rowsum(dO O) (fp32) and LSE * log2(e) (+inf for rows without a key) per (b, s1, n1);
+// one warp per row.
+template <typename T> __global__ void rows_kernel(const Params p, SmallLists L) {
+    const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (row >= (int64_t)p.B * p.S1 * p.N1) return;
+    const int n1 = (int)(row % p.N1), s1 = (int)(row / p.N1 % p.S1), b = (int)(row / p.N1 / p.S1);
+    const T *o = static_cast<const T *>(p.o) + b * p.so[0] + (int64_t)s1 * p.so[1] + (int64_t)n1 * p.so[2];
+    const T *d = static_cast<const T *>(p.dout) + b * p.sdo[0] + (int64_t)s1 * p.sdo[1] + (int64_t)n1 * p.sdo[2];
+    float sum = 0.f;
+#pragma unroll
+    for (int x = 0; x < 2; x++) {
+        const int col = (x * 32 + lane) * 8;
+        const uint4 ov = *reinterpret_cast<const uint4 *>(o + col), dv = *reinterpret_cast<const uint4 *>(d + col);
+        const uint32_t *oe = reinterpret_cast<const uint32_t *>(&ov), *de = reinterpret_cast<const uint32_t *>(&dv);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float2 a = hop::elt<T>::unpack(oe[e]), c = hop::elt<T>::unpack(de[e]);
+            sum += a.x * c.x + a.y * c.y;
+        }
+    }
+    for (int o2 = 16; o2 > 0; o2 >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o2);
+    if (lane == 0) {
+        const float lse = p.lse_in[b * p.slse[0] + (int64_t)s1 * p.slse[1] + (int64_t)n1 * p.slse[2]];
+        L.delta[row] = sum;
+        L.lse2[row] = lse > -INFINITY ? lse * 1.4426950408889634f : INFINITY;
+    }
+}
+
+// ---- main kernel -------------------------------------------------------------------------------
+struct Sm {
+    unsigned char *k, *st, *ds, *misc;
+    uint64_t *full, *empty;  // [2] each
+};
+
+template <typename T, int HP, int C>
+__device__ __forceinline__ void consume(const Params &p, const SmallLists &L, const Sm &s, int b, int n2, int kb,
+                                        int v0, int v1) {
+    constexpr int TT = NR / HP;                        // tokens per step
+    constexpr int NDKV = C == 0 ? 5 : 4;               // dKV boxes: C = 0: 0-3 and 8; C = 1: 4-7
+    constexpr int NDQ = C == 0 ? 4 : 5, DQ0 = C == 0 ? 0 : 4;  // dQ^T boxes
+    const int t = threadIdx.x & 127, warp = t >> 5, lane = t & 31, q4 = lane & 3;
+    const int r0 = warp * 16 + (lane >> 2);
+    const float sl2 = p.scale_log2, scale = p.scale;
+    const bool det = p.acc_i64 != nullptr;
+    const float fsq = det ? *L.fix_scale_q : 1.f;
+    unsigned char *sds = s.ds + C * RBOX;  // own dS tile [32 token-head rows][64 keys]
+
+    float dkv[NDKV][32];
+#pragma unroll
+    for (int i = 0; i < NDKV; i++)
+#pragma unroll
+        for (int j = 0; j < 32; j++) dkv[i][j] = 0.f;
+
+    const uint64_t kd = hop::desc_sw128(s.k, 16, 1024);
+    auto kmaj64 = [](uint64_t d, int kk) { return hop::desc_add(d, (kk >> 2) * BOX + (kk & 3) * 32); };
+    auto kmaj32 = [](uint64_t d, int kk) { return hop::desc_add(d, (kk >> 2) * RBOX + (kk & 3) * 32); };
+    const int nsteps = (v1 - v0 + TT - 1) / TT;
+    for (int it = 0; it < nsteps; it++) {
+        const int st = it & 1;
+        const uint32_t ph = (it >> 1) & 1;
+        unsigned char *sq = s.st + st * SQD, *sdo = sq + ST_DO, *ms = s.misc + st * MISC;
+        const uint16_t *cnt = reinterpret_cast<const uint16_t *>(ms + MS_CNT);  // [TT][64]
+        const float *lse2 = reinterpret_cast<const float *>(ms + MS_LSE), *delta = reinterpret_cast<const float *>(ms + MS_DELTA);
+        const int vs = v0 + it * TT, ntok = min(TT, v1 - vs);
+        const uint64_t qd = hop::desc_sw128(sq, 16, 1024), dod = hop::desc_sw128(sdo, 16, 1024);
+
+        // ---- S^T and dP^T (64 keys x 32 token-heads)
+        float sa[16], dpa[16];
+        hop::mbar_wait(s.full + st, ph);
+        hop::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 36; kk++) hop::elt<T>::template ssn<32, 0, 0>(sa, kmaj64(kd, kk), kmaj32(qd, kk), kk > 0);
+#pragma unroll
+        for (int kk = 0; kk < 32; kk++) hop::elt<T>::template ssn<32, 0, 0>(dpa, kmaj64(kd, kk), kmaj32(dod, kk), kk > 0);
+        hop::wgmma_commit();
+        hop::wgmma_wait<0>();
+        hop::reg_fence(sa);
+        hop::reg_fence(dpa);
+
+        // ---- P^T, dS^T: A operands (packed as the m64 A fragment) and the dS tile [th][key]
+        uint32_t pa[2][4], da[2][4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int th = 8 * j + 2 * q4 + e, tok = th / HP, h = th % HP;
+                const bool ok = tok < ntok && h < p.H;
+                const float l2 = lse2[th], dl = delta[th];
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int key = r0 + 8 * hh, i = 4 * j + 2 * hh + e;
+                    const float m = ok ? (float)cnt[tok * 64 + key] : 0.f;
+                    const float pv = m > 0.f ? m * hop::ex2(sa[i] * sl2 - l2) : 0.f;
+                    sa[i] = pv;
+                    dpa[i] = scale * pv * (dpa[i] - dl);
+                }
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < 2; kk++) {
+            pa[kk][0] = hop::elt<T>::pack(sa[8 * kk], sa[8 * kk + 1]);
+            pa[kk][1] = hop::elt<T>::pack(sa[8 * kk + 2], sa[8 * kk + 3]);
+            pa[kk][2] = hop::elt<T>::pack(sa[8 * kk + 4], sa[8 * kk + 5]);
+            pa[kk][3] = hop::elt<T>::pack(sa[8 * kk + 6], sa[8 * kk + 7]);
+            da[kk][0] = hop::elt<T>::pack(dpa[8 * kk], dpa[8 * kk + 1]);
+            da[kk][1] = hop::elt<T>::pack(dpa[8 * kk + 2], dpa[8 * kk + 3]);
+            da[kk][2] = hop::elt<T>::pack(dpa[8 * kk + 4], dpa[8 * kk + 5]);
+            da[kk][3] = hop::elt<T>::pack(dpa[8 * kk + 6], dpa[8 * kk + 7]);
+        }
+        // dS tile (row th, 64 keys = one 128-byte swizzled row): element (key, th)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int th = 8 * j + 2 * q4 + e, key = r0 + 8 * hh;
+                    const uint32_t pk = hop::elt<T>::pack(dpa[4 * j + 2 * hh + e], 0.f);
+                    *reinterpret_cast<uint16_t *>(sds + hop::sw128(th, key >> 3) + (key & 7) * 2) = (uint16_t)pk;
+                }
+        hop::fence_proxy_async();
+        hop::bar_sync(NB_DS0 + C, 128);
+
+        // ---- dKV += dS^T Q + P^T dO (B = the stage's Q / dO boxes read MN-major: 16 rows per k-step)
+        hop::wgmma_fence();
+#pragma unroll
+        for (int i = 0; i < NDKV; i++) {
+            const int box = C == 0 ? (i < 4 ? i : 8) : 4 + i;
+            const uint64_t qb = hop::desc_sw128(sq + box * RBOX, RBOX, 1024);
+#pragma unroll
+            for (int kk = 0; kk < 2; kk++) hop::elt<T>::template rs64<1>(dkv[i], da[kk], hop::desc_add(qb, kk * 2048), 1);
+            if (box < 8) {
+                const uint64_t ob = hop::desc_sw128(sdo + box * RBOX, RBOX, 1024);
+#pragma unroll
+                for (int kk = 0; kk < 2; kk++) hop::elt<T>::template rs64<1>(dkv[i], pa[kk], hop::desc_add(ob, kk * 2048), 1);
+            }
+        }
+        hop::wgmma_commit();
+
+        // ---- dQ^T[box] = K^T dS^T (M = 64 columns of the box, N = 32 token-heads, K = 64 keys),
+        // added to the dQ accumulator rows of the step's token-heads
+        const uint64_t dsd = hop::desc_sw128(sds, 16, 1024);
+#pragma unroll 1
+        for (int y = 0; y < NDQ; y++) {
+            const int box = DQ0 + y;
+            const uint64_t ka = hop::desc_sw128(s.k + box * BOX, BOX, 1024);
+            float q[16];
+            hop::wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+                hop::elt<T>::template ssn<32, 1, 0>(q, hop::desc_add(ka, kk * 2048), hop::desc_add(dsd, kk * 32), kk > 0);
+            hop::wgmma_commit();
+            hop::wgmma_wait<0>();
+            hop::reg_fence(q);
+            if (y == 0) {
+                hop::reg_fence(dkv[0]);  // the dKV group has completed too: the stage is free
+                hop::mbar_arrive(s.empty + st);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int th = 8 * j + 2 * q4 + e, tok = th / HP, h = th % HP;
+                    if (tok >= ntok || h >= p.H) continue;
+                    const int s1 = L.vtok[vs + tok];
+                    const int64_t rowq = (((int64_t)b * p.S1 + s1) * p.N1 + (int64_t)n2 * p.H + h) * sfa::DQK + box * 64;
+#pragma unroll
+                    for (int hh = 0; hh < 2; hh++) {
+                        const float x = q[4 * j + 2 * hh + e];
+                        const int col = r0 + 8 * hh;
+                        if (det) sfa::red_add_u64(L.dq_i64 + rowq + col, x, fsq);
+                        else sfa::red_add_f32(L.dq_f32 + rowq + col, x);
+                    }
+                }
+        }
+#pragma unroll
+        for (int i = 0; i < NDKV; i++) hop::reg_fence(dkv[i]);
+    }
+
+    // ---- the chunk's dK / dV rows into the dK accumulator (keys past S2: nothing)
+    const float fs = det ? *p.fix_scale : 1.f;
+    const int64_t base = ((int64_t)b * p.S2 * p.N2 + n2) * sfa::DQK;
+    const int ka = kb * 64 + r0, kb8 = ka + 8;
+    const int k0 = ka < p.S2 ? ka : -1, k8 = kb8 < p.S2 ? kb8 : -1;
+    if (det) {
+#pragma unroll
+        for (int i = 0; i < NDKV; i++) sfa::add_box<1>(p, dkv[i], k0, k8, lane, base, (C == 0 ? (i < 4 ? i : 8) : 4 + i) * 64, fs);
+    } else {
+#pragma unroll
+        for (int i = 0; i < NDKV; i++) sfa::add_box<0>(p, dkv[i], k0, k8, lane, base, (C == 0 ? (i < 4 ? i : 8) : 4 + i) * 64, fs);
+    }
+}
+
+template <typename T, int HP>
+__global__ void __launch_bounds__(384, 1) sfa_bwd_small_kernel(const __grid_constant__ Params p, const __grid_constant__ SmallLists L) {
+    constexpr int TT = NR / HP;
+    const int64_t l = blockIdx.x;
+    const int v0 = L.off[l] + (int)blockIdx.y * STEPS * TT, vend = L.off[l + 1];
+    if (v0 >= vend) return;  // the list is shorter than this chunk (the grid covers the longest)
+    const int v1 = min(vend, v0 + STEPS * TT);
+    const int kb = (int)(l % L.nkb), n2 = (int)(l / L.nkb % p.N2), b = (int)(l / L.nkb / p.N2);
+
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char *sm = hop::align1024(smem_raw);
+    Sm s;
+    s.k = sm + OFF_K;
+    s.st = sm + OFF_ST;
+    s.ds = sm + OFF_DS;
+    s.misc = sm + OFF_MISC;
+    s.full = reinterpret_cast<uint64_t *>(sm + OFF_BAR);
+    s.empty = s.full + 2;
+    uint64_t *kbar = s.full + 4;
+    const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 7), 0), t = threadIdx.x & 127;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < 2; i++) {
+            hop::mbar_init(s.full + i, 128);
+            hop::mbar_init(s.empty + i, 256);
+        }
+        hop::mbar_init(kbar, 128);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {  // ------------------------------------------------------------------ producer
+        hop::setmaxnreg_dec<40>();
+        {
+            // the key block: keys kb * 64 + row (rows past S2 zero-filled)
+            const sfa::Gather<T> gat(p, b, n2, t);
+            int key[4];
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int k = kb * 64 + gat.grp + 16 * r;
+                key[r] = k < p.S2 ? k : -1;
+            }
+            gat.copy(s.k, key, 0, sfa::GNBOX);
+            hop::cp_async_arrive_noinc(kbar);
+        }
+        const T *qb = static_cast<const T *>(p.q) + b * p.sq[0] + (int64_t)n2 * p.H * p.sq[2];
+        const T *qrb = static_cast<const T *>(p.qr) + b * p.sqr[0] + (int64_t)n2 * p.H * p.sqr[2];
+        const T *dob = static_cast<const T *>(p.dout) + b * p.sdo[0] + (int64_t)n2 * p.H * p.sdo[2];
+        const int nsteps = (v1 - v0 + TT - 1) / TT;
+        for (int it = 0; it < nsteps; it++) {
+            const int st = it & 1;
+            if (it >= 2) hop::mbar_wait(s.empty + st, ((it >> 1) - 1) & 1);
+            unsigned char *sq = s.st + st * SQD, *ms = s.misc + st * MISC;
+            const int vs = v0 + it * TT, ntok = min(TT, v1 - vs);
+            // Q (9 boxes) and dO (8 boxes) rows th = tok * HP + h: 17 16-byte chunks x 8 per row
+            for (int x = t; x < NR * 136; x += 128) {
+                const int th = x / 136, c = x % 136, tok = th / HP, h = th % HP;
+                const bool ok = tok < ntok && h < p.H;
+                const int s1 = ok ? L.vtok[vs + tok] : 0;
+                const T *src;
+                unsigned char *dst;
+                if (c < 72) {  // Q: 64 nope chunks then 8 rope chunks
+                    src = c < 64 ? qb + (int64_t)s1 * p.sq[1] + (int64_t)h * p.sq[2] + c * 8
+                                 : qrb + (int64_t)s1 * p.sqr[1] + (int64_t)h * p.sqr[2] + (c - 64) * 8;
+                    dst = sq + (c >> 3) * RBOX + hop::sw128(th, c & 7);
+                } else {
+                    const int cd = c - 72;
+                    src = dob + (int64_t)s1 * p.sdo[1] + (int64_t)h * p.sdo[2] + cd * 8;
+                    dst = sq + ST_DO + (cd >> 3) * RBOX + hop::sw128(th, cd & 7);
+                }
+                sfa::cp_async16(dst, ok ? src : qb, ok ? 16 : 0);
+            }
+            // multiplicities [TT][64] (128 bytes per visit), LSE2 and Delta per token-head row
+            for (int x = t; x < TT * 8; x += 128) {
+                const int tok = x >> 3, ok = tok < ntok;
+                sfa::cp_async16(ms + MS_CNT + x * 16, ok ? L.vmult + (int64_t)(vs + tok) * 32 + (x & 7) * 4 : L.vmult, ok ? 16 : 0);
+            }
+            if (t < 2 * NR) {
+                const int th = t & (NR - 1), tok = th / HP, h = th % HP;
+                const bool ok = tok < ntok && h < p.H;
+                const int64_t r = ok ? ((int64_t)b * p.S1 + L.vtok[vs + tok]) * p.N1 + (int64_t)n2 * p.H + h : 0;
+                const float *src = (t < NR ? L.lse2 : L.delta) + r;
+                asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(hop::smem_u32(ms + (t < NR ? MS_LSE : MS_DELTA) + th * 4)),
+                             "l"(src), "r"(ok ? 4 : 0)
+                             : "memory");
+            }
+            hop::cp_async_arrive_noinc(s.full + st);
+        }
+        sfa::cp_async_wait<0>();
+        return;
+    }
+
+    // ------------------------------------------------------------------------------- consumers
+    hop::setmaxnreg_inc<232>();
+    hop::mbar_wait(kbar, 0);
+    if (wg == 1) consume<T, HP, 0>(p, L, s, b, n2, kb, v0, v1);
+    else consume<T, HP, 1>(p, L, s, b, n2, kb, v0, v1);
+}
+
+template <typename T, int HP> cudaError_t launch_main(const Params &p, const SmallLists &L, int nl, cudaStream_t st) {
+    static unsigned long long done = 0;
+    const cudaError_t e = hop::set_smem(sfa_bwd_small_kernel<T, HP>, SMEM, &done);
+    if (e != cudaSuccess) return e;
+    constexpr int TT = NR / HP;
+    const int chunks = (p.S1 + STEPS * TT - 1) / (STEPS * TT);  // a list holds at most S1 tokens
+    sfa_bwd_small_kernel<T, HP><<<dim3((unsigned)nl, (unsigned)chunks), 384, SMEM, st>>>(p, L);
+    return cudaGetLastError();
+}
+
+template <typename T> cudaError_t launch_all(const Params &p, const SmallLists &L, cudaStream_t st) {
+    const int nl = p.B * p.N2 * L.nkb;
+    const int64_t rows = (int64_t)p.B * p.S1 * p.N2;
+    const unsigned g_rows = (unsigned)((rows * 32 + 255) / 256);
+    cudaError_t e = cudaMemsetAsync(L.bitmap, 0, (size_t)nl * L.s1w * 4, st);
+    if (e != cudaSuccess) return e;
+    rows_kernel<T><<<(unsigned)(((int64_t)p.B * p.S1 * p.N1 * 32 + 255) / 256), 256, 0, st>>>(p, L);
+    touch_kernel<<<g_rows, 256, 0, st>>>(p, L);
+    count_kernel<<<(unsigned)nl, 256, 0, st>>>(L);
+    scan_kernel<<<1, 1024, 0, st>>>(L, nl);
+    const int64_t nwords = (int64_t)nl * L.s1w;
+    fill_kernel<<<(unsigned)((nwords + 255) / 256), 256, 0, st>>>(L, nwords);
+    mult_kernel<<<g_rows, 256, 0, st>>>(p, L);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    const int H = p.H;
+    if (H <= 1) return launch_main<T, 1>(p, L, nl, st);
+    if (H <= 2) return launch_main<T, 2>(p, L, nl, st);
+    if (H <= 4) return launch_main<T, 4>(p, L, nl, st);
+    if (H <= 8) return launch_main<T, 8>(p, L, nl, st);
+    if (H <= 16) return launch_main<T, 16>(p, L, nl, st);
+    return launch_main<T, 32>(p, L, nl, st);
+}
+
+}  // namespace
+
+// Launcher used by sfa_host.cu: builds the lists and runs the main kernel (the accumulators, the
+// fixed-point scales and the list buffers of L are set; the dQ accumulator is zeroed).
+extern "C" cudaError_t spattn_sfa_bwd_small_launch(const sfa::Params *p, const sfa::SmallLists *L, int is_bf16,
+                                                   cudaStream_t st) {
+    return is_bf16 ? launch_all<__nv_bfloat16>(*p, *L, st) : launch_all<__half>(*p, *L, st);
+}

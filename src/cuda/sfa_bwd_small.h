@@ -1,0 +1,22 @@
+// Device buffers of the key-major sfa backward (sfa_bwd_small.cu), carved by sfa_host.cu from the
+// caller's workspace: the per-call token lists of each (b, n2, 64-key block) and the dQ
+// accumulator.  Sizes depend on shapes only (sfa_host.cu: small_parts).
+#pragma once
+#include <stdint.h>
+
+namespace sfa {
+
+struct SmallLists {
+    uint32_t *bitmap;     // [B * N2 * nkb][s1w]: bit s1 = token s1 selects a key of the block
+    uint32_t *wpre;       // same shape: set bits of the list before this word
+    int *len, *off;       // [nl] list lengths, [nl + 1] offsets into the visits
+    int *vtok;            // [visits] token s1 of each visit, lists in increasing s1
+    uint32_t *vmult;      // [visits][32]: uint16 multiplicity of each of the block's 64 keys
+    float *lse2, *delta;  // [B, S1, N1]: LSE * log2(e) (+inf: no key), rowsum(dO O)
+    unsigned long long *dq_i64;  // [B, S1, N1, 576] dQ accumulator: int64 fixed point (deterministic)
+    float *dq_f32;               // or fp32 (deterministic = 0)
+    const float *fix_scale_q;    // device scalar 2^Fq of the dQ fixed point
+    int nkb, s1w;                // key blocks per (b, n2), 32-token words per list
+};
+
+}  // namespace sfa
