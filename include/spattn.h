@@ -183,7 +183,10 @@ SPATTN_API void spattn_options_init(spattn_options *opt);
  * Skv; bsa block rows/columns and sfa index values are sequence-local; sfa mode 3 uses the
  * sequence's own lengths): the result equals one dense call per sequence.  The lengths and
  * the table are read and checked (SPATTN_STATUS_BAD_INDEX) before any output is written.
- * Backends: the CPU.  Tensors on a CUDA device give SPATTN_STATUS_NOT_SUPPORTED for now.
+ * Backends: the CPU; on CUDA the sfa forward (spattn_sfa_fwd_varlen: the lengths, the table and
+ * the indices are checked on the device, where they stay; one synchronisation per call, as the
+ * dense sfa forward).  Every other varlen call on CUDA tensors gives
+ * SPATTN_STATUS_NOT_SUPPORTED for now.
  */
 typedef struct spattn_varlen {
     const spattn_tensor *cu_seqlens_q;
@@ -416,7 +419,10 @@ SPATTN_API spattn_status spattn_sfa_workspace_size(const spattn_tensor *q, const
  * mode 3: key j allowed for query i of sequence b iff j <= Skv_b - Sq_b + i.
  * Rows past cu_seqlens_q[B] are not written; every dk/dv/dk_rope row that no sequence's key
  * uses gets 0.  opt as in the _ex calls; a caller workspace needs
- * spattn_sfa_varlen_workspace_size bytes.
+ * spattn_sfa_varlen_workspace_size bytes (CUDA forward: 16 bytes per query token, plus fp32 O
+ * and LSE for shapes without a Hopper kernel).  CUDA: the forward only (the Hopper kernels for
+ * fp16/bf16, D 512, Dr 64, shared key/value, pages page_size rows apart; other shapes on the
+ * simple kernels); spattn_sfa_bwd_varlen and its workspace query give NOT_SUPPORTED.
  */
 SPATTN_API spattn_status spattn_sfa_fwd_varlen(const spattn_tensor *q, const spattn_tensor *q_rope,
                                                const spattn_tensor *k, const spattn_tensor *k_rope,

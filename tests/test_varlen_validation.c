@@ -4,7 +4,8 @@
  * naming the argument, before any output is written (outputs are compared byte for byte with
  * their poison after each refusal).  Also: the unused parts (rows past cu[B], unused table
  * slots) are never read, and CUDA tensors are refused as SPATTN_STATUS_NOT_SUPPORTED (or
- * BACKEND_UNAVAILABLE in a build without CUDA), the paged bsa backward included.
+ * BACKEND_UNAVAILABLE in a build without CUDA), the paged bsa backward included (the sfa forward,
+ * which runs on a GPU, only where no GPU is usable).
  */
 #include "varlen_testkit.h"
 
@@ -228,8 +229,12 @@ int main(void) {
     EXPECT(OP_BSA_BWD_PAGED, SPATTN_STATUS_ALIASING, "dk", f.dkp.t.data = f.kp.mem);
     EXPECT(OP_BSA_BWD_PAGED, SPATTN_STATUS_ALIASING, "dv", f.dvp.t.data = f.tab);
     EXPECT(OP_BSA_BWD_PAGED, SPATTN_STATUS_BAD_NDIM, "v", f.vp.t.ndim = 3);
-    /* CUDA tensors: not supported (or no CUDA in this build) before anything is read */
+    /* CUDA tensors: not supported (or no CUDA in this build) before anything is read.  The sfa
+     * forward runs on the GPU (it would read these host buffers there): only without a usable
+     * CUDA backend, where it must be refused as well (tests/cuda/sfa_varlen_cuda_check.cu checks
+     * it on a GPU). */
     for (int op = 0; op < OP_N; op++) {
+        if ((op == OP_SFA_FWD || op == OP_SFA_FWD_PAGED) && spattn_cuda_available()) continue;
         fx f;
         fx_init(&f, &r);
         spattn_tensor *ts[] = {&f.q.t, &f.k.t, &f.v.t, &f.m.t, &f.kp.t, &f.vp.t, &f.idx.t, &f.o.t,

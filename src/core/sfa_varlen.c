@@ -1,8 +1,10 @@
 /*
  * Packed variable-length top-k sparse flash attention entry points (spattn_sfa_*_varlen):
  * every argument, the prefix sums, the block table and the index values (per sequence)
- * validated before any output is written, then the CPU backend (CUDA tensors:
- * SPATTN_STATUS_NOT_SUPPORTED for now).
+ * validated before any output is written, then the backend.  CPU tensors: the values are
+ * checked here.  CUDA tensors: the forward runs on the GPU, which checks the values on the
+ * device itself (src/cuda/sfa_host.cu; they stay there); the backward is
+ * SPATTN_STATUS_NOT_SUPPORTED for now.
  */
 #include <math.h>
 
@@ -163,11 +165,21 @@ static spattn_status check_index_values(const spattn_sfa_problem *p) {
     return SPATTN_STATUS_SUCCESS;
 }
 
+static spattn_status cuda_bwd_unsupported(const char *op) {
+    return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
+                            "%s: the backward of packed variable-length / paged calls runs on the CPU "
+                            "only for now (the tensors are on a CUDA device; the forward runs there)",
+                            op);
+}
+
+/* CUDA: the workspace only (the device checks the values, before any write). */
 static spattn_status resolve(const spattn_options *opt, const spattn_sfa_problem *p, const char *op,
-                             int backward, spattn_exec *ex) {
-    int use_cuda;
-    TRY(spattn_resolve_exec(opt, p->q, ex, &use_cuda));
-    if (use_cuda) return spattn_seqs_not_on_cuda(op);
+                             int backward, spattn_exec *ex, int *use_cuda) {
+    TRY(spattn_resolve_exec(opt, p->q, ex, use_cuda));
+    if (*use_cuda) {
+        if (backward) return cuda_bwd_unsupported(op);
+        return spattn_check_workspace(ex, spattn_cuda_sfa_workspace(p, 0));
+    }
     TRY(spattn_check_workspace(ex, spattn_cpu_sfa_workspace(p, backward, ex->num_threads)));
     TRY(spattn_seqs_check_values(p->seqs));
     return check_index_values(p);
@@ -196,8 +208,9 @@ spattn_status spattn_sfa_fwd_varlen(const spattn_tensor *q, const spattn_tensor 
     p.o = o;
     p.lse = lse;
     spattn_exec ex;
-    TRY(resolve(opt, &p, "sfa_fwd_varlen", 0, &ex));
-    return spattn_cpu_sfa_fwd(&p, &ex);
+    int use_cuda;
+    TRY(resolve(opt, &p, "sfa_fwd_varlen", 0, &ex, &use_cuda));
+    return use_cuda ? spattn_cuda_sfa_fwd(&p, &ex) : spattn_cpu_sfa_fwd(&p, &ex);
 }
 
 spattn_status spattn_sfa_bwd_varlen(const spattn_tensor *q, const spattn_tensor *q_rope,
@@ -251,7 +264,8 @@ spattn_status spattn_sfa_bwd_varlen(const spattn_tensor *q, const spattn_tensor 
     p.dk_rope = dk_rope;
     p.dv = dv;
     spattn_exec ex;
-    TRY(resolve(opt, &p, "sfa_bwd_varlen", 1, &ex));
+    int use_cuda;
+    TRY(resolve(opt, &p, "sfa_bwd_varlen", 1, &ex, &use_cuda));
     return spattn_cpu_sfa_bwd(&p, &ex);
 }
 
@@ -269,7 +283,8 @@ spattn_status spattn_sfa_varlen_workspace_size(const spattn_tensor *q, const spa
     spattn_exec ex;
     int use_cuda;
     TRY(spattn_resolve_exec(opt, q, &ex, &use_cuda));
-    if (use_cuda) return spattn_seqs_not_on_cuda("sfa_varlen_workspace_size");
-    *bytes = spattn_cpu_sfa_workspace(&p, backward != 0, ex.num_threads);
+    if (use_cuda && backward) return cuda_bwd_unsupported("sfa_varlen_workspace_size");
+    *bytes = use_cuda ? spattn_cuda_sfa_workspace(&p, 0)
+                      : spattn_cpu_sfa_workspace(&p, backward != 0, ex.num_threads);
     return SPATTN_STATUS_SUCCESS;
 }

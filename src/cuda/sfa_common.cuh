@@ -10,6 +10,22 @@
 
 namespace sfa {
 
+// Packed variable-length / paged forward (sfa_host.cu, spattn_sfa_fwd_varlen): the kernels see
+// the packed tensors as one batch of Tq tokens (B = 1, S1 = Tq, batch strides 0) and take each
+// token's sequence from `tok`, written by a device pre-pass (the prefix sums never leave the
+// device).  tok == NULL: a dense call.
+struct Varlen {
+    // per packed token: {sequence (-1: past cu_seqlens_q[B], nothing written), first key row of
+    // the sequence (packed keys; 0 with pages), its key count, its causal limit (last allowed
+    // sequence-local key, <= keys - 1)}; the pre-pass zeroes the key count of a token whose
+    // lengths are invalid, so no key is read for it (its outputs are gated off anyway)
+    const int4 *tok;
+    const int32_t *table;  // block_table [B, max_pages] (NULL: packed keys); key j of sequence b
+                           // is row table[b, j / page_size] * page_size + j % page_size of k
+    int64_t tab_s0, tab_s1;
+    int page_size, num_pages;
+};
+
 // Everything a fast kernel reads; element strides (int64) of the caller's tensors.
 struct Params {
     const void *q, *qr, *k, *kr, *o, *dout;
@@ -29,6 +45,7 @@ struct Params {
     // fwd: result of the index scan run just before (first bad position, ~0 = none); the kernel
     // writes nothing unless it is ~0 (NULL: no gate)
     const unsigned long long *gate;
+    Varlen vl;  // fwd, varlen calls only (last: the dense kernels' parameter offsets stay)
 };
 
 constexpr int D = 512;     // value / nope width of the fast kernels

@@ -22,6 +22,9 @@
 // last valid slot), so padded tails cost nothing.
 // Softmax in base 2, fp32; rows with no valid key get O = 0 and LSE = -inf; a NaN score (or
 // +inf) makes O and LSE of its row NaN.
+// VL = true: the packed variable-length / paged form (sfa::Varlen): a CTA = one packed token;
+// its sequence, key range and causal limit come from the pre-pass's table (one load per CTA),
+// the gather translates sequence-local keys to rows of k; the loop is the dense one.
 #include <math.h>
 
 #include "hopper/hopper.cuh"
@@ -45,7 +48,7 @@ static_assert(SMEM <= 232448, "fits in 227 KB");
 // named barriers (consumers only, 256 threads, except NB_SCAN: all 384)
 enum { NB_Q = 1, NB_M0 = 2, NB_M1 = 3, NB_P0 = 4, NB_P1 = 5, NB_O = 7 /* and 8 */, NB_SCAN = 9 /* 384 */ };
 
-template <typename T>
+template <typename T, bool VL>
 __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant__ Params p) {
     extern __shared__ unsigned char smem_raw[];
     unsigned char *sm = hop::align1024(smem_raw);
@@ -63,7 +66,13 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
     const int g = (int)(blockIdx.x % ngroups);
     const int b = blockIdx.y / p.N2, n2 = blockIdx.y % p.N2;
     const int head0 = n2 * p.H + g * BH, nh = min(BH, p.H - g * BH);
-    const int lim = p.mode == 3 ? p.S2 - p.S1 + s1 : p.S2 - 1;
+    // VL: s1 is the packed token (b = 0, batch strides 0); tokens past cu_seqlens_q[B] exit
+    int4 tk = make_int4(0, 0, 0, 0);
+    if constexpr (VL) {
+        tk = __ldg(p.vl.tok + s1);
+        if (tk.x < 0) return;
+    }
+    const int lim = VL ? tk.w : p.mode == 3 ? p.S2 - p.S1 + s1 : p.S2 - 1;
     const int32_t *irow = p.idx + b * p.sidx[0] + (int64_t)s1 * p.sidx[1] + n2 * p.sidx[2];
     const int64_t si3 = p.sidx[3];
     const T *qb = static_cast<const T *>(p.q) + b * p.sq[0] + (int64_t)s1 * p.sq[1];
@@ -90,7 +99,7 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
 
     if (wg == 0) {  // ------------------------------------------------------------------ producer
         hop::setmaxnreg_dec<72>();
-        const sfa::Gather<T> gat(p, b, n2, t);
+        const sfa::Gather<T, VL> gat = VL ? sfa::Gather<T, VL>(p, n2, t, tk) : sfa::Gather<T, VL>(p, b, n2, t);
         int np = 1;  // pair 0 is gathered before the scan's answer (harmless when it is 0)
         for (int i = 0; i < np; i++) {
             const uint32_t fp = (i & 1) ^ 1;
@@ -386,13 +395,13 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
     }
 }
 
-template <typename T> cudaError_t launch(const Params &p, cudaStream_t st) {
+template <typename T, bool VL> cudaError_t launch(const Params &p, cudaStream_t st) {
     static unsigned long long done = 0;
-    const cudaError_t e = hop::set_smem(sfa_fwd90_kernel<T>, SMEM, &done);
+    const cudaError_t e = hop::set_smem(sfa_fwd90_kernel<T, VL>, SMEM, &done);
     if (e != cudaSuccess) return e;
     const int ngroups = (p.H + BH - 1) / BH;
-    dim3 grid((unsigned)((long long)p.S1 * ngroups), (unsigned)(p.B * p.N2));
-    sfa_fwd90_kernel<T><<<grid, 384, SMEM, st>>>(p);
+    dim3 grid((unsigned)((long long)p.S1 * ngroups), (unsigned)(p.B * p.N2));  // VL: S1 = Tq, B = 1
+    sfa_fwd90_kernel<T, VL><<<grid, 384, SMEM, st>>>(p);
     return cudaGetLastError();
 }
 
@@ -400,5 +409,6 @@ template <typename T> cudaError_t launch(const Params &p, cudaStream_t st) {
 
 // Launcher used by sfa_host.cu.
 extern "C" cudaError_t spattn_sfa_fast_fwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st) {
-    return is_bf16 ? launch<__nv_bfloat16>(*p, st) : launch<__half>(*p, st);
+    if (p->vl.tok) return is_bf16 ? launch<__nv_bfloat16, true>(*p, st) : launch<__half, true>(*p, st);
+    return is_bf16 ? launch<__nv_bfloat16, false>(*p, st) : launch<__half, false>(*p, st);
 }

@@ -22,6 +22,8 @@
 //     split-KV combine.
 // Softmax in base 2, fp32; rows with no valid key get O = 0 and LSE = -inf; a NaN score (or
 // +inf) makes O and LSE of its head NaN.
+// VL = true: the packed variable-length / paged form, as in sfa_fwd.cu (per-CTA token lookup,
+// sequence-local keys translated in the gather).
 #include <math.h>
 
 #include "hopper/hopper.cuh"
@@ -59,7 +61,7 @@ template <int N> struct SmallCfg {
 // NB_SCAN all 384; 0 is __syncthreads
 enum { NB_Q = 1, NB_RED = 2 /* and 3 */, NB_O = 4 /* and 5 */, NB_SCAN = 9 };
 
-template <int N, typename T>
+template <int N, typename T, bool VL>
 __global__ void __launch_bounds__(384, 1) sfa_fwd_small_kernel(const __grid_constant__ Params p) {
     using C = SmallCfg<N>;
     constexpr int NJ = N / 8;  // column groups of 8 heads in an m64nN accumulator
@@ -77,7 +79,13 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_small_kernel(const __grid_cons
     const int s1 = p.S1 - 1 - (int)blockIdx.x;  // the longest rows (mode 3) first
     const int b = blockIdx.y / p.N2, n2 = blockIdx.y % p.N2;
     const int head0 = n2 * p.H, nh = p.H;
-    const int lim = p.mode == 3 ? p.S2 - p.S1 + s1 : p.S2 - 1;
+    // VL: s1 is the packed token (b = 0, batch strides 0); tokens past cu_seqlens_q[B] exit
+    int4 tk = make_int4(0, 0, 0, 0);
+    if constexpr (VL) {
+        tk = __ldg(p.vl.tok + s1);
+        if (tk.x < 0) return;
+    }
+    const int lim = VL ? tk.w : p.mode == 3 ? p.S2 - p.S1 + s1 : p.S2 - 1;
     const int32_t *irow = p.idx + b * p.sidx[0] + (int64_t)s1 * p.sidx[1] + n2 * p.sidx[2];
     const int64_t si3 = p.sidx[3];
     const T *qb = static_cast<const T *>(p.q) + b * p.sq[0] + (int64_t)s1 * p.sq[1];
@@ -100,7 +108,7 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_small_kernel(const __grid_cons
 
     if (wg == 0) {  // ------------------------------------------------------------------ producer
         hop::setmaxnreg_dec<72>();
-        const sfa::Gather<T> gat(p, b, n2, t);
+        const sfa::Gather<T, VL> gat = VL ? sfa::Gather<T, VL>(p, n2, t, tk) : sfa::Gather<T, VL>(p, b, n2, t);
         unsigned char *buf0 = sm + C::OFF_K, *buf1 = buf0 + TILE;
         int np = 1;  // pair 0 is gathered before the scan's answer (harmless when it is 0)
         for (int i = 0; i < np; i++) {
@@ -391,21 +399,23 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_small_kernel(const __grid_cons
     }
 }
 
-template <int N, typename T> cudaError_t launch(const Params &p, cudaStream_t st) {
+template <int N, typename T, bool VL> cudaError_t launch(const Params &p, cudaStream_t st) {
     static unsigned long long done = 0;
-    const cudaError_t e = hop::set_smem(sfa_fwd_small_kernel<N, T>, SmallCfg<N>::SMEM, &done);
+    const cudaError_t e = hop::set_smem(sfa_fwd_small_kernel<N, T, VL>, SmallCfg<N>::SMEM, &done);
     if (e != cudaSuccess) return e;
-    sfa_fwd_small_kernel<N, T><<<dim3((unsigned)p.S1, (unsigned)(p.B * p.N2)), 384, SmallCfg<N>::SMEM, st>>>(p);
+    // VL: S1 = Tq, B = 1
+    sfa_fwd_small_kernel<N, T, VL><<<dim3((unsigned)p.S1, (unsigned)(p.B * p.N2)), 384, SmallCfg<N>::SMEM, st>>>(p);
     return cudaGetLastError();
 }
 
-template <typename T> cudaError_t launch_h(const Params &p, cudaStream_t st) {
-    return p.H <= 8 ? launch<8, T>(p, st) : p.H <= 16 ? launch<16, T>(p, st) : launch<32, T>(p, st);
+template <typename T, bool VL> cudaError_t launch_h(const Params &p, cudaStream_t st) {
+    return p.H <= 8 ? launch<8, T, VL>(p, st) : p.H <= 16 ? launch<16, T, VL>(p, st) : launch<32, T, VL>(p, st);
 }
 
 }  // namespace
 
 // Launcher used by sfa_host.cu for H = N1 / N2 <= 32.
 extern "C" cudaError_t spattn_sfa_small_fwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st) {
-    return is_bf16 ? launch_h<__nv_bfloat16>(*p, st) : launch_h<__half>(*p, st);
+    if (p->vl.tok) return is_bf16 ? launch_h<__nv_bfloat16, true>(*p, st) : launch_h<__half, true>(*p, st);
+    return is_bf16 ? launch_h<__nv_bfloat16, false>(*p, st) : launch_h<__half, false>(*p, st);
 }

@@ -15,10 +15,15 @@ constexpr int GBOX = GBK * 128;     // one box of a block
 // One producer thread's share of a block gather: 128 threads, 8 per key row (16-byte chunk ig of
 // each box), rows grp + 16 r (r < 4).  Invalid slots (-1, out of range, past the causal limit)
 // are zero-filled (src-size 0), never read.
-template <typename T> struct Gather {
+// VL (varlen calls, Params::vl): a selected key is sequence-local; keys() turns it into a row of
+// k: the base pointer starts at the sequence's first key row (packed keys), or the row comes from
+// the block table (pages; k viewed as [num_pages * page_size] rows, the host checked that the
+// page stride is page_size rows).  Only the row numbers change: copy() is the dense one.
+template <typename T, bool VL = false> struct Gather {
     const T *kb, *krb;
     int64_t sk1, skr1;
     int grp, ig;
+    const int32_t *trow;  // VL with pages: the sequence's block-table row (else NULL)
     __device__ __forceinline__ Gather(const Params &p, int b, int n2, int t) {
         grp = t >> 3;
         ig = t & 7;
@@ -26,12 +31,38 @@ template <typename T> struct Gather {
         krb = static_cast<const T *>(p.kr) + b * p.skr[0] + n2 * p.skr[2] + ig * 8;
         sk1 = p.sk[1];
         skr1 = p.skr[1];
+        trow = nullptr;
+    }
+    // VL: tk = the token's Params::vl.tok entry {sequence, first key row, keys, limit}
+    __device__ __forceinline__ Gather(const Params &p, int n2, int t, const int4 &tk) {
+        grp = t >> 3;
+        ig = t & 7;
+        sk1 = p.sk[1];
+        skr1 = p.skr[1];
+        kb = static_cast<const T *>(p.k) + (int64_t)tk.y * sk1 + n2 * p.sk[2] + ig * 8;
+        krb = static_cast<const T *>(p.kr) + (int64_t)tk.y * skr1 + n2 * p.skr[2] + ig * 8;
+        trow = p.vl.table ? p.vl.table + (int64_t)tk.x * p.vl.tab_s0 : nullptr;
     }
     // keys of this thread's rows of block `blk` (-1: invalid)
     __device__ __forceinline__ void keys(const Params &p, const int32_t *irow, int64_t si3, int blk, int lim,
                                          int (&key)[4]) const {
 #pragma unroll
         for (int r = 0; r < 4; r++) key[r] = key_of(p, irow, si3, blk * GBK + grp + 16 * r, lim);
+        if constexpr (VL) {
+            if (trow) {
+                // page of the key, then its row; an id outside [0, num_pages) (a table the
+                // device check refuses: nothing is written then) only masks the key, so no read
+                // leaves k
+                const unsigned ps = (unsigned)p.vl.page_size;
+#pragma unroll
+                for (int r = 0; r < 4; r++)
+                    if (key[r] >= 0) {
+                        const unsigned u = (unsigned)key[r], slot = u / ps;
+                        const int pg = __ldg(trow + (int64_t)slot * p.vl.tab_s1);
+                        key[r] = (unsigned)pg < (unsigned)p.vl.num_pages ? pg * (int)ps + (int)(u - slot * ps) : -1;
+                    }
+            }
+        }
     }
     // boxes [box0, box1) of this thread's rows into the block at dst; keys are reused by many
     // query tokens: 256-byte L2 sectors (a row's neighbouring box comes with it)

@@ -1,6 +1,8 @@
 // sfa CUDA backend entry points (src/core/internal.h): index check, workspace size, forward and
-// backward dispatch to the fast kernels (sfa_fwd*.cu, sfa_bwd90.cu, sfa_bwd.cu), the deterministic
-// fixed-point setup and the final dK conversion.
+// backward dispatch to the fast kernels (sfa_fwd*.cu, sfa_bwd90.cu, sfa_bwd_small.cu, sfa_bwd.cu),
+// the deterministic fixed-point setup and the final dK / dQ conversions; the packed
+// variable-length / paged forward (spattn_sfa_fwd_varlen: device checks of the layout, the
+// per-token pre-pass, dispatch).
 //
 // Fast path: fp16/bf16, D = 512, Dr = 64, shared key/value (v == NULL), unit stride on the last
 // dimension, 16-byte aligned rows.  Every other valid input runs on the simple kernels of
@@ -10,6 +12,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <limits.h>
+
+#include "../core/seqs.h"
 #include "convert.cuh"
 #include "scratch.h"
 #include "sfa_bwd_small.h"
@@ -21,6 +26,8 @@ extern "C" cudaError_t spattn_sfa_fast_bwd_launch(const sfa::Params *p, int is_b
 extern "C" cudaError_t spattn_sfa_bwd90_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_bwd_small_launch(const sfa::Params *p, const sfa::SmallLists *L, int is_bf16,
                                                    cudaStream_t st);
+extern "C" spattn_status spattn_cuda_ref_sfa_fwd_varlen(const spattn_sfa_problem *p, const spattn_exec *ex,
+                                                        const int4 *tok, float *o, float *lse);
 
 namespace {
 
@@ -424,10 +431,13 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
     return SPATTN_STATUS_SUCCESS;
 }
 
+size_t vl_workspace(const spattn_sfa_problem *p);
+
 }  // namespace
 
 extern "C" size_t spattn_cuda_sfa_workspace(const spattn_sfa_problem *p, int backward) {
     size_t off[5];
+    if (p->seqs) return backward ? 0 : vl_workspace(p);  // the varlen backward has no CUDA kernel
     if (!fast_shape(p, backward)) return ref_parts(p, backward, off);
     if (!backward) return 0;
     return bwd_ws_total(p);
@@ -446,7 +456,8 @@ struct IdxCheck {
     bool owned = false;  // a device word for this call only (device ordinal >= 64)
 };
 
-spattn_status check_launch(const spattn_sfa_problem *p, cudaStream_t st, IdxCheck *c) {
+// The device and pinned host words of this host thread and device.
+spattn_status gate_words(IdxCheck *c) {
     static thread_local unsigned long long *h_word = nullptr;
     static thread_local unsigned long long *d_words[64];
     int dev = 0;
@@ -463,6 +474,12 @@ spattn_status check_launch(const spattn_sfa_problem *p, cudaStream_t st, IdxChec
         if (dev < 64) d_words[dev] = c->d_bad;
         else c->owned = true;
     }
+    return SPATTN_STATUS_SUCCESS;
+}
+
+spattn_status check_launch(const spattn_sfa_problem *p, cudaStream_t st, IdxCheck *c) {
+    spattn_status s0 = gate_words(c);
+    if (s0 != SPATTN_STATUS_SUCCESS) return s0;
     const spattn_tensor *t = p->idx;
     cudaError_t e = cudaMemsetAsync(c->d_bad, 0xff, 8, st);
     if (e == cudaSuccess) {
@@ -591,9 +608,441 @@ spattn_status ref_bwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
     return SPATTN_STATUS_SUCCESS;
 }
 
+// ---- packed variable-length / paged forward (spattn_sfa_fwd_varlen) -----------------------------
+// The prefix sums, the block table and the index values are checked on the device: they never
+// come to the host (only the offending entries of a refused call are read back, for its message).
+// Each failed check leaves a key in the gate word with atomicMin; the keys order the failures as
+// the CPU's checks meet them (cu_seqlens_q, cu_seqlens_kv, block_table by row and slot, then the
+// indices by position), so a refused call names the entry the CPU backend names.  The attention
+// kernels are gated on that word (nothing written unless it is still ~0) and never read outside
+// the tensors even when the layout is bad: the pre-pass gives a token with bad lengths no keys,
+// and the gather masks a page id out of range.
+constexpr unsigned long long VK_CUQ = 0, VK_CUKV = 1ull << 60, VK_TAB = 2ull << 60, VK_IDX = 3ull << 60;
+constexpr unsigned long long VK_LOW = (1ull << 60) - 1;
+constexpr int VL_BITS = 8 * 32768;  // page ids per round of the duplicate bitmap (32 KB of shared memory)
+
+struct VlArgs {
+    const int32_t *cu_q, *cu_kv;
+    int64_t cq_s, ckv_s, B, Tq, Tkv /* -1 with pages */, max_q, max_kv;
+    const int32_t *table;
+    int64_t tab_s0, tab_s1, max_pages, page_size, num_pages;
+    const int32_t *idx;
+    int64_t si0, si1, si2, N2, K, sbs;
+    int mode;
+};
+
+VlArgs vl_args(const spattn_sfa_problem *p) {
+    const spattn_seqs *s = p->seqs;
+    VlArgs a;
+    a.cu_q = s->cu_q;
+    a.cu_kv = s->cu_kv;
+    a.cq_s = s->cu_q_st;
+    a.ckv_s = s->cu_kv_st;
+    a.B = s->B;
+    a.Tq = s->Tq;
+    a.Tkv = s->table ? -1 : s->Tkv;
+    a.max_q = s->max_q;
+    a.max_kv = s->max_kv;
+    a.table = s->table;
+    a.tab_s0 = s->tab_s0;
+    a.tab_s1 = s->tab_s1;
+    a.max_pages = s->max_pages;
+    a.page_size = s->table ? s->page_size : 1;
+    a.num_pages = s->num_pages;
+    a.idx = (const int32_t *)p->idx->data;
+    a.si0 = p->idx->strides[0];
+    a.si1 = p->idx->strides[1];
+    a.si2 = p->idx->strides[2];
+    a.N2 = p->N2;
+    a.K = p->K;
+    a.sbs = p->sbs;
+    a.mode = p->mode;
+    return a;
+}
+
+// Entry b (0 .. B) of a prefix-sum array: cu[0] = 0, non-decreasing, lengths <= max, cu[B] <= T
+// (T < 0: no bound).  Keys: b * 4 + (0: cu[0], 1: decreasing, 2: too long, 3: past T).
+__device__ void vl_prefix_entry(const int32_t *cu, int64_t st, int64_t b, int64_t B, int64_t mx, int64_t T,
+                                unsigned long long cat, unsigned long long *bad) {
+    if (b == 0 && cu[0] != 0) atomicMin(bad, cat);
+    if (b < B) {
+        const int64_t x = cu[b * st], e = cu[(b + 1) * st];
+        if (e < x) atomicMin(bad, cat + (unsigned long long)b * 4 + 1);
+        else if (e - x > mx) atomicMin(bad, cat + (unsigned long long)b * 4 + 2);
+    } else if (T >= 0 && cu[b * st] > T) {
+        atomicMin(bad, cat + (unsigned long long)b * 4 + 3);
+    }
+}
+
+// Prefix sums (one thread per entry) and the block table (one CTA per row): capacity, page ids in
+// range, no id twice in a row.  Table keys per row r: r * (2 max_pages + 3) + 0 (capacity), or
+// + 2 (j + 1) (slot j out of range), + 2 (j + 1) + 1 (slot j repeats an earlier slot).
+__global__ void vl_seq_check_kernel(const VlArgs a, unsigned long long *bad) {
+    extern __shared__ unsigned vl_bits[];  // VL_BITS / 32 words, with a table only
+    __shared__ int s_lo, s_hi;
+    const int64_t nth = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; b <= a.B; b += nth) {
+        vl_prefix_entry(a.cu_q, a.cq_s, b, a.B, a.max_q, a.Tq, VK_CUQ, bad);
+        vl_prefix_entry(a.cu_kv, a.ckv_s, b, a.B, a.max_kv, a.Tkv, VK_CUKV, bad);
+    }
+    if (!a.table) return;
+    const unsigned long long W = 2ull * (unsigned long long)a.max_pages + 3;
+    for (int64_t r = blockIdx.x; r < a.B; r += gridDim.x) {  // uniform per CTA: barriers below are safe
+        const unsigned long long rk = VK_TAB + (unsigned long long)r * W;
+        const int64_t len = (int64_t)a.cu_kv[(r + 1) * a.ckv_s] - a.cu_kv[r * a.ckv_s];
+        const int64_t need = len > 0 ? (len + a.page_size - 1) / a.page_size : 0;
+        if (need > a.max_pages) {
+            if (threadIdx.x == 0) atomicMin(bad, rk);
+            continue;
+        }
+        const int32_t *row = a.table + r * a.tab_s0;
+        if (threadIdx.x == 0) {
+            s_lo = INT_MAX;
+            s_hi = -1;
+        }
+        __syncthreads();
+        for (int64_t j = threadIdx.x; j < need; j += blockDim.x) {
+            const int32_t pg = row[j * a.tab_s1];
+            if (pg < 0 || pg >= a.num_pages) {
+                atomicMin(bad, rk + (unsigned long long)(j + 1) * 2);
+            } else {
+                atomicMin(&s_lo, pg);
+                atomicMax(&s_hi, pg);
+            }
+        }
+        __syncthreads();
+        const int64_t lo = s_lo, hi = s_hi;
+        // duplicates: a bitmap of the ids in [lo, hi], VL_BITS ids per round (one round unless the
+        // row's ids spread over more than 262144 pages)
+        int dup = 0;
+        for (int64_t base = lo; base <= hi && !dup; base += VL_BITS) {
+            for (int i = threadIdx.x; i < VL_BITS / 32; i += blockDim.x) vl_bits[i] = 0u;
+            __syncthreads();
+            int mine = 0;
+            for (int64_t j = threadIdx.x; j < need; j += blockDim.x) {
+                const int64_t pg = row[j * a.tab_s1];
+                if (pg >= base && pg < base + VL_BITS && pg <= hi) {  // in range: lo >= 0, hi < num_pages
+                    const unsigned off = (unsigned)(pg - base), m = 1u << (off & 31);
+                    if (atomicOr(&vl_bits[off >> 5], m) & m) mine = 1;
+                }
+            }
+            dup = __syncthreads_or(mine);
+        }
+        if (dup)  // the first slot that repeats an earlier one, as the CPU names it (refused calls only)
+            for (int64_t j = threadIdx.x; j < need; j += blockDim.x) {
+                const int32_t pg = row[j * a.tab_s1];
+                if (pg < 0 || pg >= a.num_pages) continue;
+                for (int64_t j2 = 0; j2 < j; j2++)
+                    if (row[j2 * a.tab_s1] == pg) {
+                        atomicMin(bad, rk + (unsigned long long)(j + 1) * 2 + 1);
+                        break;
+                    }
+            }
+        __syncthreads();  // s_lo, s_hi and the bitmap are reused by the next row
+    }
+}
+
+// Token t's {sequence (-1: t >= cu_q[B]), first key row (packed keys; 0 with pages or no keys),
+// key count, causal limit}: the last sequence starting at or before t (empty ones skipped), by a
+// binary search that stays inside cu_q whatever it holds.  Lengths that do not fit (bad prefix
+// sums or table capacity, which the checks refuse) give the token no keys, so the gather reads
+// nothing for it.
+__device__ int4 vl_token_info(const VlArgs &a, int64_t t) {
+    if (t >= a.cu_q[a.B * a.cq_s]) return make_int4(-1, 0, 0, -1);
+    int64_t lo = 0, hi = a.B - 1;
+    while (lo < hi) {
+        const int64_t mid = (lo + hi + 1) >> 1;
+        if (a.cu_q[mid * a.cq_s] <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    const int64_t q0 = a.cu_q[lo * a.cq_s], lq = (int64_t)a.cu_q[(lo + 1) * a.cq_s] - q0, i = t - q0;
+    int64_t kv0 = a.cu_kv[lo * a.ckv_s], lk = (int64_t)a.cu_kv[(lo + 1) * a.ckv_s] - kv0;
+    const bool ok = i >= 0 && i < lq && lq <= a.max_q && lk >= 0 && lk <= a.max_kv &&
+                    (a.table ? (lk + a.page_size - 1) / a.page_size <= a.max_pages
+                             : kv0 >= 0 && kv0 + lk <= a.Tkv);
+    if (!ok) lk = 0;
+    if (lk == 0 || a.table) kv0 = 0;
+    int64_t lim = a.mode == 3 ? lk - lq + i : lk - 1;  // right-down causal on the sequence's lengths
+    lim = lim < lk - 1 ? lim : lk - 1;
+    lim = lim < -1 ? -1 : lim;
+    return make_int4((int)lo, (int)kv0, (int)lk, (int)lim);
+}
+
+// One warp per index row (t, n) of the packed tokens: the token's entry of `tok` (written by the
+// n = 0 warp) and the row's values against the sequence's own block count; rows of tokens past
+// cu_q[B] are not read.
+__global__ void vl_tok_kernel(const VlArgs a, int4 *tok, unsigned long long *bad) {
+    const int64_t rows = a.Tq * a.N2;
+    const int lane = threadIdx.x & 31;
+    const int64_t nwarps = (int64_t)gridDim.x * (blockDim.x >> 5);
+    for (int64_t r = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5); r < rows; r += nwarps) {
+        const int64_t t = r / a.N2, n = r % a.N2;
+        const int4 info = vl_token_info(a, t);  // the same in every lane
+        if (n == 0 && lane == 0) tok[t] = info;
+        if (info.x < 0) continue;
+        const int64_t nblk = ((int64_t)info.z + a.sbs - 1) / a.sbs;
+        const int32_t *row = a.idx + t * a.si0 + n * a.si1;
+        unsigned m = 0xffffffffu;  // first bad column seen by this lane
+        for (int64_t j = lane; j < a.K; j += 32) {
+            const int32_t x = row[j * a.si2];
+            if (x < -1 || (int64_t)x >= nblk) {
+                m = (unsigned)j;
+                break;
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) m = min(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if (lane == 0 && m != 0xffffffffu) atomicMin(bad, VK_IDX + (unsigned long long)r * a.K + m);
+    }
+}
+
+cudaError_t vl_launch_checks(const spattn_sfa_problem *p, cudaStream_t st, int4 *tok, unsigned long long *d_bad) {
+    const VlArgs a = vl_args(p);
+    cudaError_t e = cudaMemsetAsync(d_bad, 0xff, 8, st);
+    if (e != cudaSuccess) return e;
+    const int64_t g = a.B > 1024 ? 1024 : a.B;  // one CTA per table row; B + 1 <= 1024 * 256 entries per pass
+    vl_seq_check_kernel<<<(unsigned)g, 256, a.table ? VL_BITS / 8 : 0, st>>>(a, d_bad);
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    vl_tok_kernel<<<grid_for(a.Tq * a.N2, 8), 256, 0, st>>>(a, tok, d_bad);
+    return cudaGetLastError();
+}
+
+// Message of the failure `key` (the gate word); the offending entries are read back.
+spattn_status vl_report(const spattn_sfa_problem *p, unsigned long long key, const int4 *tok) {
+    const spattn_seqs *s = p->seqs;
+    const unsigned long long low = key & VK_LOW, cat = key & ~VK_LOW;
+    int32_t v[2] = {0, 0};
+    auto rd = [](int32_t *dst, const int32_t *src) { return cudaMemcpy(dst, src, 4, cudaMemcpyDeviceToHost); };
+    cudaError_t e = cudaSuccess;
+    if (cat == VK_CUQ || cat == VK_CUKV) {
+        const bool isq = cat == VK_CUQ;
+        const char *name = isq ? "cu_seqlens_q" : "cu_seqlens_kv";
+        const int32_t *cu = isq ? s->cu_q : s->cu_kv;
+        const int64_t cst = isq ? s->cu_q_st : s->cu_kv_st, b = (int64_t)(low / 4);
+        const int kind = (int)(low % 4);
+        e = rd(&v[0], cu + b * cst);
+        if (e == cudaSuccess && (kind == 1 || kind == 2)) e = rd(&v[1], cu + (b + 1) * cst);
+        if (e == cudaSuccess) {
+            if (kind == 0)
+                return spattn_set_error(SPATTN_STATUS_BAD_INDEX, "%s: [0] must be 0, got %d", name, v[0]);
+            if (kind == 1)
+                return spattn_set_error(SPATTN_STATUS_BAD_INDEX,
+                                        "%s: prefix sums must be non-decreasing, got [%lld] = %lld > [%lld] = %lld",
+                                        name, (long long)b, (long long)v[0], (long long)(b + 1), (long long)v[1]);
+            if (kind == 2)
+                return spattn_set_error(SPATTN_STATUS_BAD_INDEX, "%s: sequence %lld has length %lld > %s = %lld", name,
+                                        (long long)b, (long long)v[1] - v[0], isq ? "max_seqlen_q" : "max_seqlen_kv",
+                                        (long long)(isq ? s->max_q : s->max_kv));
+            return spattn_set_error(SPATTN_STATUS_BAD_INDEX, "%s: [B] = %lld exceeds the %lld tokens of %s", name,
+                                    (long long)v[0], (long long)(isq ? s->Tq : s->Tkv), isq ? "q" : "k");
+        }
+    } else if (cat == VK_TAB) {
+        const unsigned long long W = 2ull * (unsigned long long)s->max_pages + 3;
+        const int64_t r = (int64_t)(low / W), code = (int64_t)(low % W);
+        if (code == 0) {
+            e = rd(&v[0], s->cu_kv + r * s->cu_kv_st);
+            if (e == cudaSuccess) e = rd(&v[1], s->cu_kv + (r + 1) * s->cu_kv_st);
+            if (e == cudaSuccess)
+                return spattn_set_error(SPATTN_STATUS_BAD_INDEX,
+                                        "block_table: sequence %lld has %lld keys, more than max_pages * page_size = "
+                                        "%lld * %lld",
+                                        (long long)r, (long long)v[1] - v[0], (long long)s->max_pages,
+                                        (long long)s->page_size);
+        } else {
+            const int64_t j = code / 2 - 1;
+            e = rd(&v[0], s->table + r * s->tab_s0 + j * s->tab_s1);
+            if (e == cudaSuccess && (code & 1))
+                return spattn_set_error(SPATTN_STATUS_BAD_INDEX, "block_table: page %d appears twice in row %lld", v[0],
+                                        (long long)r);
+            if (e == cudaSuccess)
+                return spattn_set_error(SPATTN_STATUS_BAD_INDEX,
+                                        "block_table: [%lld, %lld] must be a page id in [0, %lld) (pages of k), got %d",
+                                        (long long)r, (long long)j, (long long)s->num_pages, v[0]);
+        }
+    } else {
+        const int64_t r = (int64_t)(low / p->K), j = (int64_t)(low % p->K), t = r / p->N2, n = r % p->N2;
+        const spattn_tensor *ix = p->idx;
+        int4 info = make_int4(0, 0, 0, 0);
+        e = rd(&v[0], (const int32_t *)ix->data + t * ix->strides[0] + n * ix->strides[1] + j * ix->strides[2]);
+        if (e == cudaSuccess) e = cudaMemcpy(&info, tok + t, sizeof info, cudaMemcpyDeviceToHost);
+        if (e == cudaSuccess)
+            return spattn_set_error(SPATTN_STATUS_BAD_INDEX,
+                                    "indices: value at [%lld, %lld, %lld] (sequence %d) must be -1 or in [0, %lld) "
+                                    "(ceil(Skv/sbs) = ceil(%d/%lld) of the sequence), got %d",
+                                    (long long)t, (long long)n, (long long)j, info.x,
+                                    ((long long)info.z + p->sbs - 1) / p->sbs, info.z, (long long)p->sbs, v[0]);
+    }
+    cudaGetLastError();
+    return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "sfa cuda varlen: reading a refused entry: %s",
+                            cudaGetErrorString(e));
+}
+
+// As check_finish: the gate word to the host (one synchronisation), then the verdict.
+spattn_status vl_finish(const spattn_sfa_problem *p, cudaStream_t st, IdxCheck *c, const int4 *tok, cudaError_t prior) {
+    cudaError_t e = prior;
+    if (e == cudaSuccess) e = cudaMemcpyAsync(c->h_bad, c->d_bad, 8, cudaMemcpyDeviceToHost, st);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(st);
+    const unsigned long long bad = e == cudaSuccess ? *c->h_bad : ~0ull;
+    if (c->owned) cudaFree(c->d_bad);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return spattn_set_error(e == cudaErrorMemoryAllocation ? SPATTN_STATUS_OUT_OF_MEMORY : SPATTN_STATUS_CUDA_ERROR,
+                                "sfa cuda varlen: %s", cudaGetErrorString(e));
+    }
+    return bad == ~0ull ? SPATTN_STATUS_SUCCESS : vl_report(p, bad, tok);
+}
+
+// The problem over views the dense kernels index: B = 1, S1 = Tq, S2 = max_seqlen_kv; packed
+// [T, H, D] tensors as [1, T, H, D] with batch stride 0; pages either as they are (simple
+// kernels: page and row strides) or, for the Hopper kernels, as [1, num_pages * page_size, H, D]
+// rows (their page stride is page_size rows: checked by vl_fast).
+struct VlView {
+    spattn_sfa_problem p;
+    spattn_tensor t[8];
+};
+
+spattn_tensor vl_tok_view(const spattn_tensor *t) {
+    spattn_tensor v = *t;
+    v.ndim = t->ndim + 1;
+    for (int d = t->ndim; d > 0; d--) {
+        v.shape[d] = t->shape[d - 1];
+        v.strides[d] = t->strides[d - 1];
+    }
+    v.shape[0] = 1;
+    v.strides[0] = 0;
+    return v;
+}
+
+spattn_tensor vl_rows_view(const spattn_tensor *t) {
+    spattn_tensor v = *t;
+    v.shape[1] = t->shape[0] * t->shape[1];
+    v.shape[0] = 1;
+    v.strides[0] = 0;
+    return v;
+}
+
+void vl_view(const spattn_sfa_problem *p, bool fast, VlView *w) {
+    const bool paged = p->seqs->table != nullptr;
+    w->p = *p;
+    const spattn_tensor *src[8] = {p->q, p->q_rope, p->k, p->k_rope, p->v, p->idx, p->o, p->lse};
+    const spattn_tensor **dst[8] = {&w->p.q, &w->p.q_rope, &w->p.k, &w->p.k_rope, &w->p.v, &w->p.idx, &w->p.o, &w->p.lse};
+    for (int i = 0; i < 8; i++) {
+        if (!src[i]) continue;
+        const bool kside = i >= 2 && i <= 4;
+        w->t[i] = kside && paged ? (fast ? vl_rows_view(src[i]) : *src[i]) : vl_tok_view(src[i]);
+        *dst[i] = &w->t[i];
+    }
+    w->p.B = 1;
+    w->p.S1 = p->seqs->Tq;
+}
+
+// The Hopper kernels' shapes (fast_shape) on the views; with pages, a page is page_size rows of k
+// (and of k_rope) apart.
+bool vl_fast(const spattn_sfa_problem *p, const VlView &w) {
+    const spattn_seqs *s = p->seqs;
+    if (s->table) {
+        const spattn_tensor *ks[2] = {p->k, p->k_rope};
+        for (int i = 0; i < 2; i++)
+            if (ks[i] && ks[i]->strides[0] != s->page_size * ks[i]->strides[1]) return false;
+    }
+    return fast_shape(&w.p, 0);
+}
+
+size_t vl_workspace(const spattn_sfa_problem *p) {
+    VlView w;
+    vl_view(p, true, &w);
+    size_t off[5];
+    const size_t tb = align256((size_t)p->seqs->Tq * sizeof(int4));
+    return vl_fast(p, w) ? tb : tb + ref_parts(&w.p, 0, off);
+}
+
+// Simple-kernel results [Tq, N, D] / [Tq, N] (fp32, contiguous) into the caller's tensors,
+// skipping tokens past cu_seqlens_q[B] (not written).
+template <typename T> __device__ __forceinline__ T vl_cvt(float x);
+template <> __device__ __forceinline__ float vl_cvt<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half vl_cvt<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 vl_cvt<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+template <typename T>
+__global__ void vl_store_kernel(const float *src, T *dst, int64_t s0, int64_t s1, int64_t s2, int64_t N, int64_t D,
+                                int64_t total, const int4 *tok) {
+    for (int64_t x = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; x < total; x += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = x / (N * D), n = (x / D) % N, d = x % D;
+        if (tok[t].x >= 0) dst[t * s0 + n * s1 + d * s2] = vl_cvt<T>(src[x]);
+    }
+}
+
+cudaError_t vl_store(const float *src, const spattn_tensor *t, int64_t D, int dtype, const int4 *tok, cudaStream_t st) {
+    const int64_t N = t->shape[1], total = t->shape[0] * N * D;
+    const int64_t s2 = D > 1 ? t->strides[2] : 0;
+    const unsigned g = grid_for(total, 256);
+    if (dtype == SPATTN_DTYPE_F16)
+        vl_store_kernel<__half><<<g, 256, 0, st>>>(src, (__half *)t->data, t->strides[0], t->strides[1], s2, N, D, total, tok);
+    else if (dtype == SPATTN_DTYPE_BF16)
+        vl_store_kernel<__nv_bfloat16><<<g, 256, 0, st>>>(src, (__nv_bfloat16 *)t->data, t->strides[0], t->strides[1], s2, N,
+                                                           D, total, tok);
+    else
+        vl_store_kernel<float><<<g, 256, 0, st>>>(src, (float *)t->data, t->strides[0], t->strides[1], s2, N, D, total, tok);
+    return cudaGetLastError();
+}
+
+spattn_status vl_fwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
+    const spattn_seqs *s = p->seqs;
+    VlView w;
+    vl_view(p, true, &w);
+    const bool fast = vl_fast(p, w);
+    if (!fast) vl_view(p, false, &w);
+    // the gate keys: a table row's keys and an index position stay below 2^60
+    if (s->B >= (1LL << 30) || (double)s->Tq * p->N2 * p->K >= 1e18 ||
+        (double)s->B * (2.0 * s->max_pages + 3) >= 1e18)
+        return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED, "sfa cuda varlen: problem too large for the device checks");
+    spattn_status r = fast ? limits_ok(&w.p) : ref_grid_ok(&w.p);
+    if (r != SPATTN_STATUS_SUCCESS) return r;
+    size_t off[5];
+    const size_t tb = align256((size_t)s->Tq * sizeof(int4));
+    cuda_scratch ws;
+    if ((r = ws.get(ex, fast ? tb : tb + ref_parts(&w.p, 0, off), "sfa cuda")) != SPATTN_STATUS_SUCCESS) return r;
+    int4 *tok = reinterpret_cast<int4 *>(ws.base);
+    cudaStream_t st = ws.st;
+    IdxCheck c;
+    if ((r = gate_words(&c)) != SPATTN_STATUS_SUCCESS) return r;
+    cudaError_t e = vl_launch_checks(p, st, tok, c.d_bad);
+    if (fast) {  // checks, then the kernel gated on their verdict, one synchronisation
+        if (e == cudaSuccess) {
+            sfa::Params kp;
+            fill_params(&w.p, &kp);
+            kp.out_lse = p->lse ? (float *)p->lse->data : nullptr;
+            kp.o = nullptr;
+            kp.gate = c.d_bad;
+            kp.vl.tok = tok;
+            kp.vl.table = s->table;
+            kp.vl.tab_s0 = s->tab_s0;
+            kp.vl.tab_s1 = s->tab_s1;
+            kp.vl.page_size = s->table ? (int)s->page_size : 1;
+            kp.vl.num_pages = s->table ? (int)s->num_pages : 0;
+            const int bf16 = p->dtype == SPATTN_DTYPE_BF16;
+            e = kp.H <= 32 ? spattn_sfa_small_fwd_launch(&kp, bf16, st) : spattn_sfa_fast_fwd_launch(&kp, bf16, st);
+        }
+        return vl_finish(p, st, &c, tok, e);
+    }
+    // simple kernels: the verdict first (they write fp32 scratch, converted afterwards)
+    if ((r = vl_finish(p, st, &c, tok, e)) != SPATTN_STATUS_SUCCESS) return r;
+    float *o32 = reinterpret_cast<float *>(ws.base + tb + off[0]), *l32 = reinterpret_cast<float *>(ws.base + tb + off[1]);
+    if ((r = spattn_cuda_ref_sfa_fwd_varlen(&w.p, ex, tok, o32, l32)) != SPATTN_STATUS_SUCCESS) return r;
+    e = vl_store(o32, p->o, p->D, p->dtype, tok, st);
+    if (e == cudaSuccess && p->lse) e = vl_store(l32, p->lse, 1, SPATTN_DTYPE_F32, tok, st);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "sfa cuda varlen forward (simple kernels): %s",
+                                cudaGetErrorString(e));
+    }
+    return SPATTN_STATUS_SUCCESS;
+}
+
 }  // namespace
 
 extern "C" spattn_status spattn_cuda_sfa_fwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
+    if (p->seqs) return vl_fwd(p, ex);
     if (!fast_shape(p, 0)) return ref_fwd(p, ex);
     spattn_status s = limits_ok(p);
     if (s != SPATTN_STATUS_SUCCESS) return s;

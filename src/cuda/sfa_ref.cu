@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "../core/internal.h"
+#include "../core/seqs.h"
 
 namespace {
 
@@ -23,16 +24,23 @@ struct RefArgs {
     int64_t B, S1, S2, N1, N2, D, Dr, K, sbs, nblk;
     int mode, shared_kv;
     float scale;
+    // varlen forward (spattn_sfa_fwd_varlen): B = 1, S1 = Tq, packed tensors as views with batch
+    // stride 0; tok per token {sequence (-1: skipped), first key row, keys, causal limit} (the
+    // device pre-pass of sfa_host.cu); with pages k / k_rope / v keep their page strides and a
+    // key's row comes from the table.  tok == NULL: a dense call.
+    const int4 *tok;
+    const int32_t *table;
+    int64_t tab_s0, tab_s1, page_size;
 };
 
-// key of virtual slot v of the index row, or -1 (padding, out of range, past S2, causal-masked)
-__device__ int64_t ref_key(const RefArgs &a, const int32_t *row, int64_t v, int64_t s1) {
+// key of virtual slot v of the index row, or -1 (padding, out of range, past S2, past the
+// causal limit `lim`: S2 - S1 + s1 in mode 3, S2 - 1 in mode 0, the sequence's own with varlen)
+__device__ int64_t ref_key(const RefArgs &a, const int32_t *row, int64_t v, int64_t lim) {
     int64_t e = v / a.sbs;
     int32_t bi = row[e * a.sidx[3]];
     if (bi < 0 || bi >= a.nblk) return -1;
     int64_t key = (int64_t)bi * a.sbs + v % a.sbs;
-    if (key >= a.S2) return -1;
-    if (a.mode == 3 && key > a.S2 - a.S1 + s1) return -1;
+    if (key >= a.S2 || key > lim) return -1;
     return key;
 }
 
@@ -66,6 +74,20 @@ __global__ void ref_kernel(const RefArgs a, int backward, float *o, float *lse, 
     const int64_t n2 = bid % a.N2;
     bid /= a.N2;
     const int64_t s1 = bid % a.S1, b = bid / a.S1;
+    int4 tk = make_int4(0, 0, 0, 0);
+    if (a.tok) {
+        tk = a.tok[s1];
+        if (tk.x < 0) return;  // past cu_seqlens_q[B]: not computed, not written
+    }
+    const int64_t lim = a.tok ? (int64_t)tk.w : a.mode == 3 ? a.S2 - a.S1 + s1 : a.S2 - 1;
+    // element offset of key `key`'s row in a k-side tensor of strides st (without head, column)
+    auto krow = [&](int64_t key, const int64_t *st) -> int64_t {
+        if (a.table) {
+            const int64_t pg = a.table[tk.x * a.tab_s0 + (key / a.page_size) * a.tab_s1];
+            return pg * st[0] + (key % a.page_size) * st[1];
+        }
+        return b * st[0] + (tk.y + key) * st[1];
+    };
     const int h0 = hc * HC, nh = min(HC, H - h0);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int32_t *row = a.idx + b * a.sidx[0] + s1 * a.sidx[1] + n2 * a.sidx[2];
@@ -100,8 +122,8 @@ __global__ void ref_kernel(const RefArgs a, int backward, float *o, float *lse, 
     auto score = [&](int h, int64_t key) {
         float acc = 0.f;
         for (int64_t d = lane; d < DQ; d += 32) {
-            float kv = d < a.D ? ldf(Kp + b * a.sk[0] + key * a.sk[1] + n2 * a.sk[2] + d * a.sk[3])
-                               : ldf(KR + b * a.skr[0] + key * a.skr[1] + n2 * a.skr[2] + (d - a.D) * a.skr[3]);
+            float kv = d < a.D ? ldf(Kp + krow(key, a.sk) + n2 * a.sk[2] + d * a.sk[3])
+                               : ldf(KR + krow(key, a.skr) + n2 * a.skr[2] + (d - a.D) * a.skr[3]);
             acc += sq[h * DQ + d] * kv;
         }
         for (int o2 = 16; o2 > 0; o2 >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o2);
@@ -115,7 +137,7 @@ __global__ void ref_kernel(const RefArgs a, int backward, float *o, float *lse, 
         l[h] = 0.f;
     }
     for (int64_t v = warp; v < nslot; v += NTH / 32) {
-        int64_t key = ref_key(a, row, v, s1);
+        int64_t key = ref_key(a, row, v, lim);
         if (key < 0) continue;
         for (int h = 0; h < nh; ++h) {
             float s = score(h, key);
@@ -146,7 +168,7 @@ __global__ void ref_kernel(const RefArgs a, int backward, float *o, float *lse, 
     // ---- pass 2: O = P V (into sacc[h][0..D)) ----
     for (int64_t c0 = 0; c0 < nslot; c0 += CH) {
         for (int j = warp; j < CH; j += NTH / 32) {
-            int64_t key = c0 + j < nslot ? ref_key(a, row, c0 + j, s1) : -1;
+            int64_t key = c0 + j < nslot ? ref_key(a, row, c0 + j, lim) : -1;
             if (lane == 0) skey[j] = key;
             for (int h = 0; h < HC; ++h) {
                 float pv = 0.f;
@@ -159,7 +181,7 @@ __global__ void ref_kernel(const RefArgs a, int backward, float *o, float *lse, 
             int64_t key = skey[j];
             if (key < 0) continue;
             for (int64_t d = tid; d < a.D; d += NTH) {
-                float vv = ldf(V + b * svs[0] + key * svs[1] + n2 * svs[2] + d * svs[3]);
+                float vv = ldf(V + krow(key, svs) + n2 * svs[2] + d * svs[3]);
                 for (int h = 0; h < nh; ++h) sacc[h * DQ + d] += sp[h * CH + j] * vv;
             }
         }
@@ -194,7 +216,7 @@ __global__ void ref_kernel(const RefArgs a, int backward, float *o, float *lse, 
     // ---- pass 3: dS, dQ, dK, dV ----
     for (int64_t c0 = 0; c0 < nslot; c0 += CH) {
         for (int j = warp; j < CH; j += NTH / 32) {
-            int64_t key = c0 + j < nslot ? ref_key(a, row, c0 + j, s1) : -1;
+            int64_t key = c0 + j < nslot ? ref_key(a, row, c0 + j, lim) : -1;
             if (lane == 0) skey[j] = key;
             for (int h = 0; h < HC; ++h) {
                 float pv = 0.f, dsv = 0.f;
@@ -202,7 +224,7 @@ __global__ void ref_kernel(const RefArgs a, int backward, float *o, float *lse, 
                     pv = expf(score(h, key) - smx[h]) / sl[h];
                     float dp = 0.f;
                     for (int64_t d = lane; d < a.D; d += 32)
-                        dp += sdo[h * a.D + d] * ldf(V + b * svs[0] + key * svs[1] + n2 * svs[2] + d * svs[3]);
+                        dp += sdo[h * a.D + d] * ldf(V + krow(key, svs) + n2 * svs[2] + d * svs[3]);
                     for (int o2 = 16; o2 > 0; o2 >>= 1) dp += __shfl_xor_sync(0xffffffffu, dp, o2);
                     dsv = pv * (dp - sdelta[h]);
                 }
@@ -217,15 +239,15 @@ __global__ void ref_kernel(const RefArgs a, int backward, float *o, float *lse, 
             int64_t key = skey[j];
             if (key < 0) continue;
             for (int64_t d = tid; d < DQ; d += NTH) {
-                float kv = d < a.D ? ldf(Kp + b * a.sk[0] + key * a.sk[1] + n2 * a.sk[2] + d * a.sk[3])
-                                   : ldf(KR + b * a.skr[0] + key * a.skr[1] + n2 * a.skr[2] + (d - a.D) * a.skr[3]);
+                float kv = d < a.D ? ldf(Kp + krow(key, a.sk) + n2 * a.sk[2] + d * a.sk[3])
+                                   : ldf(KR + krow(key, a.skr) + n2 * a.skr[2] + (d - a.D) * a.skr[3]);
                 float gk = 0.f;
                 for (int h = 0; h < nh; ++h) {
                     float ds = sds[h * CH + j];
                     sacc[h * DQ + d] += a.scale * ds * kv;
                     gk += a.scale * ds * sq[h * DQ + d];
                 }
-                int64_t kr = (b * a.S2 + key) * a.N2 + n2;
+                int64_t kr = (b * a.S2 + key) * a.N2 + n2;  // dense calls only (no varlen backward here)
                 if (d < a.D) {
                     float gv = 0.f;
                     for (int h = 0; h < nh; ++h) gv += sp[h * CH + j] * sdo[h * a.D + d];
@@ -285,12 +307,27 @@ void fill(const spattn_sfa_problem *p, RefArgs *a) {
     a->mode = p->mode;
     a->shared_kv = p->shared_kv;
     a->scale = p->scale;
+    a->tok = nullptr;
+    a->table = nullptr;
+    a->tab_s0 = a->tab_s1 = 0;
+    a->page_size = 1;
 }
 
 spattn_status run(const spattn_sfa_problem *p, const spattn_exec *ex, int backward, float *o,
-                  float *lse, float *dq, float *dqr, float *dk, float *dkr, float *dv) {
+                  float *lse, float *dq, float *dqr, float *dk, float *dkr, float *dv,
+                  const int4 *tok = nullptr) {
     RefArgs a;
     fill(p, &a);
+    if (tok) {
+        a.tok = tok;
+        const spattn_seqs *s = p->seqs;
+        if (s->table) {
+            a.table = s->table;
+            a.tab_s0 = s->tab_s0;
+            a.tab_s1 = s->tab_s1;
+            a.page_size = s->page_size;
+        }
+    }
     cudaStream_t st = (cudaStream_t)ex->stream;
     const int64_t DQ = p->D + p->Dr;
     size_t smem = sizeof(float) * (size_t)(HC * DQ + HC * p->D + HC * DQ + 2 * HC * CH) +
@@ -341,4 +378,12 @@ extern "C" spattn_status spattn_cuda_ref_sfa_bwd(const spattn_sfa_problem *p, co
                                                  float *dq, float *dq_rope, float *dk,
                                                  float *dk_rope, float *dv) {
     return run(p, ex, 1, nullptr, nullptr, dq, dq_rope, dk, dk_rope, dv);
+}
+
+// Varlen forward (sfa_host.cu): p over views (B = 1, S1 = Tq, see RefArgs), p->seqs the call's
+// layout (device pointers), tok the pre-pass's per-token table; o [Tq, N1, D], lse [Tq, N1]
+// (rows of tokens past cu_seqlens_q[B] are not written).
+extern "C" spattn_status spattn_cuda_ref_sfa_fwd_varlen(const spattn_sfa_problem *p, const spattn_exec *ex,
+                                                        const int4 *tok, float *o, float *lse) {
+    return run(p, ex, 0, o, lse, nullptr, nullptr, nullptr, nullptr, nullptr, tok);
 }
