@@ -28,8 +28,25 @@ cudaError_t spattn_bsa_launch_order(const int *cnt, long long rows, int per_tile
 struct bsa_tmaps {
     CUtensorMap q, k, v;
 };
+// Packed variable-length forward (bsa_sched.cu, bsa_vl_prep_kernel): checks the prefix sums
+// into *err (~0 before: the caller memsets it; see the kernel for the key), fills seq [B] and
+// the per-sequence TMA maps tm [B][3] (q, k, v) from the call's maps (over [1, H, T, D] views of
+// the packed tensors; base[i] / row_bytes[i]: data pointer and bytes between rows of q, k, v).
+struct bsa_vl_prep_args {
+    const int *cu_q, *cu_kv;
+    long long st_q, st_kv;          // element strides of the prefix sums
+    long long B, Tq, Tkv, max_q, max_kv;
+    const char *base[3];
+    long long row_bytes[3];
+    int4 *seq;
+    CUtensorMap *tm;
+    unsigned long long *err;
+};
+cudaError_t spattn_bsa_launch_vl_prep(const bsa_tmaps *tm, const bsa_vl_prep_args *a, cudaStream_t st);
 // Hopper forward (bsa_fwd.cu); p->sq is the query-major schedule of query tiles of
 // bsa_fwd90_tile_for(dp).bm rows and key chunks of `chunk` = bsa_fwd90_chunk(by) keys.
+// With p->vl.seq set (varlen): the same kernel per (sequence, head, query tile of max_seqlen_q)
+// with the sequence's lengths and TMA maps (p->vl), nothing written unless *p->vl.err == ~0.
 cudaError_t spattn_bsa_launch_fwd(const bsa_params *p, const bsa_tmaps *tm, int dp, int bf16, int chunk,
                                   cudaStream_t st);
 // TMA descriptors of the Hopper backward: Q and dO in boxes of 64 rows, K and V of 128 rows.
