@@ -306,6 +306,9 @@ SPATTN_API spattn_status spattn_bsa_plan_workspace_size(const spattn_bsa_plan *p
  * order: deterministic).  opt: as in the _ex calls (NULL = defaults); a caller workspace needs
  * spattn_bsa_varlen_workspace_size bytes (the paged backward's includes one fp32 row per
  * key-side row and head for shared pages, 2 * num_pages * page_size * Nkv * D floats).
+ * CUDA tensors: the packed forward runs on the GPU (the prefix sums are checked there before
+ * any write; one synchronisation per call); the backward and paged k / v give
+ * SPATTN_STATUS_NOT_SUPPORTED for now.
  */
 SPATTN_API spattn_status spattn_bsa_fwd_varlen(const spattn_tensor *q, const spattn_tensor *k,
                                                const spattn_tensor *v,

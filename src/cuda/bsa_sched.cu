@@ -202,7 +202,7 @@ __global__ void __launch_bounds__(kPrepThreads) bsa_vl_prep_kernel(const __grid_
     // one warp per (sequence, tensor); the condition is warp-uniform (the copy-out is .aligned)
     const long long w = tid >> 5;
     const int lane = threadIdx.x & 31;
-    if (w >= 3 * B) return;
+    if (!a.tm || w >= 3 * B) return;  // no maps for the reference path
     const long long b = w / 3;
     const int which = (int)(w % 3);
     const CUtensorMap *tmpl = which == 0 ? &tq : which == 1 ? &tk : &tv;
