@@ -20,6 +20,8 @@
 //   * caller workspace (unaligned base, exact size) on a caller stream; the backward and paged
 //     keys answer SPATTN_STATUS_NOT_SUPPORTED.
 // Usage: bsa_varlen_cuda_check [quick]   (SPATTN_TEST_SEED replays the random draw)
+//        bsa_varlen_cuda_check selftest [quick]: the harness alone, every "cuda" call on the CPU
+//        (no GPU needed; checks the checker: poison bookkeeping, views, the sequence-alone calls)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -45,6 +47,7 @@
     } while (0)
 
 static int g_pass = 0, g_fail = 0;
+static bool g_cpu_only = false;  // selftest: the "cuda" calls run on the CPU (no device memory)
 static uint64_t g_rng = 0x1234567ull;
 static double urand() {
     g_rng ^= g_rng << 13; g_rng ^= g_rng >> 7; g_rng ^= g_rng << 17;
@@ -158,6 +161,7 @@ static void make_batch(const Case &c, Batch &t) {
                     t.hmask[(((size_t)b * c.N + n) * t.nbx + i) * t.nby + j] = v;
                 }
     }
+    if (g_cpu_only) return;
     CK(cudaMalloc(&t.dq, t.hq.size() + 256));
     CK(cudaMalloc(&t.dk, t.hk.size() + 256));
     CK(cudaMalloc(&t.dv, t.hv.size() + 256));
@@ -172,6 +176,7 @@ static void make_batch(const Case &c, Batch &t) {
     CK(cudaMemcpy(t.dckv, t.cukv.data(), (c.B + 1) * 4, cudaMemcpyHostToDevice));
 }
 static void free_batch(Batch &t) {
+    if (g_cpu_only) return;
     cudaFree(t.dq);
     cudaFree(t.dk);
     cudaFree(t.dv);
@@ -203,6 +208,7 @@ static Out run(const Batch &t, bool dev, const std::vector<int32_t> &cq, const s
     const Case &c = t.c;
     const size_t es = esz(c.dt);
     const int Tq = t.Tq - row0;
+    if (g_cpu_only) dev = false;
     Out r;
     r.o.assign((size_t)t.Tcap * t.rsq * es, 0xFF);
     r.lse.assign((size_t)t.Tcap * c.N * 4, 0xFF);
@@ -379,8 +385,10 @@ static void run_case(const Case &c, bool quick) {
                     store_dt(u.hk.data(), (size_t)r * t.rskv + x, NAN, c.dt);
                     store_dt(u.hv.data(), (size_t)r * t.rskv + x, NAN, c.dt);
                 }
-            CK(cudaMemcpy(t.dk, u.hk.data(), u.hk.size(), cudaMemcpyHostToDevice));
-            CK(cudaMemcpy(t.dv, u.hv.data(), u.hv.size(), cudaMemcpyHostToDevice));
+            if (!g_cpu_only) {
+                CK(cudaMemcpy(t.dk, u.hk.data(), u.hk.size(), cudaMemcpyHostToDevice));
+                CK(cudaMemcpy(t.dv, u.hv.data(), u.hv.size(), cudaMemcpyHostToDevice));
+            }
             Out cn = run(u, false, t.cuq, t.cukv, t.maxq, t.maxkv);
             Out gn = run(u, true, t.cuq, t.cukv, t.maxq, t.maxkv);
             // sequence s's own rows may differ (a NaN value reaches its masked rows through 0 * NaN in
@@ -391,8 +399,10 @@ static void run_case(const Case &c, bool quick) {
             char w[64];
             snprintf(w, sizeof w, "NaN keys/values in sequence %d only", s);
             check(gn.st == SPATTN_STATUS_SUCCESS && d.empty(), w, ctx + ": " + d);
-            CK(cudaMemcpy(t.dk, t.hk.data(), t.hk.size(), cudaMemcpyHostToDevice));
-            CK(cudaMemcpy(t.dv, t.hv.data(), t.hv.size(), cudaMemcpyHostToDevice));
+            if (!g_cpu_only) {
+                CK(cudaMemcpy(t.dk, t.hk.data(), t.hk.size(), cudaMemcpyHostToDevice));
+                CK(cudaMemcpy(t.dv, t.hv.data(), t.hv.size(), cudaMemcpyHostToDevice));
+            }
         }
     }
     printf("  %-4s %s\n", g_fail ? "..." : "ok", ctx.c_str());
@@ -450,9 +460,10 @@ static void bad_prefix_sums() {
 // The forms CUDA does not run yet answer NOT_SUPPORTED before touching anything.
 static void unsupported_forms() {
     const int B = 2, N = 2, D = 64, T = 16;
-    void *q, *o, *cu, *tab, *m;
+    void *q, *o, *cu, *tab, *m, *g[3];
     CK(cudaMalloc(&q, T * N * D * 2));
     CK(cudaMalloc(&o, T * N * D * 2));
+    for (int i = 0; i < 3; i++) CK(cudaMalloc(&g[i], T * N * D * 2));
     CK(cudaMalloc(&cu, (B + 1) * 4));
     CK(cudaMalloc(&tab, B * 4));
     CK(cudaMalloc(&m, B * N));
@@ -473,7 +484,9 @@ static void unsupported_forms() {
     vl.cu_seqlens_kv = &tc;
     vl.max_seqlen_q = 8;
     vl.max_seqlen_kv = 8;
-    spattn_status s = spattn_bsa_bwd_varlen(&tq, &tq, &tq, &tq, &tq, &tl, &tm, 64, 64, 0.0, &vl, &to, &to, &to, NULL);
+    spattn_tensor tg[3];  // dq, dk, dv: distinct buffers (aliasing is checked first)
+    for (int i = 0; i < 3; i++) tg[i] = mk(g[i], SPATTN_DTYPE_F16, 3, shq, NULL, true);
+    spattn_status s = spattn_bsa_bwd_varlen(&tq, &tq, &tq, &to, &tq, &tl, &tm, 64, 64, 0.0, &vl, &tg[0], &tg[1], &tg[2], NULL);
     check(s == SPATTN_STATUS_NOT_SUPPORTED, "cuda backward varlen: NOT_SUPPORTED", spattn_last_error());
     vl.block_table = &tt;
     s = spattn_bsa_fwd_varlen(&tq, &tp, &tp, &tm, 64, 64, 0.0, &vl, &to, &tl, NULL);
@@ -484,15 +497,21 @@ static void unsupported_forms() {
     cudaFree(tab);
     cudaFree(m);
     cudaFree(l);
+    for (int i = 0; i < 3; i++) cudaFree(g[i]);
 }
 
 int main(int argc, char **argv) {
+    int a = 1;
+    if (argc > a && !strcmp(argv[a], "selftest")) {
+        g_cpu_only = true;
+        a++;
+    }
     int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+    if (!g_cpu_only && (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0)) {
         printf("bsa_varlen_cuda_check: no CUDA device visible: skipped\n");
         return 0;
     }
-    const bool quick = argc > 1 && !strcmp(argv[1], "quick");
+    const bool quick = argc > a && !strcmp(argv[a], "quick");
     const int F16 = SPATTN_DTYPE_F16, BF = SPATTN_DTYPE_BF16, F32 = SPATTN_DTYPE_F32;
     std::vector<Case> v;
     //             B  N Nkv   D   bx   by  dt   maxq maxkv kv causal dens pad ws
@@ -538,7 +557,7 @@ int main(int argc, char **argv) {
     }
     for (const Case &c : v) run_case(c, quick);
     bad_prefix_sums();
-    unsupported_forms();
+    if (!g_cpu_only) unsupported_forms();
     printf("bsa_varlen_cuda_check: %d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
 }
