@@ -4,8 +4,8 @@
  * naming the argument, before any output is written (outputs are compared byte for byte with
  * their poison after each refusal).  Also: the unused parts (rows past cu[B], unused table
  * slots) are never read, and CUDA tensors are refused as SPATTN_STATUS_NOT_SUPPORTED (or
- * BACKEND_UNAVAILABLE in a build without CUDA), the paged bsa backward included (the sfa forward,
- * which runs on a GPU, only where no GPU is usable).
+ * BACKEND_UNAVAILABLE in a build without CUDA), the paged bsa backward included (the sfa forward
+ * and the packed bsa forward, which run on a GPU, only where no GPU is usable).
  */
 #include "varlen_testkit.h"
 
@@ -234,7 +234,9 @@ int main(void) {
      * CUDA backend, where it must be refused as well (tests/cuda/sfa_varlen_cuda_check.cu checks
      * it on a GPU). */
     for (int op = 0; op < OP_N; op++) {
-        if ((op == OP_SFA_FWD || op == OP_SFA_FWD_PAGED) && spattn_cuda_available()) continue;
+        /* the packed bsa forward runs on CUDA too: checked on the GPU by
+         * tests/cuda/bsa_varlen_cuda_check.cu */
+        if ((op == OP_SFA_FWD || op == OP_SFA_FWD_PAGED || op == OP_BSA_FWD) && spattn_cuda_available()) continue;
         fx f;
         fx_init(&f, &r);
         spattn_tensor *ts[] = {&f.q.t, &f.k.t, &f.v.t, &f.m.t, &f.kp.t, &f.vp.t, &f.idx.t, &f.o.t,

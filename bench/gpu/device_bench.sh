@@ -47,13 +47,13 @@ fi
 
 if has checks; then
   echo "== GPU checks"
-  for p in bsa_cuda_check sfa_cuda_check robust_cuda_check; do
+  for p in bsa_cuda_check bsa_varlen_cuda_check sfa_cuda_check robust_cuda_check; do
     [ -x "$BUILD/$p" ] || { echo "$p: not built (needs -DSPATTN_TESTS=ON)"; continue; }
     timeout ${CHECK_TIMEOUT:-200} "$BUILD/$p" > "$OUT/$p.log" 2>&1; echo "$p exit $?"; tail -2 "$OUT/$p.log"
   done
   if command -v compute-sanitizer >/dev/null; then
     for tool in memcheck racecheck synccheck initcheck; do
-      for p in bsa_cuda_check sfa_cuda_check; do
+      for p in bsa_cuda_check bsa_varlen_cuda_check sfa_cuda_check; do
         [ -x "$BUILD/$p" ] || continue
         timeout ${SAN_TIMEOUT:-150} compute-sanitizer --tool $tool --error-exitcode 3 --print-limit 5 \
           "$BUILD/$p" quick > "$OUT/san_${tool}_$p.log" 2>&1

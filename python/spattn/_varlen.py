@@ -4,7 +4,8 @@ The lengths are int32 prefix sums ``cu_seqlens_q`` / ``cu_seqlens_kv`` [B+1] on 
 device, ``max_seqlen_q`` / ``max_seqlen_kv`` bound every length, and an optional int32
 ``block_table`` [B, max_pages] makes k / v (and k_rope and their gradients) pages
 [num_pages, page_size, Nkv, D].  Semantics: cases/README.md.  CPU; on CUDA the sfa forward
-only (not yet run on a GPU: docs/runbooks/varlen_paged.md); other calls on CUDA tensors raise
+(packed and paged) and the packed bsa forward (not yet run on a GPU: docs/runbooks/varlen_paged.md);
+other calls on CUDA tensors raise
 SpattnNotSupportedError.
 """
 from __future__ import annotations

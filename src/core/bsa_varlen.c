@@ -1,7 +1,8 @@
 /*
  * Packed variable-length block-sparse attention entry points (spattn_bsa_*_varlen): every
  * argument, the prefix sums and the block table validated before any output is written, then
- * the CPU backend (CUDA tensors: SPATTN_STATUS_NOT_SUPPORTED for now).
+ * the CPU backend, or CUDA for the packed forward (the prefix sums are checked there on the
+ * device, before any write; the paged forward and the backward refuse CUDA tensors for now).
  */
 #include <math.h>
 
@@ -119,12 +120,25 @@ static spattn_status check_lse(const spattn_tensor *t, const spattn_bsa_problem 
     return spattn_check_same_device("lse", t, "q", p->q);
 }
 
-/* Backend, then (CPU) the values of the prefix sums and the table. */
+/* CUDA runs the packed forward only: the paged forward and the backward are refused. */
+static spattn_status cuda_form_ok(const spattn_bsa_problem *p, int backward, const char *op) {
+    if (backward)
+        return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
+                                "%s: the CUDA backend has no packed variable-length / paged bsa backward "
+                                "yet (the packed forward runs on CUDA); use CPU tensors", op);
+    if (p->seqs->table)
+        return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
+                                "%s: the CUDA backend has no paged bsa forward (vl.block_table) yet (the "
+                                "packed forward runs on CUDA); use packed k / v or CPU tensors", op);
+    return SPATTN_STATUS_SUCCESS;
+}
+
+/* Backend, then (CPU) the values of the prefix sums and the table (CUDA checks them on the
+ * device: spattn_cuda_bsa_fwd_varlen). */
 static spattn_status resolve(const spattn_options *opt, const spattn_bsa_problem *p, const char *op,
-                             spattn_exec *ex) {
-    int use_cuda;
-    TRY(spattn_resolve_exec(opt, p->q, ex, &use_cuda));
-    if (use_cuda) return spattn_seqs_not_on_cuda(op);
+                             int backward, spattn_exec *ex, int *use_cuda) {
+    TRY(spattn_resolve_exec(opt, p->q, ex, use_cuda));
+    if (*use_cuda) return cuda_form_ok(p, backward, op);
     return spattn_seqs_check_values(p->seqs);
 }
 
@@ -147,7 +161,12 @@ spattn_status spattn_bsa_fwd_varlen(const spattn_tensor *q, const spattn_tensor 
     p.o = o;
     p.lse = lse;
     spattn_exec ex;
-    TRY(resolve(opt, &p, "bsa_fwd_varlen", &ex));
+    int use_cuda;
+    TRY(resolve(opt, &p, "bsa_fwd_varlen", 0, &ex, &use_cuda));
+    if (use_cuda) {
+        TRY(spattn_check_workspace(&ex, spattn_cuda_bsa_varlen_workspace(&p)));
+        return spattn_cuda_bsa_fwd_varlen(&p, &ex);
+    }
     TRY(spattn_check_workspace(&ex, spattn_cpu_bsa_workspace(&p, 0, ex.num_threads)));
     return spattn_cpu_bsa_fwd(&p, &ex);
 }
@@ -185,7 +204,8 @@ spattn_status spattn_bsa_bwd_varlen(const spattn_tensor *q, const spattn_tensor 
     p.dk = dk;
     p.dv = dv;
     spattn_exec ex;
-    TRY(resolve(opt, &p, "bsa_bwd_varlen", &ex));
+    int use_cuda;
+    TRY(resolve(opt, &p, "bsa_bwd_varlen", 1, &ex, &use_cuda));
     TRY(spattn_check_workspace(&ex, spattn_cpu_bsa_workspace(&p, 1, ex.num_threads)));
     return spattn_cpu_bsa_bwd(&p, &ex);
 }
@@ -204,7 +224,11 @@ spattn_status spattn_bsa_varlen_workspace_size(const spattn_tensor *q, const spa
     spattn_exec ex;
     int use_cuda;
     TRY(spattn_resolve_exec(opt, q, &ex, &use_cuda));
-    if (use_cuda) return spattn_seqs_not_on_cuda("bsa_varlen_workspace_size");
+    if (use_cuda) {
+        TRY(cuda_form_ok(&p, backward != 0, "bsa_varlen_workspace_size"));
+        *bytes = spattn_cuda_bsa_varlen_workspace(&p);
+        return SPATTN_STATUS_SUCCESS;
+    }
     *bytes = spattn_cpu_bsa_workspace(&p, backward != 0, ex.num_threads);
     return SPATTN_STATUS_SUCCESS;
 }

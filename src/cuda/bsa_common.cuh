@@ -35,6 +35,15 @@ struct bsa_mask_view {
     long long s0, s1, s2, s3;
 };
 
+// Packed variable-length forward (spattn_bsa_fwd_varlen; bsa_vl_prep_kernel fills it): the
+// tensors are [1, H, T, D] views of the packed [T, H, D] ones, the mask keeps its batch index.
+struct bsa_varlen {
+    const int4 *seq;                // [B] {first query row, Sq_b, first key row, Skv_b}
+    const void *tm;                 // [B][3] CUtensorMap of q, k, v: base at the sequence's first
+                                    // row, rows = its length (TMA zero-fills past its end)
+    const unsigned long long *err;  // ~0: prefix sums valid; else nothing may be written
+};
+
 struct bsa_params {
     bsa_view q, k, v, o, dout, dq, dk, dv;
     bsa_mask_view mask;
@@ -48,6 +57,7 @@ struct bsa_params {
     bsa_sched sq;  // query-major (forward or dQ)
     bsa_sched sk;  // key-major (dK/dV): entry = (g * nqt + m) * 2 + partial
     int nqt;       // query tiles of the key-major list
+    bsa_varlen vl;  // varlen forward only (last: the dense kernels' parameter offsets stay)
 };
 
 // ---- element types ------------------------------------------------------------------------

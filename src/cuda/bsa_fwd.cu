@@ -16,7 +16,12 @@
 //     P_{j-1} V_{j-1}; the consumer waits for S_j only, runs the softmax while P V runs, then
 //     waits for P V before rescaling O;
 //   - only partial tiles evaluate the token mask, from the block mask bits (mask[i/bx][j/by]);
-//     keys past Skv are masked there too (edge tiles are always partial).
+//     keys past Skv are masked there too (edge tiles are always partial);
+//   - VL (packed variable-length batch, spattn_bsa_fwd_varlen): a CTA is (sequence b, head,
+//     query tile) with b's own Sq / Skv in every edge test, TMA maps whose base is b's first row
+//     and whose row count is its length (rows past its end read as 0, as past S in a dense
+//     call), O / LSE rows offset by b's first query row, and the mask at batch index b.  Only
+//     the per-CTA setup and the edge bounds differ; the dense instantiations are unchanged.
 // The online softmax runs in base 2 with fp32 accumulation; rows that attend nothing get O = 0
 // and LSE = -inf.  Non-finite inputs follow spattn.h: a NaN (or +inf) score makes the row sum
 // NaN, hence O (NaN * 0) and LSE NaN; the running max ignores NaN (fmaxf), which is harmless
@@ -30,6 +35,13 @@
 
 namespace {
 
+// Makes a TMA map written in global memory by an earlier kernel (the varlen prep kernel, through
+// the generic proxy) visible to this thread's TMA loads (the tensormap proxy).
+__device__ __forceinline__ void tmap_acquire(const CUtensorMap *m) {
+    asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(reinterpret_cast<uint64_t>(m))
+                 : "memory");
+}
+
 template <int DP> struct FwdCfg {
     static constexpr bsa_fwd90_tile TL = bsa_fwd90_tile_for(DP);
     static constexpr int BM = TL.bm, BN = TL.bn, ST = TL.stages;
@@ -39,7 +51,7 @@ template <int DP> struct FwdCfg {
     static constexpr int SMEM = OFF_BAR + (1 + 4 * ST) * 8 + 1024;  // + alignment slack
 };
 
-template <int DP, typename T>
+template <int DP, typename T, bool VL>
 __global__ void __launch_bounds__(384, 1)
     bsa_fwd90_kernel(const bsa_params p, const __grid_constant__ CUtensorMap tmq,
                      const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv, const int lu) {
@@ -56,6 +68,32 @@ __global__ void __launch_bounds__(384, 1)
     const long long row_id = p.sq.order ? p.sq.order[blockIdx.x] : (long long)blockIdx.x;
     const int m = (int)(row_id % nqt), n = (int)((row_id / nqt) % p.N), b = (int)(row_id / ((long long)nqt * p.N));
     const int hk = n / p.G;
+    // VL: this sequence's lengths and maps; tensors are [1, H, T, D] views (batch index 0,
+    // rows offset by q0), the mask keeps b
+    int vSq = 0, vSkv = 0, bt = b;
+    long long q0 = 0;
+    const CUtensorMap *mq = &tmq, *mk = &tmk, *mv = &tmv;
+    if constexpr (VL) {
+        if (*p.vl.err != ~0ull) return;  // bad prefix sums: nothing is written (the host reports it)
+        const int4 sq = p.vl.seq[b];
+        if (m * BM >= sq.y) return;      // a tile past the sequence's queries: nothing to do
+        q0 = sq.x;
+        vSq = sq.y;
+        vSkv = sq.w;
+        bt = 0;
+        mq = static_cast<const CUtensorMap *>(p.vl.tm) + 3 * b;
+        mk = mq + 1;
+        mv = mq + 2;
+    }
+    // the query / key counts of the edge tests (dense: read from p at each use, as before VL)
+    auto Sq = [&]() {
+        if constexpr (VL) return vSq;
+        else return p.Sq;
+    };
+    auto Skv = [&]() {
+        if constexpr (VL) return vSkv;
+        else return p.Skv;
+    };
     const int cnt = p.sq.cnt[row_id];                 // attended key chunks of U = 2^lu keys
     // entries {chunk * 2 + partial, row bits} (bsa_sched_fwd_kernel)
     const int2 *lst = reinterpret_cast<const int2 *>(p.sq.list) + row_id * p.sq.stride;
@@ -80,12 +118,17 @@ __global__ void __launch_bounds__(384, 1)
     if (wg == 0) {  // ---------------------------------------------------------------- producer
         hop::setmaxnreg_dec<24>();
         if (tid == 0 && ntiles > 0) {
-            hop::tma_prefetch_desc(&tmq);
-            hop::tma_prefetch_desc(&tmk);
-            hop::tma_prefetch_desc(&tmv);
+            if constexpr (VL) {  // maps written by the prep kernel: acquire before the first TMA
+                tmap_acquire(mq);
+                tmap_acquire(mk);
+                tmap_acquire(mv);
+            }
+            hop::tma_prefetch_desc(mq);
+            hop::tma_prefetch_desc(mk);
+            hop::tma_prefetch_desc(mv);
             hop::mbar_expect_tx(barQ, C::Q_BYTES);
 #pragma unroll
-            for (int x = 0; x < NBOX; x++) hop::tma_load_4d(sQ + x * BM * 128, &tmq, x * 64, r0, n, b, barQ);
+            for (int x = 0; x < NBOX; x++) hop::tma_load_4d(sQ + x * BM * 128, mq, x * 64, r0, n, bt, barQ);
             for (int it = 0; it < ntiles; it++) {
                 const int s = it % ST;
                 const uint32_t par = ((it / ST) & 1) ^ 1;
@@ -95,7 +138,7 @@ __global__ void __launch_bounds__(384, 1)
                     const int key = (lst[min(it * G + gi, cnt - 1)].x >> 1) << lu;
 #pragma unroll
                     for (int x = 0; x < NBOX; x++)
-                        hop::tma_load_4d(sK + s * C::KV_BYTES + x * BN * 128 + gi * U * 128, &tmk, x * 64, key, hk, b,
+                        hop::tma_load_4d(sK + s * C::KV_BYTES + x * BN * 128 + gi * U * 128, mk, x * 64, key, hk, bt,
                                          fullK + s);
                 }
                 hop::mbar_wait(emptyV + s, par);
@@ -104,7 +147,7 @@ __global__ void __launch_bounds__(384, 1)
                     const int key = (lst[min(it * G + gi, cnt - 1)].x >> 1) << lu;
 #pragma unroll
                     for (int x = 0; x < NBOX; x++)
-                        hop::tma_load_4d(sV + s * C::KV_BYTES + x * BN * 128 + gi * U * 128, &tmv, x * 64, key, hk, b,
+                        hop::tma_load_4d(sV + s * C::KV_BYTES + x * BN * 128 + gi * U * 128, mv, x * 64, key, hk, bt,
                                          fullV + s);
                 }
             }
@@ -171,7 +214,7 @@ __global__ void __launch_bounds__(384, 1)
                     const bool ok0 = (en.y >> rl0) & 1, ok1 = (en.y >> rl1) & 1;
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
-                        const bool okc = key0 + ((jj * 8 + 2 * c + h) & (U - 1)) < p.Skv;
+                        const bool okc = key0 + ((jj * 8 + 2 * c + h) & (U - 1)) < Skv();
                         if (!(ok0 && okc)) s[4 * jj + h] = -INFINITY;
                         if (!(ok1 && okc)) s[4 * jj + 2 + h] = -INFINITY;
                     }
@@ -188,7 +231,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
                         const int j = key0 + ((jj * 8 + 2 * c + h) & (U - 1));
-                        const bool okc = valid && j < p.Skv;
+                        const bool okc = valid && j < Skv();
                         const long long cb = (long long)min(bsa_div(j, p.by, p.inv_by), p.nby - 1) * p.mask.s3;
                         if (!(okc && __ldg(mr0 + cb))) s[4 * jj + h] = -INFINITY;
                         if (!(okc && __ldg(mr1 + cb))) s[4 * jj + 2 + h] = -INFINITY;
@@ -297,17 +340,17 @@ __global__ void __launch_bounds__(384, 1)
         hop::mbar_arrive(emptyV + sv);
     }
 
-    // ---- epilogue: normalise, store O (only rows < Sq, columns < D) and LSE
+    // ---- epilogue: normalise, store O (only rows < Sq, columns < D) and LSE (VL: rows q0 + i)
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
     const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
-    T *ob = reinterpret_cast<T *>(p.o.p) + (long long)b * p.o.s0 + (long long)n * p.o.s1;
+    T *ob = reinterpret_cast<T *>(p.o.p) + (long long)bt * p.o.s0 + (long long)n * p.o.s1 + q0 * p.o.s2;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int i = i_lo + 8 * h;
-        if (i >= p.Sq) continue;
+        if (i >= Sq()) continue;
         const float inv = h ? inv1 : inv0;
         T *orow = ob + (long long)i * p.o.s2;
 #pragma unroll
@@ -325,21 +368,26 @@ __global__ void __launch_bounds__(384, 1)
         }
         if (p.lse && c == 0) {
             const float l = h ? l1 : l0, mxv = h ? mx1 : mx0;
-            p.lse[(long long)b * p.lse_s0 + (long long)n * p.lse_s1 + (long long)i * p.lse_s2] =
+            p.lse[(long long)bt * p.lse_s0 + (long long)n * p.lse_s1 + (q0 + i) * p.lse_s2] =
                 l > 0.f ? (mxv + __log2f(l)) * BSA_LN2 : l == 0.f ? -INFINITY : __int_as_float(0x7fc00000);
         }
     }
 }
 
-template <int DP, typename T>
+template <int DP, typename T, bool VL>
 cudaError_t launch(const bsa_params &p, const bsa_tmaps &tm, int lu, cudaStream_t st) {
     using C = FwdCfg<DP>;
     static unsigned long long done = 0;
-    cudaError_t e = hop::set_smem(bsa_fwd90_kernel<DP, T>, C::SMEM, &done);
+    cudaError_t e = hop::set_smem(bsa_fwd90_kernel<DP, T, VL>, C::SMEM, &done);
     if (e != cudaSuccess) return e;
     dim3 grid((unsigned)((long long)((p.Sq + C::BM - 1) / C::BM) * p.N * p.B));
-    bsa_fwd90_kernel<DP, T><<<grid, 384, C::SMEM, st>>>(p, tm.q, tm.k, tm.v, lu);
+    bsa_fwd90_kernel<DP, T, VL><<<grid, 384, C::SMEM, st>>>(p, tm.q, tm.k, tm.v, lu);
     return cudaGetLastError();
+}
+
+template <bool VL> cudaError_t launch_dt(const bsa_params &p, const bsa_tmaps &tm, int dp, int bf16, int lu, cudaStream_t st) {
+    if (dp == 64) return bf16 ? launch<64, __nv_bfloat16, VL>(p, tm, lu, st) : launch<64, __half, VL>(p, tm, lu, st);
+    return bf16 ? launch<128, __nv_bfloat16, VL>(p, tm, lu, st) : launch<128, __half, VL>(p, tm, lu, st);
 }
 
 }  // namespace
@@ -347,6 +395,5 @@ cudaError_t launch(const bsa_params &p, const bsa_tmaps &tm, int lu, cudaStream_
 extern "C" cudaError_t spattn_bsa_launch_fwd(const bsa_params *p, const bsa_tmaps *tm, int dp, int bf16, int chunk,
                                              cudaStream_t st) {
     const int lu = chunk == 16 ? 4 : chunk == 32 ? 5 : chunk == 64 ? 6 : 7;
-    if (dp == 64) return bf16 ? launch<64, __nv_bfloat16>(*p, *tm, lu, st) : launch<64, __half>(*p, *tm, lu, st);
-    return bf16 ? launch<128, __nv_bfloat16>(*p, *tm, lu, st) : launch<128, __half>(*p, *tm, lu, st);
+    return p->vl.seq ? launch_dt<true>(*p, *tm, dp, bf16, lu, st) : launch_dt<false>(*p, *tm, dp, bf16, lu, st);
 }

@@ -7,8 +7,12 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "../core/internal.h"
+extern "C" {
+#include "../core/seqs.h"
+}
 #include "bsa_launch.h"
 #include "convert.cuh"
 #include "scratch.h"
@@ -324,4 +328,205 @@ extern "C" spattn_status spattn_cuda_bsa_bwd(const spattn_bsa_problem *pb, const
     if ((e = cvt::to_tensor(dk, pb->dk, st)) != cudaSuccess) return fail(e, "convert dk");
     if ((e = cvt::to_tensor(dv, pb->dv, st)) != cudaSuccess) return fail(e, "convert dv");
     return SPATTN_STATUS_SUCCESS;
+}
+
+// ---- packed variable-length forward (spattn_bsa_fwd_varlen) -------------------------------------
+// The packed tensors are viewed as one batch [1, H, T, D] (batch stride 0; LSE [1, N, T]); the
+// lengths stay on the device: a prep kernel checks the prefix sums and writes a sequence table
+// and per-sequence TMA maps, the schedule and the forward kernel read them (bsa_sched.cu,
+// bsa_fwd.cu, VL instantiations), one synchronisation at the end reports bad prefix sums.  Shapes
+// without a Hopper forward (fp32, D > 128, views TMA cannot read) run the reference kernel
+// (bsa_ref.cu) per (sequence, head, row), straight into o / lse.
+namespace {
+
+// [T, H, D] as [1, H, T, D] (batch stride 0).
+spattn_tensor packed4(const spattn_tensor *t) {
+    spattn_tensor v = *t;
+    v.ndim = 4;
+    v.shape[0] = 1;
+    v.strides[0] = 0;
+    v.shape[1] = t->shape[1];
+    v.strides[1] = t->strides[1];
+    v.shape[2] = t->shape[0];
+    v.strides[2] = t->strides[0];
+    v.shape[3] = t->shape[2];
+    v.strides[3] = t->strides[2];
+    return v;
+}
+// LSE [T, N] as [1, N, T].
+spattn_tensor packed3(const spattn_tensor *t) {
+    spattn_tensor v = *t;
+    v.ndim = 3;
+    v.shape[0] = 1;
+    v.strides[0] = 0;
+    v.shape[1] = t->shape[1];
+    v.strides[1] = t->strides[1];
+    v.shape[2] = t->shape[0];
+    v.strides[2] = t->strides[0];
+    return v;
+}
+
+// The varlen problem as the dense kernels see it: 4-d views, B sequences of max_seqlen rows.
+struct VlViews {
+    spattn_tensor q, k, v, o, lse;
+    spattn_bsa_problem p;
+};
+void vl_views(const spattn_bsa_problem *pb, VlViews *w) {
+    w->q = packed4(pb->q);
+    w->k = packed4(pb->k);
+    w->v = packed4(pb->v);
+    w->p = *pb;
+    w->p.q = &w->q;
+    w->p.k = &w->k;
+    w->p.v = &w->v;
+    w->p.plan = nullptr;
+    if (pb->o) {
+        w->o = packed4(pb->o);
+        w->p.o = &w->o;
+    }
+    if (pb->lse) {
+        w->lse = packed3(pb->lse);
+        w->p.lse = &w->lse;
+    }
+}
+
+// Workspace: [0] the check word, [1] the sequence table, [2] the TMA maps, [3] schedule counts,
+// [4] lists, [5] launch order (2-5: Hopper forward only); + 256 bytes to align a caller's base.
+struct VlLayout {
+    size_t off[6];
+    size_t total;
+};
+VlLayout vl_layout(const spattn_bsa_problem *vp, bool fast) {
+    VlLayout L = {};
+    size_t sz[6] = {8, (size_t)vp->B * 16, 0, 0, 0, 0};
+    if (fast) {
+        const bsa_fwd90_tile t = bsa_fwd90_tile_for(bsa_dpad(vp->D));
+        const int u = bsa_fwd90_chunk(vp->by);
+        const size_t rows = (size_t)vp->B * vp->N * ((vp->Sq + t.bm - 1) / t.bm);
+        sz[2] = (size_t)vp->B * 3 * sizeof(CUtensorMap);
+        sz[3] = rows * 4;
+        sz[4] = rows * (size_t)((vp->Skv + u - 1) / u) * 8;
+        sz[5] = rows * 4;
+    }
+    size_t o = 0;
+    for (int i = 0; i < 6; i++) {
+        L.off[i] = o;
+        o += up(sz[i]);
+    }
+    L.total = o + kAlign;
+    return L;
+}
+
+// Status of the prefix-sum check: the CPU's message for the first violation (bsa_vl_prep_kernel
+// encodes it; the offending values are read back only then).
+spattn_status vl_report(const spattn_bsa_problem *pb, unsigned long long key, cudaStream_t st) {
+    if (key == ~0ull) return SPATTN_STATUS_SUCCESS;
+    const spattn_seqs *s = pb->seqs;
+    const long long P = s->B + 2, x = (long long)(key >> 2), pos = x % P;
+    const int side = (int)(x / P), kind = (int)(key & 3);
+    const int32_t *cu = side ? s->cu_kv : s->cu_q;
+    const long long cst = side ? s->cu_kv_st : s->cu_q_st;
+    const char *name = side ? "cu_seqlens_kv" : "cu_seqlens_q";
+    const long long i0 = kind == 0 ? 0 : kind == 3 ? s->B : pos - 1;
+    int32_t v[2] = {0, 0};
+    cudaError_t e = cudaMemcpyAsync(&v[0], cu + i0 * cst, 4, cudaMemcpyDeviceToHost, st);
+    if (e == cudaSuccess && (kind == 1 || kind == 2))
+        e = cudaMemcpyAsync(&v[1], cu + (i0 + 1) * cst, 4, cudaMemcpyDeviceToHost, st);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(st);
+    if (e != cudaSuccess) return fail(e, "reading back a bad prefix sum");
+    switch (kind) {
+    case 0:
+        return spattn_set_error(SPATTN_STATUS_BAD_INDEX, "%s: [0] must be 0, got %d", name, v[0]);
+    case 1:
+        return spattn_set_error(SPATTN_STATUS_BAD_INDEX,
+                                "%s: prefix sums must be non-decreasing, got [%lld] = %lld > [%lld] = %lld", name,
+                                i0, (long long)v[0], i0 + 1, (long long)v[1]);
+    case 2:
+        return spattn_set_error(SPATTN_STATUS_BAD_INDEX, "%s: sequence %lld has length %lld > %s = %lld", name, i0,
+                                (long long)v[1] - v[0], side ? "max_seqlen_kv" : "max_seqlen_q",
+                                (long long)(side ? s->max_kv : s->max_q));
+    default:
+        return spattn_set_error(SPATTN_STATUS_BAD_INDEX, "%s: [B] = %lld exceeds the %lld tokens of %s", name,
+                                (long long)v[0], (long long)(side ? s->Tkv : s->Tq), side ? "k" : "q");
+    }
+}
+
+}  // namespace
+
+extern "C" size_t spattn_cuda_bsa_varlen_workspace(const spattn_bsa_problem *pb) {
+    VlViews w;
+    vl_views(pb, &w);
+    return vl_layout(&w.p, fwd_fast(&w.p)).total;
+}
+
+extern "C" spattn_status spattn_cuda_bsa_fwd_varlen(const spattn_bsa_problem *pb, const spattn_exec *ex) {
+    VlViews w;
+    vl_views(pb, &w);
+    const spattn_bsa_problem *vp = &w.p;
+    const bool fast = fwd_fast(vp);
+    const VlLayout L = vl_layout(vp, fast);
+    cuda_scratch ws;
+    spattn_status s = ws.get(ex, L.total, "bsa cuda");
+    if (s != SPATTN_STATUS_SUCCESS) return s;
+    cudaStream_t st = ws.st;
+    char *base = ws.base + ((kAlign - (uintptr_t)ws.base % kAlign) % kAlign);
+    unsigned long long *err = reinterpret_cast<unsigned long long *>(base + L.off[0]);
+    int4 *seq = reinterpret_cast<int4 *>(base + L.off[1]);
+    CUtensorMap *tms = fast ? reinterpret_cast<CUtensorMap *>(base + L.off[2]) : nullptr;
+    const spattn_seqs *sq = pb->seqs;
+    const int dp = bsa_dpad(pb->D), bf16 = pb->dtype == SPATTN_DTYPE_BF16;
+    const bsa_fwd90_tile t = bsa_fwd90_tile_for(dp ? dp : 128);
+    const int u = bsa_fwd90_chunk(vp->by);
+    if (fast && vp->B * vp->N * ((vp->Sq + t.bm - 1) / t.bm) > 0x7fffffffll)
+        return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
+                                "bsa cuda: B * N * ceil(max_seqlen_q / %d) must be < 2^31", t.bm);
+    bsa_tmaps tm;
+    memset(&tm, 0, sizeof tm);  // the reference path passes unused maps
+    if (fast && (!make_tmap(&tm.q, vp->q, t.bm) || !make_tmap(&tm.k, vp->k, u) || !make_tmap(&tm.v, vp->v, u)))
+        return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "bsa cuda: cuTensorMapEncodeTiled failed for q, k or v");
+    bsa_vl_prep_args a = {};
+    a.cu_q = sq->cu_q;
+    a.cu_kv = sq->cu_kv;
+    a.st_q = sq->cu_q_st;
+    a.st_kv = sq->cu_kv_st;
+    a.B = sq->B;
+    a.Tq = sq->Tq;
+    a.Tkv = sq->Tkv;
+    a.max_q = sq->max_q;
+    a.max_kv = sq->max_kv;
+    const spattn_tensor *src[3] = {pb->q, pb->k, pb->v};
+    for (int i = 0; i < 3; i++) {
+        a.base[i] = static_cast<const char *>(src[i]->data);
+        a.row_bytes[i] = src[i]->strides[0] * (long long)spattn_dtype_size((spattn_dtype)src[i]->dtype);
+    }
+    a.seq = seq;
+    a.tm = tms;
+    a.err = err;
+    cudaError_t e = cudaMemsetAsync(err, 0xff, 8, st);
+    if (e == cudaSuccess) e = spattn_bsa_launch_vl_prep(&tm, &a, st);
+    if (e != cudaSuccess) return fail(e, "varlen prefix-sum check");
+    if (!fast) {
+        s = spattn_cuda_ref_bsa_fwd_varlen(vp, ex, seq, err);
+    } else {
+        bsa_params p = params(vp);
+        p.vl.seq = seq;
+        p.vl.tm = tms;
+        p.vl.err = err;
+        int *cnt = reinterpret_cast<int *>(base + L.off[3]), *order = reinterpret_cast<int *>(base + L.off[5]);
+        int2 *list = reinterpret_cast<int2 *>(base + L.off[4]);
+        const long long rows = (long long)p.B * p.N * ((p.Sq + t.bm - 1) / t.bm);
+        if ((e = spattn_bsa_launch_sched_fwd(&p, t.bm, u, cnt, list, st)) != cudaSuccess) return fail(e, "schedule");
+        if ((e = spattn_bsa_launch_order(cnt, rows, 128 / u, order, st)) != cudaSuccess) return fail(e, "order");
+        p.sq.cnt = cnt;
+        p.sq.list = reinterpret_cast<const int *>(list);
+        p.sq.stride = (p.Skv + u - 1) / u;
+        p.sq.order = order;
+        if ((e = spattn_bsa_launch_fwd(&p, &tm, dp, bf16, u, st)) != cudaSuccess) return fail(e, "forward kernel");
+    }
+    if (s != SPATTN_STATUS_SUCCESS) return s;
+    // the check's verdict (the kernels above wrote nothing if it failed)
+    unsigned long long key = 0;
+    if ((e = cudaMemcpyAsync(&key, err, 8, cudaMemcpyDeviceToHost, st)) == cudaSuccess) e = cudaStreamSynchronize(st);
+    if (e != cudaSuccess) return fail(e, "varlen forward");
+    return vl_report(pb, key, st);
 }

@@ -7,6 +7,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include "../core/internal.h"
 #include "bsa_common.cuh"
 
 extern "C" {
@@ -28,8 +29,26 @@ cudaError_t spattn_bsa_launch_order(const int *cnt, long long rows, int per_tile
 struct bsa_tmaps {
     CUtensorMap q, k, v;
 };
+// Packed variable-length forward (bsa_sched.cu, bsa_vl_prep_kernel): checks the prefix sums
+// into *err (~0 before: the caller memsets it; see the kernel for the key), fills seq [B] and
+// the per-sequence TMA maps tm [B][3] (q, k, v) from the call's maps (over [1, H, T, D] views of
+// the packed tensors; base[i] / row_bytes[i]: data pointer and bytes between rows of q, k, v;
+// tm NULL: no maps, for the reference path).
+struct bsa_vl_prep_args {
+    const int *cu_q, *cu_kv;
+    long long st_q, st_kv;          // element strides of the prefix sums
+    long long B, Tq, Tkv, max_q, max_kv;
+    const char *base[3];
+    long long row_bytes[3];
+    int4 *seq;
+    CUtensorMap *tm;
+    unsigned long long *err;
+};
+cudaError_t spattn_bsa_launch_vl_prep(const bsa_tmaps *tm, const bsa_vl_prep_args *a, cudaStream_t st);
 // Hopper forward (bsa_fwd.cu); p->sq is the query-major schedule of query tiles of
 // bsa_fwd90_tile_for(dp).bm rows and key chunks of `chunk` = bsa_fwd90_chunk(by) keys.
+// With p->vl.seq set (varlen): the same kernel per (sequence, head, query tile of max_seqlen_q)
+// with the sequence's lengths and TMA maps (p->vl), nothing written unless *p->vl.err == ~0.
 cudaError_t spattn_bsa_launch_fwd(const bsa_params *p, const bsa_tmaps *tm, int dp, int bf16, int chunk,
                                   cudaStream_t st);
 // TMA descriptors of the Hopper backward: Q and dO in boxes of 64 rows, K and V of 128 rows.
@@ -44,6 +63,11 @@ size_t spattn_bsa_bwd90_acc_bytes(const bsa_params *p, int dp);
 size_t spattn_bsa_bwd90_sem_bytes(const bsa_params *p, int dp);
 cudaError_t spattn_bsa_launch_bwd90(const bsa_params *p, const bsa_bwd_tmaps *tm, int dp, int bf16, float *dqacc, int *sem,
                                     int det, cudaStream_t st);
+// Packed variable-length forward on the reference kernel (bsa_ref.cu; fp32, D > 128, views TMA
+// cannot read): p is the varlen problem over [1, H, T, D] views (lse [1, N, T]), seq / err from
+// spattn_bsa_launch_vl_prep; writes o / lse directly (nothing unless *err == ~0); synchronises.
+spattn_status spattn_cuda_ref_bsa_fwd_varlen(const spattn_bsa_problem *p, const spattn_exec *ex, const int4 *seq,
+                                             const unsigned long long *err);
 // Delta = rowsum(dO * O) and lse2 = lse * log2(e) (+inf on empty rows), both [B*N*Sq].
 cudaError_t spattn_bsa_launch_delta(const bsa_params *p, int bf16, float *delta, float *lse2, cudaStream_t st);
 }

@@ -106,6 +106,65 @@ __global__ void ref_fwd_kernel(RefP p, float *o, float *lse) {
     if (threadIdx.x == 0) lse[row] = mx + logf(l);
 }
 
+// Packed variable-length forward: one CTA per (row i of max_seqlen_q, head n, sequence b).  The
+// sequence's q / k / v rows as dense views (base moved to its first row; the [1, H, T, D] views
+// have batch stride 0, so any b indexes them), its own lengths, the mask at batch b; O and LSE go
+// straight into the caller's tensors (`out`: [1, N, T, D] and [1, N, T] views).
+struct RefOut {
+    void *o;
+    long long s1, s2, s3;
+    int dtype;
+    float *lse;
+    long long l1, l2;
+};
+
+__device__ const void *rows_from(const RefT &t, long long r) {
+    const int es = t.dtype == SPATTN_DTYPE_F32 ? 4 : 2;
+    return static_cast<const char *>(t.p) + r * t.s2 * es;
+}
+
+__global__ void ref_fwd_varlen_kernel(RefP p, RefOut out, const int4 *seq, const unsigned long long *err) {
+    extern __shared__ float sp[];
+    __shared__ float red[4];
+    const int i = blockIdx.x, n = blockIdx.y, b = blockIdx.z, hk = n / p.G;
+    if (*err != ~0ull) return;  // bad prefix sums: nothing is written
+    const int4 sq = seq[b];
+    if (i >= sq.y) return;
+    p.q.p = rows_from(p.q, sq.x);
+    p.k.p = rows_from(p.k, sq.z);
+    p.v.p = rows_from(p.v, sq.z);
+    p.Sq = sq.y;
+    p.Skv = sq.w;
+    const long long row = (long long)sq.x + i;
+    auto put = [&](int d, float x) {
+        const long long off = (long long)n * out.s1 + row * out.s2 + (long long)d * out.s3;
+        if (out.dtype == SPATTN_DTYPE_F16) static_cast<__half *>(out.o)[off] = __float2half_rn(x);
+        else if (out.dtype == SPATTN_DTYPE_BF16) static_cast<__nv_bfloat16 *>(out.o)[off] = __float2bfloat16_rn(x);
+        else static_cast<float *>(out.o)[off] = x;
+    };
+    float *lse = out.lse ? out.lse + (long long)n * out.l1 + row * out.l2 : nullptr;
+    const float mx = row_scores(p, b, n, i, sp, red);
+    if (mx == -INFINITY) {
+        for (int d = threadIdx.x; d < p.D; d += kThreads) put(d, 0.f);
+        if (threadIdx.x == 0 && lse) *lse = -INFINITY;
+        return;
+    }
+    float l = 0.f;
+    for (int j = threadIdx.x; j < p.Skv; j += kThreads) {
+        float e = sp[j] == -INFINITY ? 0.f : expf(sp[j] - mx);
+        sp[j] = e;
+        l += e;
+    }
+    l = block_sum(l, red);  // includes a barrier: sp[] complete
+    for (int d = threadIdx.x; d < p.D; d += kThreads) {
+        float acc = 0.f;
+        for (int j = 0; j < p.Skv; j++)
+            if (sp[j] != 0.f) acc += sp[j] * ld(p.v, b, hk, j, d);
+        put(d, acc / l);
+    }
+    if (threadIdx.x == 0 && lse) *lse = mx + logf(l);
+}
+
 // Per query row: LSE, P, dP, Delta = sum_j P dP, dS, dQ.  Saves LSE and Delta for the key pass.
 __global__ void ref_dq_kernel(RefP p, float *dq, float *lse_out, float *delta_out) {
     extern __shared__ float sp[];  // P [Skv], then dP [Skv]
@@ -249,6 +308,39 @@ extern "C" spattn_status spattn_cuda_ref_bsa_fwd(const spattn_bsa_problem *pb, c
     ref_fwd_kernel<<<dim3(p.Sq, p.N, p.B), kThreads, smem, st>>>(p, o, lse);
     if ((e = cudaGetLastError()) != cudaSuccess) return cuda_fail(e, "ref_fwd_kernel launch");
     if ((e = cudaStreamSynchronize(st)) != cudaSuccess) return cuda_fail(e, "ref_fwd_kernel");
+    return SPATTN_STATUS_SUCCESS;
+}
+
+extern "C" spattn_status spattn_cuda_ref_bsa_fwd_varlen(const spattn_bsa_problem *pb, const spattn_exec *ex,
+                                                        const int4 *seq, const unsigned long long *err) {
+    cudaStream_t st = (cudaStream_t)ex->stream;
+    RefP p = make(pb);
+    const size_t smem = (size_t)pad4(p.Skv) * sizeof(float);
+    if (smem > kMaxSmem)
+        return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
+                                "bsa cuda ref: max_seqlen_kv=%d exceeds the reference's limit %zu", p.Skv,
+                                kMaxSmem / sizeof(float));
+    if (p.B > 65535 || p.N > 65535)
+        return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
+                                "bsa cuda ref: B=%d sequences / N=%d heads exceed the reference's grid (65535)", p.B,
+                                p.N);
+    RefOut out = {};
+    out.o = pb->o->data;
+    out.s1 = pb->o->strides[1];
+    out.s2 = pb->o->strides[2];
+    out.s3 = pb->o->strides[3];
+    out.dtype = pb->o->dtype;
+    if (pb->lse) {
+        out.lse = static_cast<float *>(pb->lse->data);
+        out.l1 = pb->lse->strides[1];
+        out.l2 = pb->lse->strides[2];
+    }
+    cudaError_t e =
+        cudaFuncSetAttribute(ref_fwd_varlen_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kMaxSmem);
+    if (e != cudaSuccess) return cuda_fail(e, "cudaFuncSetAttribute");
+    ref_fwd_varlen_kernel<<<dim3(p.Sq, p.N, p.B), kThreads, smem, st>>>(p, out, seq, err);
+    if ((e = cudaGetLastError()) != cudaSuccess) return cuda_fail(e, "ref_fwd_varlen_kernel launch");
+    if ((e = cudaStreamSynchronize(st)) != cudaSuccess) return cuda_fail(e, "ref_fwd_varlen_kernel");
     return SPATTN_STATUS_SUCCESS;
 }
 

@@ -80,23 +80,51 @@ __global__ void bsa_sched_k_kernel(const bsa_params p, int bm, int bn, int nqt, 
 // int2 {chunk * 2 + partial, row bits}; with bsa_fwd90_rowbits, bit r of the row bits is the
 // mask bit of the tile's block row r0 / bx + r for the chunk's block column (one column: u
 // divides by), else 0 (the kernel reads the mask per token).  Edge chunks (past Skv) are partial.
+// VL (packed variable-length batch): Sq / Skv are sequence b's own (p.vl.seq; block rows and
+// columns restart at its first token), tiles past its queries get no entries, and with bad
+// prefix sums (p.vl.err) every row is empty; the list stride nkt covers max_seqlen_kv.
+template <bool VL>
 __global__ void bsa_sched_fwd_kernel(const bsa_params p, int bm, int u, int nqt, int nkt, int rowbits, int *cnt,
                                      int2 *list) {
     const int lane = threadIdx.x & 31;
     const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= (long long)p.B * p.N * nqt) return;
     const int m = (int)(row % nqt), bn_ = (int)(row / nqt), b = bn_ / p.N, n = bn_ % p.N;
-    const int r0 = m * bm, r1 = min(p.Sq, r0 + bm) - 1, rb0 = r0 / p.bx, rb1 = r1 / p.bx;
+    int vSq = 0, vSkv = 0, vnk = 0;
+    if constexpr (VL) {
+        const int4 sq = p.vl.seq[b];
+        vSq = sq.y;
+        vSkv = sq.w;
+        if (*p.vl.err != ~0ull || m * bm >= vSq) {
+            if (lane == 0) cnt[row] = 0;
+            return;
+        }
+        vnk = (vSkv + u - 1) / u;  // <= nkt (the list stride): Skv <= max_seqlen_kv (checked)
+    }
+    // dense: p.Sq, p.Skv and nkt read at each use, as before VL
+    const auto Sq = [&]() {
+        if constexpr (VL) return vSq;
+        else return p.Sq;
+    };
+    const auto Skv = [&]() {
+        if constexpr (VL) return vSkv;
+        else return p.Skv;
+    };
+    const auto nk = [&]() {
+        if constexpr (VL) return vnk;
+        else return nkt;
+    };
+    const int r0 = m * bm, r1 = min(Sq(), r0 + bm) - 1, rb0 = r0 / p.bx, rb1 = r1 / p.bx;
     const unsigned all = rb1 - rb0 >= 31 ? 0xffffffffu : (2u << (rb1 - rb0)) - 1;
     const uint8_t *mb = p.mask.p + (long long)b * p.mask.s0 + (long long)n * p.mask.s1;
     int out = 0;
     int2 *dst = list + row * nkt;
-    for (int t0 = 0; t0 < nkt; t0 += 32) {
+    for (int t0 = 0; t0 < nk(); t0 += 32) {
         const int t = t0 + lane;
         int code = 0;
         unsigned bits = 0;
-        if (t < nkt) {
-            const int c0 = t * u, c1 = min(p.Skv, c0 + u) - 1;
+        if (t < nk()) {
+            const int c0 = t * u, c1 = min(Skv(), c0 + u) - 1;
             if (rowbits) {
                 const long long cb = (long long)(c0 / p.by) * p.mask.s3;
                 for (int rb = rb0; rb <= rb1; rb++) bits |= (unsigned)(__ldg(mb + (long long)rb * p.mask.s2 + cb) != 0) << (rb - rb0);
@@ -104,7 +132,7 @@ __global__ void bsa_sched_fwd_kernel(const bsa_params p, int bm, int u, int nqt,
             } else {
                 code = bsa_classify(p.mask, b, n, r0, r1, c0, c1, p.bx, p.by);
             }
-            if (code == 1 && c0 + u > p.Skv) code = 2;
+            if (code == 1 && c0 + u > Skv()) code = 2;
         }
         const unsigned bal = __ballot_sync(0xffffffffu, code != 0);
         if (code) dst[out + __popc(bal & ((1u << lane) - 1))] = make_int2(t * 2 + (code == 2), (int)bits);
@@ -117,8 +145,97 @@ extern "C" cudaError_t spattn_bsa_launch_sched_fwd(const bsa_params *p, int bm, 
                                                    cudaStream_t st) {
     const int nqt = (p->Sq + bm - 1) / bm, nkt = (p->Skv + u - 1) / u;
     const long long rows = (long long)p->B * p->N * nqt;
-    bsa_sched_fwd_kernel<<<(unsigned)((rows + 3) / 4), 128, 0, st>>>(*p, bm, u, nqt, nkt,
-                                                                     bsa_fwd90_rowbits(p->bx, p->by, u), cnt, list);
+    const unsigned grid = (unsigned)((rows + 3) / 4);
+    const int rowbits = bsa_fwd90_rowbits(p->bx, p->by, u);
+    if (p->vl.seq) bsa_sched_fwd_kernel<true><<<grid, 128, 0, st>>>(*p, bm, u, nqt, nkt, rowbits, cnt, list);
+    else bsa_sched_fwd_kernel<false><<<grid, 128, 0, st>>>(*p, bm, u, nqt, nkt, rowbits, cnt, list);
+    return cudaGetLastError();
+}
+
+// ---- packed variable-length forward: prefix-sum checks, sequence table, per-sequence TMA maps
+// One kernel, before anything that reads the lengths:
+//   * the prefix sums against the CPU's rules (spattn_seqs_check_values: cu[0] = 0, non-
+//     decreasing, lengths <= max_seqlen, cu[B] <= T).  The first violation in the CPU's order is
+//     kept in *err by atomicMin over key = ((side * (B + 2) + pos) << 2) | kind (side 0 q, 1 kv;
+//     pos 0 the start, 1 + b sequence b, B + 1 the end; kind 0 start != 0, 1 decreasing, 2 longer
+//     than max_seqlen, 3 past T).  *err is ~0 before (memset by the host); the schedule and the
+//     forward kernel write nothing unless it stays ~0;
+//   * seq[b] = {cu_q[b], Sq_b, cu_kv[b], Skv_b};
+//   * per sequence and tensor (one warp each) a copy of the call's TMA map with the base moved to
+//     the sequence's first row and the row count set to its length, so that the TMA engine
+//     zero-fills every row past the sequence's end: keys and values of the next sequence, or rows
+//     past cu[B] (which may hold anything, NaN included), never reach a product (a masked key's
+//     value still enters P V as 0 * v).  Modified in shared memory and copied out with the
+//     tensormap release fence (the pattern PTX documents for device-side maps); the forward
+//     kernel acquires each map before its first TMA.
+constexpr int kPrepThreads = 256;
+
+__global__ void __launch_bounds__(kPrepThreads) bsa_vl_prep_kernel(const __grid_constant__ CUtensorMap tq,
+                                                                   const __grid_constant__ CUtensorMap tk,
+                                                                   const __grid_constant__ CUtensorMap tv,
+                                                                   const bsa_vl_prep_args a) {
+    __shared__ alignas(128) CUtensorMap stage[kPrepThreads / 32];
+    const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long nthr = (long long)gridDim.x * blockDim.x;
+    const long long B = a.B, P = B + 2;
+    for (long long x = tid; x < 2 * P; x += nthr) {
+        const int side = (int)(x / P);
+        const long long pos = x % P;
+        const int *cu = side ? a.cu_kv : a.cu_q;
+        const long long st = side ? a.st_kv : a.st_q;
+        int kind = -1;
+        if (pos == 0) {
+            if (cu[0] != 0) kind = 0;
+        } else if (pos <= B) {
+            const long long s = cu[(pos - 1) * st], e = cu[pos * st];
+            if (e < s) kind = 1;
+            else if (e - s > (side ? a.max_kv : a.max_q)) kind = 2;
+        } else if (cu[B * st] > (side ? a.Tkv : a.Tq)) {
+            kind = 3;
+        }
+        if (kind >= 0) atomicMin(a.err, (unsigned long long)(((side * P + pos) << 2) | kind));
+    }
+    for (long long b = tid; b < B; b += nthr) {
+        const int q0 = a.cu_q[b * a.st_q], k0 = a.cu_kv[b * a.st_kv];
+        a.seq[b] = make_int4(q0, a.cu_q[(b + 1) * a.st_q] - q0, k0, a.cu_kv[(b + 1) * a.st_kv] - k0);
+    }
+    // one warp per (sequence, tensor); the condition is warp-uniform (the copy-out is .aligned)
+    const long long w = tid >> 5;
+    const int lane = threadIdx.x & 31;
+    if (!a.tm || w >= 3 * B) return;  // no maps for the reference path
+    const long long b = w / 3;
+    const int which = (int)(w % 3);
+    const CUtensorMap *tmpl = which == 0 ? &tq : which == 1 ? &tk : &tv;
+    CUtensorMap *sm = &stage[threadIdx.x >> 5];
+    if (lane < 16) reinterpret_cast<uint2 *>(sm)[lane] = reinterpret_cast<const uint2 *>(tmpl)[lane];
+    __syncwarp();
+    if (lane == 0) {
+        const int *cu = which == 0 ? a.cu_q : a.cu_kv;
+        const long long st = which == 0 ? a.st_q : a.st_kv;
+        const long long r0 = cu[b * st], len = (long long)cu[(b + 1) * st] - r0;
+        // bad prefix sums give a meaningless map; nothing uses it then (*err gates every reader)
+        const unsigned long long base = (unsigned long long)(a.base[which] + r0 * a.row_bytes[which]);
+        const unsigned rows = (unsigned)(len < 1 ? 1 : len > 0x7fffffff ? 0x7fffffff : len);  // dims >= 1
+        const uint32_t s = (uint32_t)__cvta_generic_to_shared(sm);
+        asm volatile("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;" ::"r"(s), "l"(base)
+                     : "memory");
+        asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 1, %1;" ::"r"(s), "r"(rows)
+                     : "memory");
+    }
+    __syncwarp();
+    CUtensorMap *dst = a.tm + 3 * b + which;
+    asm volatile(
+        "tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu.sync.aligned [%0], [%1], 128;" ::"l"(
+            dst),
+        "r"((uint32_t)__cvta_generic_to_shared(sm))
+        : "memory");
+}
+
+extern "C" cudaError_t spattn_bsa_launch_vl_prep(const bsa_tmaps *tm, const bsa_vl_prep_args *a, cudaStream_t st) {
+    // threads: one warp per map (3 B warps) and at least one per prefix-sum check (grid-stride)
+    const long long maps = (long long)a->B * 3 * 32, checks = 2 * ((long long)a->B + 2);
+    const long long blocks = ((maps > checks ? maps : checks) + kPrepThreads - 1) / kPrepThreads;
+    bsa_vl_prep_kernel<<<(unsigned)blocks, kPrepThreads, 0, st>>>(tm->q, tm->k, tm->v, *a);
     return cudaGetLastError();
 }
 

@@ -1,0 +1,563 @@
+// GPU check of the packed variable-length bsa forward on CUDA (spattn_bsa_fwd_varlen with device
+// tensors) against the CPU path on the same inputs (run on a machine with a GPU; reports "skipped"
+// and exits 0 when none is visible).
+//   * random batches: B 1..17, lengths with 0, 1 and the maximum forced in, key sides longer or
+//     shorter than the queries (and empty), bx / by 16 / 48 / 64 / 128 / odd (partial edge blocks,
+//     every chunk width of the Hopper forward and its per-token mask path), GQA, D 64 / 128 (and
+//     40 / 96 padded), fp16 / bf16; causal or random masks (entries past a sequence's own blocks
+//     random too: they must not be read); padded row strides; fp32, D 192 and a row stride TMA
+//     cannot read take the reference kernel;
+//   * outputs poisoned (0xFF bytes: NaN) over a buffer with spare rows past cu_q[B]: every row
+//     < cu_q[B] must match, every byte past it must stay poison; rows past cu_kv[B] of k / v are
+//     NaN (never read);
+//   * "one sequence alone": the same call with every other sequence's query side emptied
+//     (q / o views moved to the sequence's first row) writes exactly the sequence's rows of a
+//     poisoned buffer, bitwise those of the full call: catches writes into a neighbour's rows
+//     that the full call would hide under the neighbour's own later write;
+//   * NaN in one sequence's k and v: its neighbours (which a TMA box reaches) stay exact;
+//   * bad prefix sums (non-monotone, a length past max_seqlen, past T, cu[0] != 0, both sides):
+//     SPATTN_STATUS_BAD_INDEX with the CPU's message, o / lse untouched;
+//   * caller workspace (unaligned base, exact size) on a caller stream; the backward and paged
+//     keys answer SPATTN_STATUS_NOT_SUPPORTED.
+// Usage: bsa_varlen_cuda_check [quick]   (SPATTN_TEST_SEED replays the random draw)
+//        bsa_varlen_cuda_check selftest [quick]: the harness alone, every "cuda" call on the CPU
+//        (no GPU needed; checks the checker: poison bookkeeping, views, the sequence-alone calls)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <string>
+#include <vector>
+
+#include "spattn.h"
+
+#define CK(x)                                                                                      \
+    do {                                                                                           \
+        cudaError_t e_ = (x);                                                                      \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));     \
+            exit(2);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static int g_pass = 0, g_fail = 0;
+static bool g_cpu_only = false;  // selftest: the "cuda" calls run on the CPU (no device memory)
+static uint64_t g_rng = 0x1234567ull;
+static double urand() {
+    g_rng ^= g_rng << 13; g_rng ^= g_rng >> 7; g_rng ^= g_rng << 17;
+    return (double)(g_rng >> 11) * 0x1.0p-53;
+}
+static int irand(int lo, int hi) { return lo + (int)(urand() * (hi - lo + 1)); }  // [lo, hi]
+static double nrand() {
+    double u1 = urand(), u2 = urand();
+    if (u1 < 1e-300) u1 = 1e-300;
+    return sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2);
+}
+static size_t esz(int dt) { return dt == SPATTN_DTYPE_F32 ? 4 : 2; }
+static void store_dt(void *buf, size_t i, float x, int dt) {
+    if (dt == SPATTN_DTYPE_F16) ((__half *)buf)[i] = __float2half_rn(x);
+    else if (dt == SPATTN_DTYPE_BF16) ((__nv_bfloat16 *)buf)[i] = __float2bfloat16_rn(x);
+    else ((float *)buf)[i] = x;
+}
+static float load_dt(const void *buf, size_t i, int dt) {
+    if (dt == SPATTN_DTYPE_F16) return __half2float(((const __half *)buf)[i]);
+    if (dt == SPATTN_DTYPE_BF16) return __bfloat162float(((const __nv_bfloat16 *)buf)[i]);
+    return ((const float *)buf)[i];
+}
+static const char *dtn(int dt) { return dt == SPATTN_DTYPE_F16 ? "fp16" : dt == SPATTN_DTYPE_BF16 ? "bf16" : "fp32"; }
+
+static void check(bool ok, const char *what, const std::string &ctx) {
+    if (ok) g_pass++;
+    else {
+        g_fail++;
+        printf("  FAIL %s  [%s]\n", what, ctx.c_str());
+    }
+}
+
+struct Case {
+    int B, N, Nkv, D, bx, by, dt;
+    int maxq, maxkv;   // length bounds of the draw
+    int kvmode;        // 0 independent lengths, 1 kv = q, 2 kv = q + ctx
+    int causal;        // 1 causal (per sequence, off = Skv_b - Sq_b), 0 random
+    double density;
+    int pad;           // elements added to the row stride of q / k / v / o (8: TMA-able, 4: not)
+    int use_ws;        // caller workspace (unaligned) + caller stream
+};
+
+// A packed batch on the host and its device copies.
+struct Batch {
+    Case c;
+    std::vector<int32_t> cuq, cukv;
+    int Tq, Tkv, Tcap;     // tokens; rows of the o buffer (spare rows past Tq... past cu_q[B])
+    long long maxq, maxkv;
+    int nbx, nby;
+    long long rsq, rskv;   // row strides (elements) of q / o and k / v
+    std::vector<uint8_t> hq, hk, hv, hmask;
+    void *dq = nullptr, *dk = nullptr, *dv = nullptr, *dm = nullptr, *dcq = nullptr, *dckv = nullptr;
+};
+
+static void lengths(int B, int maxl, std::vector<int32_t> &cu, int force_max) {
+    cu.assign(B + 1, 0);
+    for (int b = 0; b < B; b++) {
+        int L = irand(0, maxl), u = irand(0, 9);
+        if (u == 0) L = 0;
+        else if (u == 1) L = 1;
+        else if (u == 2 || (force_max && b == B / 2)) L = maxl;
+        cu[b + 1] = cu[b] + L;
+    }
+}
+
+static void make_batch(const Case &c, Batch &t) {
+    t.c = c;
+    lengths(c.B, c.maxq, t.cuq, 1);
+    if (c.kvmode == 0) lengths(c.B, c.maxkv, t.cukv, 0);
+    else {
+        t.cukv.assign(c.B + 1, 0);
+        const int ctx = c.kvmode == 2 ? irand(1, 150) : 0;
+        for (int b = 0; b < c.B; b++) t.cukv[b + 1] = t.cukv[b] + (t.cuq[b + 1] - t.cuq[b]) + ctx;
+    }
+    t.maxq = 1;
+    t.maxkv = 1;
+    for (int b = 0; b < c.B; b++) {
+        t.maxq = std::max<long long>(t.maxq, t.cuq[b + 1] - t.cuq[b]);
+        t.maxkv = std::max<long long>(t.maxkv, t.cukv[b + 1] - t.cukv[b]);
+    }
+    if (irand(0, 3) == 0) t.maxq += irand(1, 40);  // a generous max_seqlen: more (empty) tiles
+    t.Tq = t.cuq[c.B] + irand(1, 9);              // rows past cu[B]: not read, not written
+    t.Tkv = t.cukv[c.B] + irand(1, 9);
+    t.Tcap = t.Tq;
+    t.nbx = (int)((t.maxq + c.bx - 1) / c.bx);
+    t.nby = (int)((t.maxkv + c.by - 1) / c.by);
+    t.rsq = (long long)c.N * c.D + c.pad;
+    t.rskv = (long long)c.Nkv * c.D + c.pad;
+    const size_t es = esz(c.dt);
+    t.hq.assign((size_t)t.Tq * t.rsq * es, 0);
+    t.hk.assign((size_t)t.Tkv * t.rskv * es, 0);
+    t.hv.assign(t.hk.size(), 0);
+    for (int r = 0; r < t.Tq; r++)
+        for (int x = 0; x < c.N * c.D; x++) store_dt(t.hq.data(), (size_t)r * t.rsq + x, (float)nrand(), c.dt);
+    for (int r = 0; r < t.Tkv; r++)
+        for (int x = 0; x < c.Nkv * c.D; x++) {
+            const bool tail = r >= t.cukv[c.B];  // never read: NaN catches a reader
+            store_dt(t.hk.data(), (size_t)r * t.rskv + x, tail ? NAN : (float)nrand(), c.dt);
+            store_dt(t.hv.data(), (size_t)r * t.rskv + x, tail ? NAN : (float)nrand(), c.dt);
+        }
+    t.hmask.assign((size_t)c.B * c.N * t.nbx * t.nby, 0);
+    for (int b = 0; b < c.B; b++) {
+        const long long sq = t.cuq[b + 1] - t.cuq[b], skv = t.cukv[b + 1] - t.cukv[b], off = skv - sq;
+        for (int n = 0; n < c.N; n++)
+            for (int i = 0; i < t.nbx; i++)
+                for (int j = 0; j < t.nby; j++) {
+                    uint8_t v;
+                    if (c.causal && i * (long long)c.bx < sq && j * (long long)c.by < skv)
+                        v = (long long)j * c.by <= (long long)i * c.bx + c.bx - 1 + off;  // some key <= diagonal
+                    else v = urand() < c.density;  // past the sequence's blocks: random, never read
+                    t.hmask[(((size_t)b * c.N + n) * t.nbx + i) * t.nby + j] = v;
+                }
+    }
+    if (g_cpu_only) return;
+    CK(cudaMalloc(&t.dq, t.hq.size() + 256));
+    CK(cudaMalloc(&t.dk, t.hk.size() + 256));
+    CK(cudaMalloc(&t.dv, t.hv.size() + 256));
+    CK(cudaMalloc(&t.dm, t.hmask.size() + 1));
+    CK(cudaMalloc(&t.dcq, (c.B + 1) * 4));
+    CK(cudaMalloc(&t.dckv, (c.B + 1) * 4));
+    CK(cudaMemcpy(t.dq, t.hq.data(), t.hq.size(), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(t.dk, t.hk.data(), t.hk.size(), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(t.dv, t.hv.data(), t.hv.size(), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(t.dm, t.hmask.data(), t.hmask.size(), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(t.dcq, t.cuq.data(), (c.B + 1) * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(t.dckv, t.cukv.data(), (c.B + 1) * 4, cudaMemcpyHostToDevice));
+}
+static void free_batch(Batch &t) {
+    if (g_cpu_only) return;
+    cudaFree(t.dq);
+    cudaFree(t.dk);
+    cudaFree(t.dv);
+    cudaFree(t.dm);
+    cudaFree(t.dcq);
+    cudaFree(t.dckv);
+}
+
+static spattn_tensor mk(void *p, int dt, int nd, const int64_t *sh, const int64_t *st, bool dev) {
+    spattn_tensor t = spattn_tensor_make(p, (spattn_dtype)dt, nd, sh, st);
+    if (dev) {
+        t.device_type = SPATTN_DEVICE_CUDA;
+        t.device_id = 0;
+    }
+    return t;
+}
+
+// Outputs of one call: o [Tcap rows], lse [Tcap, N] (fp32), as host bytes.
+struct Out {
+    std::vector<uint8_t> o, lse;
+    spattn_status st;
+    std::string msg;
+};
+
+// One spattn_bsa_fwd_varlen call.  q / o start at row `row0` of their buffers with Tq - row0 rows
+// and the prefix sums cq / ckv (host vectors copied to the device for dev calls).  dev: CUDA.
+static Out run(const Batch &t, bool dev, const std::vector<int32_t> &cq, const std::vector<int32_t> &ckv,
+               long long maxq, long long maxkv, int row0 = 0, bool with_lse = true) {
+    const Case &c = t.c;
+    const size_t es = esz(c.dt);
+    const int Tq = t.Tq - row0;
+    if (g_cpu_only) dev = false;
+    Out r;
+    r.o.assign((size_t)t.Tcap * t.rsq * es, 0xFF);
+    r.lse.assign((size_t)t.Tcap * c.N * 4, 0xFF);
+    void *q = dev ? t.dq : (void *)t.hq.data(), *k = dev ? t.dk : (void *)t.hk.data();
+    void *v = dev ? t.dv : (void *)t.hv.data(), *m = dev ? t.dm : (void *)t.hmask.data();
+    void *o = r.o.data(), *l = r.lse.data(), *cuq = (void *)cq.data(), *cukv = (void *)ckv.data();
+    if (dev) {
+        CK(cudaMalloc(&o, r.o.size()));
+        CK(cudaMalloc(&l, r.lse.size()));
+        CK(cudaMemcpy(o, r.o.data(), r.o.size(), cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(l, r.lse.data(), r.lse.size(), cudaMemcpyHostToDevice));
+        CK(cudaMalloc(&cuq, cq.size() * 4));
+        CK(cudaMalloc(&cukv, ckv.size() * 4));
+        CK(cudaMemcpy(cuq, cq.data(), cq.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(cukv, ckv.data(), ckv.size() * 4, cudaMemcpyHostToDevice));
+    }
+    const int64_t shq[3] = {Tq, c.N, c.D}, stq[3] = {t.rsq, c.D, 1};
+    const int64_t shk[3] = {t.Tkv, c.Nkv, c.D}, stk[3] = {t.rskv, c.D, 1};
+    const int64_t shm[4] = {c.B, c.N, t.nbx, t.nby}, shl[2] = {Tq, c.N}, shc[1] = {(int64_t)cq.size()};
+    spattn_tensor tq = mk((char *)q + (size_t)row0 * t.rsq * es, c.dt, 3, shq, stq, dev);
+    spattn_tensor tk = mk(k, c.dt, 3, shk, stk, dev), tv = mk(v, c.dt, 3, shk, stk, dev);
+    spattn_tensor tm = mk(m, SPATTN_DTYPE_U8, 4, shm, NULL, dev);
+    spattn_tensor to = mk((char *)o + (size_t)row0 * t.rsq * es, c.dt, 3, shq, stq, dev);
+    spattn_tensor tl = mk((float *)l + (size_t)row0 * c.N, SPATTN_DTYPE_F32, 2, shl, NULL, dev);
+    spattn_tensor tcq = mk(cuq, SPATTN_DTYPE_I32, 1, shc, NULL, dev), tckv = mk(cukv, SPATTN_DTYPE_I32, 1, shc, NULL, dev);
+    spattn_varlen vl;
+    memset(&vl, 0, sizeof vl);
+    vl.cu_seqlens_q = &tcq;
+    vl.cu_seqlens_kv = &tckv;
+    vl.max_seqlen_q = maxq;
+    vl.max_seqlen_kv = maxkv;
+    spattn_options opt;
+    spattn_options_init(&opt);
+    void *ws = nullptr;
+    cudaStream_t stream = nullptr;
+    if (dev && c.use_ws) {
+        size_t bytes = 0;
+        spattn_status s = spattn_bsa_varlen_workspace_size(&tq, &tk, &tv, &tm, c.bx, c.by, &vl, 0, &opt, &bytes);
+        check(s == SPATTN_STATUS_SUCCESS && bytes > 0, "workspace size", spattn_last_error());
+        CK(cudaMalloc(&ws, bytes + 16));
+        CK(cudaMemset(ws, 0x5A, bytes + 16));  // garbage: nothing may rely on its contents
+        opt.workspace = (char *)ws + 16 + 4;   // 4-byte aligned only: the library aligns what it needs
+        opt.workspace_size = bytes;
+        CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+        opt.cuda_stream = stream;
+    }
+    r.st = spattn_bsa_fwd_varlen(&tq, &tk, &tv, &tm, c.bx, c.by, 0.0, &vl, &to, with_lse ? &tl : nullptr, &opt);
+    r.msg = r.st == SPATTN_STATUS_SUCCESS ? "" : spattn_last_error();
+    if (dev) {
+        if (stream) CK(cudaStreamSynchronize(stream));
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(r.o.data(), o, r.o.size(), cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(r.lse.data(), l, r.lse.size(), cudaMemcpyDeviceToHost));
+        cudaFree(o);
+        cudaFree(l);
+        cudaFree(cuq);
+        cudaFree(cukv);
+        if (ws) cudaFree(ws);
+        if (stream) cudaStreamDestroy(stream);
+    }
+    return r;
+}
+
+static bool poison_bytes(const uint8_t *p, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != 0xFF) return false;
+    return true;
+}
+
+// GPU against CPU over rows [r0, r1) (sequence rows), the padding columns and rows [r1, Tcap)
+// poison.  Returns a description of the first mismatch ("" when none).
+// Rows [skip0, skip1) are neither compared nor required poison.
+static std::string compare(const Batch &t, const Out &g, const Out &cpu, int r0, int r1, bool with_lse,
+                           int skip0 = -1, int skip1 = -1) {
+    const Case &c = t.c;
+    const size_t es = esz(c.dt);
+    // O: a few output ulps (P is rounded to the dtype before P V); LSE (fp32, both sides near exact):
+    // tight enough that one extra or missing key (log(1 + 1/n) >= 2.5e-3 for n <= 400) fails
+    const double tol = c.dt == SPATTN_DTYPE_F16 ? 5e-3 : c.dt == SPATTN_DTYPE_BF16 ? 4e-2 : 2e-4;
+    char buf[256];
+    for (int r = 0; r < t.Tcap; r++) {
+        const uint8_t *go = &g.o[(size_t)r * t.rsq * es];
+        if (r >= skip0 && r < skip1) continue;
+        if (r < r0 || r >= r1) {  // not this call's rows: untouched
+            if (!poison_bytes(go, (size_t)t.rsq * es)) {
+                snprintf(buf, sizeof buf, "o row %d (outside [%d, %d)) written", r, r0, r1);
+                return buf;
+            }
+            if (!poison_bytes(&g.lse[(size_t)r * c.N * 4], (size_t)c.N * 4)) {
+                snprintf(buf, sizeof buf, "lse row %d (outside [%d, %d)) written", r, r0, r1);
+                return buf;
+            }
+            continue;
+        }
+        if (c.pad && !poison_bytes(go + (size_t)c.N * c.D * es, (size_t)c.pad * es)) {
+            snprintf(buf, sizeof buf, "o row %d: padding columns written", r);
+            return buf;
+        }
+        for (int x = 0; x < c.N * c.D; x++) {
+            const float a = load_dt(g.o.data(), (size_t)r * t.rsq + x, c.dt);
+            const float b = load_dt(cpu.o.data(), (size_t)r * t.rsq + x, c.dt);
+            const bool ok = (isnan(a) && isnan(b)) || fabs((double)a - b) <= tol * std::max(1.0, fabs((double)b));
+            if (!ok) {
+                snprintf(buf, sizeof buf, "o[%d, %d, %d] = %g, cpu %g", r, x / c.D, x % c.D, a, b);
+                return buf;
+            }
+        }
+        for (int n = 0; n < c.N && with_lse; n++) {
+            const float a = ((const float *)g.lse.data())[(size_t)r * c.N + n];
+            const float b = ((const float *)cpu.lse.data())[(size_t)r * c.N + n];
+            const bool ok = (isnan(a) && isnan(b)) || a == b || (isfinite(b) && fabs((double)a - b) <= 1e-3 + 1e-5 * fabs((double)b));
+            if (!ok) {
+                snprintf(buf, sizeof buf, "lse[%d, %d] = %g, cpu %g", r, n, a, b);
+                return buf;
+            }
+        }
+    }
+    return "";
+}
+
+static std::string ctx_of(const Batch &t) {
+    const Case &c = t.c;
+    char buf[512];
+    int n = snprintf(buf, sizeof buf, "B=%d N=%d Nkv=%d D=%d bx=%d by=%d %s %s pad=%d ws=%d maxq=%lld maxkv=%lld cu_q=",
+                     c.B, c.N, c.Nkv, c.D, c.bx, c.by, dtn(c.dt), c.causal ? "causal" : "random", c.pad, c.use_ws,
+                     t.maxq, t.maxkv);
+    for (int b = 0; b <= c.B && n < 400; b++) n += snprintf(buf + n, sizeof buf - n, "%d%s", t.cuq[b], b < c.B ? "," : "");
+    n += snprintf(buf + n, sizeof buf - n, " cu_kv=");
+    for (int b = 0; b <= c.B && n < 480; b++) n += snprintf(buf + n, sizeof buf - n, "%d%s", t.cukv[b], b < c.B ? "," : "");
+    return buf;
+}
+
+static void run_case(const Case &c, bool quick) {
+    Batch t;
+    make_batch(c, t);
+    const std::string ctx = ctx_of(t);
+    const int end = t.cuq[c.B];
+    // the whole batch, with and without lse
+    Out cpu = run(t, false, t.cuq, t.cukv, t.maxq, t.maxkv);
+    check(cpu.st == SPATTN_STATUS_SUCCESS, "cpu call", ctx + " " + cpu.msg);
+    Out g = run(t, true, t.cuq, t.cukv, t.maxq, t.maxkv);
+    check(g.st == SPATTN_STATUS_SUCCESS, "cuda call", ctx + " " + g.msg);
+    if (g.st == SPATTN_STATUS_SUCCESS && cpu.st == SPATTN_STATUS_SUCCESS) {
+        const std::string d = compare(t, g, cpu, 0, end, true);
+        check(d.empty(), "batch vs cpu", ctx + ": " + d);
+        Out g2 = run(t, true, t.cuq, t.cukv, t.maxq, t.maxkv, 0, false);
+        check(g2.st == SPATTN_STATUS_SUCCESS && g2.o == g.o && poison_bytes(g2.lse.data(), g2.lse.size()),
+              "no lse: same o bits, lse untouched", ctx);
+    }
+    // each of a few sequences alone (others' query sides emptied): exactly its rows, same bits
+    for (int pick = 0; pick < (quick ? 1 : 3) && g.st == SPATTN_STATUS_SUCCESS; pick++) {
+        const int s = irand(0, c.B - 1);
+        const int q0 = t.cuq[s], lq = t.cuq[s + 1] - q0;
+        std::vector<int32_t> cq(c.B + 1, 0);
+        for (int b = 0; b < c.B; b++) cq[b + 1] = cq[b] + (b == s ? lq : 0);
+        Out one = run(t, true, cq, t.cukv, t.maxq, t.maxkv, q0);
+        char w[96];
+        snprintf(w, sizeof w, "sequence %d alone (rows [%d, %d))", s, q0, q0 + lq);
+        bool ok = one.st == SPATTN_STATUS_SUCCESS;
+        std::string d = ok ? compare(t, one, g, q0, q0 + lq, true) : one.msg;
+        const size_t es = esz(c.dt), ob = (size_t)t.rsq * es;
+        if (ok && d.empty() && memcmp(&one.o[q0 * ob], &g.o[q0 * ob], lq * ob) != 0) d = "o rows differ in bits";
+        if (ok && d.empty() && memcmp(&one.lse[(size_t)q0 * c.N * 4], &g.lse[(size_t)q0 * c.N * 4], (size_t)lq * c.N * 4))
+            d = "lse rows differ in bits";
+        check(ok && d.empty(), w, ctx + ": " + d);
+    }
+    // NaN in one sequence's keys and values: the others must not see it
+    if (!quick && c.B > 1) {
+        const int s = irand(0, c.B - 1);
+        if (t.cukv[s + 1] > t.cukv[s]) {
+            Batch u = t;  // host copies; the device buffers are shared, restored below
+            for (int r = t.cukv[s]; r < t.cukv[s + 1]; r++)
+                for (int x = 0; x < c.Nkv * c.D; x++) {
+                    store_dt(u.hk.data(), (size_t)r * t.rskv + x, NAN, c.dt);
+                    store_dt(u.hv.data(), (size_t)r * t.rskv + x, NAN, c.dt);
+                }
+            if (!g_cpu_only) {
+                CK(cudaMemcpy(t.dk, u.hk.data(), u.hk.size(), cudaMemcpyHostToDevice));
+                CK(cudaMemcpy(t.dv, u.hv.data(), u.hv.size(), cudaMemcpyHostToDevice));
+            }
+            Out cn = run(u, false, t.cuq, t.cukv, t.maxq, t.maxkv);
+            Out gn = run(u, true, t.cuq, t.cukv, t.maxq, t.maxkv);
+            // sequence s's own rows may differ (a NaN value reaches its masked rows through 0 * NaN in
+            // the tile product: spattn.h); every other row must be exact
+            std::string d = gn.st == SPATTN_STATUS_SUCCESS
+                                ? compare(t, gn, cn, 0, end, true, t.cuq[s], t.cuq[s + 1])
+                                : gn.msg;
+            char w[64];
+            snprintf(w, sizeof w, "NaN keys/values in sequence %d only", s);
+            check(gn.st == SPATTN_STATUS_SUCCESS && d.empty(), w, ctx + ": " + d);
+            if (!g_cpu_only) {
+                CK(cudaMemcpy(t.dk, t.hk.data(), t.hk.size(), cudaMemcpyHostToDevice));
+                CK(cudaMemcpy(t.dv, t.hv.data(), t.hv.size(), cudaMemcpyHostToDevice));
+            }
+        }
+    }
+    printf("  %-4s %s\n", g_fail ? "..." : "ok", ctx.c_str());
+    free_batch(t);
+}
+
+// Bad prefix sums: the CUDA call must answer as the CPU does (status and message) and write nothing.
+static void bad_prefix_sums() {
+    Case c = {4, 2, 1, 64, 64, 64, SPATTN_DTYPE_F16, 100, 100, 0, 0, 0.5, 0, 0};
+    for (int fast = 0; fast < 2; fast++) {
+        c.dt = fast ? SPATTN_DTYPE_F16 : SPATTN_DTYPE_F32;  // Hopper forward and the reference path
+        Batch t;
+        make_batch(c, t);
+        // each edit makes the CPU's value check fail (the mask keeps the case's max_seqlen shape)
+        struct Bad {
+            const char *what;
+            int side;  // 0 q, 1 kv
+            int idx, val;
+            int lengthen;  // instead: sequence 1 made longer than max_seqlen (later sums shifted)
+        };
+        const int B = c.B;
+        std::vector<Bad> bads = {
+            {"q: non-monotone", 0, 2, t.cuq[1] - 1, 0},
+            {"q: past T", 0, B, t.Tq + 1, 0},
+            {"q: [0] != 0", 0, 0, 1, 0},
+            {"q: longer than max_seqlen_q", 0, 0, 0, 1},
+            {"kv: non-monotone", 1, 1, -5, 0},
+            {"kv: past T", 1, B, t.Tkv + 3, 0},
+            {"kv: longer than max_seqlen_kv", 1, 0, 0, 1},
+        };
+        for (const Bad &b : bads) {
+            std::vector<int32_t> cq = t.cuq, ckv = t.cukv;
+            std::vector<int32_t> &cu = b.side ? ckv : cq;
+            if (b.lengthen)
+                for (int x = 2; x <= B; x++) cu[x] += (int)(b.side ? t.maxkv : t.maxq) + 1;
+            else cu[b.idx] = b.val;
+            Out cpu = run(t, false, cq, ckv, t.maxq, t.maxkv);
+            Out g = run(t, true, cq, ckv, t.maxq, t.maxkv);
+            std::string ctx = std::string(b.what) + (fast ? " (Hopper)" : " (reference)") + ": cpu \"" + cpu.msg +
+                              "\" cuda \"" + g.msg + "\"";
+            check(cpu.st == SPATTN_STATUS_BAD_INDEX, "cpu refuses", ctx);
+            check(g.st == cpu.st && g.msg == cpu.msg, "cuda: same status and message as the cpu", ctx);
+            check(poison_bytes(g.o.data(), g.o.size()) && poison_bytes(g.lse.data(), g.lse.size()),
+                  "cuda: o and lse untouched", ctx);
+        }
+        // and a good call right after (no state left behind)
+        Out cpu = run(t, false, t.cuq, t.cukv, t.maxq, t.maxkv);
+        Out g = run(t, true, t.cuq, t.cukv, t.maxq, t.maxkv);
+        check(g.st == SPATTN_STATUS_SUCCESS && compare(t, g, cpu, 0, t.cuq[B], true).empty(),
+              "good call after bad ones", ctx_of(t));
+        free_batch(t);
+    }
+}
+
+// The forms CUDA does not run yet answer NOT_SUPPORTED before touching anything.
+static void unsupported_forms() {
+    const int B = 2, N = 2, D = 64, T = 16;
+    void *q, *o, *cu, *tab, *m, *g[3];
+    CK(cudaMalloc(&q, T * N * D * 2));
+    CK(cudaMalloc(&o, T * N * D * 2));
+    for (int i = 0; i < 3; i++) CK(cudaMalloc(&g[i], T * N * D * 2));
+    CK(cudaMalloc(&cu, (B + 1) * 4));
+    CK(cudaMalloc(&tab, B * 4));
+    CK(cudaMalloc(&m, B * N));
+    const int32_t hcu[3] = {0, 8, 16}, htab[2] = {0, 1};
+    CK(cudaMemcpy(cu, hcu, sizeof hcu, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(tab, htab, sizeof htab, cudaMemcpyHostToDevice));
+    const int64_t shq[3] = {T, N, D}, shc[1] = {B + 1}, shm[4] = {B, N, 1, 1}, shl[2] = {T, N};
+    const int64_t shp[4] = {2, 8, N, D}, sht[2] = {B, 1};
+    spattn_tensor tq = mk(q, SPATTN_DTYPE_F16, 3, shq, NULL, true), to = mk(o, SPATTN_DTYPE_F16, 3, shq, NULL, true);
+    spattn_tensor tc = mk(cu, SPATTN_DTYPE_I32, 1, shc, NULL, true), tm = mk(m, SPATTN_DTYPE_U8, 4, shm, NULL, true);
+    spattn_tensor tp = mk(q, SPATTN_DTYPE_F16, 4, shp, NULL, true), tt = mk(tab, SPATTN_DTYPE_I32, 2, sht, NULL, true);
+    float *l;
+    CK(cudaMalloc(&l, T * N * 4));
+    spattn_tensor tl = mk(l, SPATTN_DTYPE_F32, 2, shl, NULL, true);
+    spattn_varlen vl;
+    memset(&vl, 0, sizeof vl);
+    vl.cu_seqlens_q = &tc;
+    vl.cu_seqlens_kv = &tc;
+    vl.max_seqlen_q = 8;
+    vl.max_seqlen_kv = 8;
+    spattn_tensor tg[3];  // dq, dk, dv: distinct buffers (aliasing is checked first)
+    for (int i = 0; i < 3; i++) tg[i] = mk(g[i], SPATTN_DTYPE_F16, 3, shq, NULL, true);
+    spattn_status s = spattn_bsa_bwd_varlen(&tq, &tq, &tq, &to, &tq, &tl, &tm, 64, 64, 0.0, &vl, &tg[0], &tg[1], &tg[2], NULL);
+    check(s == SPATTN_STATUS_NOT_SUPPORTED, "cuda backward varlen: NOT_SUPPORTED", spattn_last_error());
+    vl.block_table = &tt;
+    s = spattn_bsa_fwd_varlen(&tq, &tp, &tp, &tm, 64, 64, 0.0, &vl, &to, &tl, NULL);
+    check(s == SPATTN_STATUS_NOT_SUPPORTED, "cuda paged forward: NOT_SUPPORTED", spattn_last_error());
+    cudaFree(q);
+    cudaFree(o);
+    cudaFree(cu);
+    cudaFree(tab);
+    cudaFree(m);
+    cudaFree(l);
+    for (int i = 0; i < 3; i++) cudaFree(g[i]);
+}
+
+int main(int argc, char **argv) {
+    int a = 1;
+    if (argc > a && !strcmp(argv[a], "selftest")) {
+        g_cpu_only = true;
+        a++;
+    }
+    int ndev = 0;
+    if (!g_cpu_only && (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0)) {
+        printf("bsa_varlen_cuda_check: no CUDA device visible: skipped\n");
+        return 0;
+    }
+    const bool quick = argc > a && !strcmp(argv[a], "quick");
+    const int F16 = SPATTN_DTYPE_F16, BF = SPATTN_DTYPE_BF16, F32 = SPATTN_DTYPE_F32;
+    std::vector<Case> v;
+    //             B  N Nkv   D   bx   by  dt   maxq maxkv kv causal dens pad ws
+    v.push_back({3, 2, 1, 64, 64, 64, F16, 150, 150, 1, 1, 0.5, 0, 0});
+    v.push_back({5, 4, 2, 128, 48, 48, BF, 200, 260, 0, 0, 0.5, 8, 1});
+    if (!quick) {
+        v.push_back({8, 4, 1, 128, 128, 128, F16, 300, 300, 2, 1, 0.5, 0, 0});  // cached prefix, causal
+        v.push_back({17, 2, 2, 64, 16, 16, BF, 90, 90, 0, 0, 0.3, 0, 0});      // 16-key chunks
+        v.push_back({6, 4, 4, 128, 64, 32, F16, 260, 400, 0, 0, 0.6, 0, 1});  // 32-key chunks
+        v.push_back({4, 2, 1, 64, 3, 48, F16, 200, 200, 1, 1, 0.5, 0, 0});    // bx < 5: per-token mask
+        v.push_back({4, 3, 1, 128, 48, 80, BF, 400, 400, 1, 1, 0.5, 8, 0});   // by 80: aligned 128-key tiles
+        v.push_back({2, 2, 1, 128, 1000, 1000, F16, 700, 700, 0, 0, 1.0, 0, 0});  // blocks > every sequence
+        v.push_back({3, 2, 2, 40, 16, 32, F16, 100, 120, 0, 0, 0.6, 0, 0});    // D 40 -> padded 64
+        v.push_back({3, 2, 1, 96, 24, 64, BF, 120, 140, 0, 0, 0.6, 0, 0});     // D 96 -> padded 128
+        v.push_back({3, 2, 1, 64, 16, 32, F32, 90, 90, 1, 1, 0.6, 0, 1});      // fp32: reference kernel
+        v.push_back({3, 2, 1, 192, 16, 16, F16, 70, 90, 0, 0, 0.6, 0, 0});     // D 192: reference kernel
+        v.push_back({3, 2, 1, 64, 64, 64, F16, 90, 90, 1, 1, 0.6, 4, 0});      // row stride TMA cannot read
+        v.push_back({2, 2, 1, 128, 128, 128, BF, 2000, 2000, 1, 1, 0.5, 0, 0}); // long sequences
+        const char *seed = getenv("SPATTN_TEST_SEED");
+        g_rng = seed ? strtoull(seed, NULL, 0) : (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull + 1;
+        printf("random batches: seed %llu (SPATTN_TEST_SEED replays)\n", (unsigned long long)g_rng);
+        const int blocks[] = {16, 48, 64, 128, 32, 7, 80, 200};
+        for (int i = 0; i < 20; i++) {
+            Case r;
+            r.B = irand(1, 12);
+            r.Nkv = irand(1, 2);
+            r.N = r.Nkv * irand(1, 3);
+            r.D = urand() < 0.5 ? 64 : 128;
+            r.bx = blocks[irand(0, 7)];
+            r.by = blocks[irand(0, 7)];
+            r.dt = urand() < 0.5 ? F16 : BF;
+            r.maxq = irand(1, 400);
+            r.maxkv = irand(1, 400);
+            r.kvmode = irand(0, 2);
+            r.causal = irand(0, 1);
+            r.density = urand();
+            r.pad = urand() < 0.25 ? 8 : 0;
+            r.use_ws = urand() < 0.3;
+            v.push_back(r);
+        }
+    } else {
+        g_rng = 0x5eed;
+    }
+    for (const Case &c : v) run_case(c, quick);
+    bad_prefix_sums();
+    if (!g_cpu_only) unsupported_forms();
+    printf("bsa_varlen_cuda_check: %d passed, %d failed\n", g_pass, g_fail);
+    return g_fail ? 1 : 0;
+}
