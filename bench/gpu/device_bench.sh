@@ -13,7 +13,7 @@
 #            ratios and geometric means; peers not measured in this run fall back to the
 #            recorded bench/results/<suite>_<peer>_h200.json (other masks for random/bigbird)
 #   python   bash python/device_check.sh (the package's torch tests on CUDA tensors)
-#   checks   the CMake-built GPU checks (bsa/sfa/robust_cuda_check), compute-sanitizer
+#   checks   the CMake-built GPU checks (bsa/sfa[_varlen]/robust_cuda_check), compute-sanitizer
 #            (memcheck, racecheck, synccheck, initcheck) on their quick sets and memcheck on
 #            `spattn verify --backend cuda --suite tests/cuda/odd_shapes.cases`
 # env: SUITES ("bsa sfa"), CASE (a --case regex), REPEATS (10), FLEX_REPS (10), GATHER_REPS (3),
@@ -47,13 +47,13 @@ fi
 
 if has checks; then
   echo "== GPU checks"
-  for p in bsa_cuda_check bsa_varlen_cuda_check sfa_cuda_check robust_cuda_check; do
+  for p in bsa_cuda_check bsa_varlen_cuda_check sfa_cuda_check sfa_varlen_cuda_check robust_cuda_check; do
     [ -x "$BUILD/$p" ] || { echo "$p: not built (needs -DSPATTN_TESTS=ON)"; continue; }
     timeout ${CHECK_TIMEOUT:-200} "$BUILD/$p" > "$OUT/$p.log" 2>&1; echo "$p exit $?"; tail -2 "$OUT/$p.log"
   done
   if command -v compute-sanitizer >/dev/null; then
     for tool in memcheck racecheck synccheck initcheck; do
-      for p in bsa_cuda_check bsa_varlen_cuda_check sfa_cuda_check; do
+      for p in bsa_cuda_check bsa_varlen_cuda_check sfa_cuda_check sfa_varlen_cuda_check; do
         [ -x "$BUILD/$p" ] || continue
         timeout ${SAN_TIMEOUT:-150} compute-sanitizer --tool $tool --error-exitcode 3 --print-limit 5 \
           "$BUILD/$p" quick > "$OUT/san_${tool}_$p.log" 2>&1
