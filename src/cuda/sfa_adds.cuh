@@ -13,8 +13,23 @@ __device__ __forceinline__ void red_add_v4(float *a, float x, float y, float z, 
     asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(a), "f"(x), "f"(y), "f"(z), "f"(w)
                  : "memory");
 }
-__device__ __forceinline__ void red_add_u64(unsigned long long *a, float v, float fs) {
-    asm volatile("red.global.add.u64 [%0], %1;\n" ::"l"(a), "l"((unsigned long long)__float2ll_rn(v * fs)) : "memory");
+// Fixed-point add of v * fs to acc[i].  An integer cannot hold NaN or Inf: a non-finite v sets a
+// bit in byte i of `flags` instead (1: +inf, 2: -inf, 4: NaN), and the conversion kernel gives
+// NaN for NaN or +inf with -inf, else the infinity (IEEE on the sum).  Finite values never
+// reach the flags (one predicated branch; non-finite inputs are the rare case).
+__device__ __forceinline__ void add_fix(unsigned long long *acc, uint32_t *flags, int64_t i, float v, float fs) {
+    if (isfinite(v)) {
+        asm volatile("red.global.add.u64 [%0], %1;\n" ::"l"(acc + i), "l"((unsigned long long)__float2ll_rn(v * fs))
+                     : "memory");
+    } else {
+        const uint32_t code = v != v ? 4u : v > 0.f ? 1u : 2u;
+        atomicOr(flags + (i >> 2), code << (8 * (int)(i & 3)));
+    }
+}
+// The value of a fixed-point accumulator element: sum * inv, or what its flags say.
+__device__ __forceinline__ float fix_value(long long sum, uint8_t flag, float inv) {
+    if (flag) return (flag & 4) || (flag & 3) == 3 ? __int_as_float(0x7fc00000) : (flag & 1) ? INFINITY : -INFINITY;
+    return (float)((double)sum * (double)inv);
 }
 
 // One 64-row x 64-column fp32 tile in the wgmma m64n64 accumulator layout (this thread: rows
@@ -33,15 +48,15 @@ __device__ __forceinline__ void add_box(const Params &p, const float (&a)[32], i
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int kk = h ? kb : ka;
-            unsigned long long *dst = p.acc_i64 + base + (int64_t)max(kk, 0) * p.N2 * DQK + col0 + q4;
+            const int64_t i0 = base + (int64_t)max(kk, 0) * p.N2 * DQK + col0 + q4;
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 const float x0 = a[4 * j + 2 * h], x1 = a[4 * j + 2 * h + 1];
                 const float a0 = __shfl_sync(0xffffffffu, x0, src1), a1 = __shfl_sync(0xffffffffu, x1, src1);
                 const float c0 = __shfl_sync(0xffffffffu, x0, src2), c1 = __shfl_sync(0xffffffffu, x1, src2);
                 if (kk >= 0) {
-                    red_add_u64(dst + 8 * j, q4 & 1 ? a1 : a0, fs);
-                    red_add_u64(dst + 8 * j + 4, q4 & 1 ? c1 : c0, fs);
+                    add_fix(p.acc_i64, p.acc_flags, i0 + 8 * j, q4 & 1 ? a1 : a0, fs);
+                    add_fix(p.acc_i64, p.acc_flags, i0 + 8 * j + 4, q4 & 1 ? c1 : c0, fs);
                 }
             }
         }

@@ -14,6 +14,7 @@
 //          reproducible); F is chosen on the device from a bound of |dK| (sfa_host.cu);
 //        deterministic = 0: fp32 atomics (red.global.add.v2.f32).
 // A final kernel converts the accumulator into dk / dk_rope (keys never selected get 0).
+#include "sfa_adds.cuh"
 #include "sfa_common.cuh"
 
 namespace sfa {
@@ -288,7 +289,7 @@ __global__ void __launch_bounds__(128 * R / MR, 1) bwd_kernel(const Params p) {
                 if (det) {
                     // One 32-byte sector per quad and instruction: thread tq adds columns tq and
                     // tq + 4 of each 8-column n-tile (values regrouped by quad shuffles).
-                    unsigned long long *dst = p.acc_i64 + rowbase + tq;
+                    const int64_t i0 = rowbase + tq;
                     const int src1 = (lane & ~3) | (tq >> 1), src2 = src1 + 2;
 #pragma unroll
                     for (int nt = 0; nt < 9; ++nt) {
@@ -298,8 +299,8 @@ __global__ void __launch_bounds__(128 * R / MR, 1) bwd_kernel(const Params p) {
                         const float c0 = __shfl_sync(0xffffffffu, x0, src2);
                         const float c1 = __shfl_sync(0xffffffffu, x1, src2);
                         if (key >= 0) {
-                            atomicAdd(dst + nt * 8, (unsigned long long)__float2ll_rn((tq & 1 ? a1 : a0) * fs));
-                            atomicAdd(dst + nt * 8 + 4, (unsigned long long)__float2ll_rn((tq & 1 ? c1 : c0) * fs));
+                            add_fix(p.acc_i64, p.acc_flags, i0 + nt * 8, tq & 1 ? a1 : a0, fs);
+                            add_fix(p.acc_i64, p.acc_flags, i0 + nt * 8 + 4, tq & 1 ? c1 : c0, fs);
                         }
                     }
                 } else if (key >= 0) {

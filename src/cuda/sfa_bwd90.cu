@@ -127,8 +127,8 @@ __device__ __forceinline__ void consume(const Params &p, const Smem &s, int nblk
                 const float p0 = v0 ? hop::ex2(sa[4 * jj + 2 * h] * sl2 - l2) : 0.f;
                 const float p1 = v1 ? hop::ex2(sa[4 * jj + 2 * h + 1] * sl2 - l2) : 0.f;
                 pk[2 * jj + h] = hop::elt<T>::pack(p0, p1);
-                dk[2 * jj + h] = hop::elt<T>::pack(scale * p0 * (dpa[4 * jj + 2 * h] - dl),
-                                                   scale * p1 * (dpa[4 * jj + 2 * h + 1] - dl));
+                dk[2 * jj + h] = hop::elt<T>::pack(v0 ? scale * p0 * (dpa[4 * jj + 2 * h] - dl) : 0.f,
+                                                   v1 ? scale * p1 * (dpa[4 * jj + 2 * h + 1] - dl) : 0.f);
             }
         }
         // ---- 2. into the shared tiles, once the other warpgroup has read the previous block's

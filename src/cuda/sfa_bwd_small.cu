@@ -272,7 +272,8 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
                     const float m = ok ? (float)cnt[tok * 64 + key] : 0.f;
                     const float pv = m > 0.f ? m * hop::ex2(sa[i] * sl2 - l2) : 0.f;
                     sa[i] = pv;
-                    dpa[i] = scale * pv * (dpa[i] - dl);
+                    // unselected keys: exactly 0 (not 0 * a non-finite dP of another key's row)
+                    dpa[i] = m > 0.f ? scale * pv * (dpa[i] - dl) : 0.f;
                 }
             }
         }
@@ -348,7 +349,7 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
                     for (int hh = 0; hh < 2; hh++) {
                         const float x = q[4 * j + 2 * hh + e];
                         const int col = r0 + 8 * hh;
-                        if (det) sfa::red_add_u64(L.dq_i64 + rowq + col, x, fsq);
+                        if (det) sfa::add_fix(L.dq_i64, L.dq_flags, rowq + col, x, fsq);
                         else sfa::red_add_f32(L.dq_f32 + rowq + col, x);
                     }
                 }

@@ -14,6 +14,7 @@ struct SmallLists {
     uint32_t *vmult;      // [visits][32]: uint16 multiplicity of each of the block's 64 keys
     float *lse2, *delta;  // [B, S1, N1]: LSE * log2(e) (+inf: no key), rowsum(dO O)
     unsigned long long *dq_i64;  // [B, S1, N1, 576] dQ accumulator: int64 fixed point (deterministic)
+    uint32_t *dq_flags;          // its non-finite flags, a byte per element (sfa_adds.cuh)
     float *dq_f32;               // or fp32 (deterministic = 0)
     const float *fix_scale_q;    // device scalar 2^Fq of the dQ fixed point
     int nkb, s1w;                // key blocks per (b, n2), 32-token words per list

@@ -41,6 +41,7 @@ struct Params {
     // bwd accumulation of dK (dV folded in): [B, S2, N2, 576] fp32 (atomic) or int64 fixed point
     float *acc_f32;
     unsigned long long *acc_i64;
+    uint32_t *acc_flags;      // deterministic: a byte per acc_i64 element, non-finite adds (sfa_adds.cuh)
     const float *fix_scale;   // device scalar 2^F (deterministic path)
     // fwd: result of the index scan run just before (first bad position, ~0 = none); the kernel
     // writes nothing unless it is ~0 (NULL: no gate)

@@ -17,6 +17,7 @@
 #include "../core/seqs.h"
 #include "convert.cuh"
 #include "scratch.h"
+#include "sfa_adds.cuh"
 #include "sfa_bwd_small.h"
 #include "sfa_common.cuh"
 
@@ -94,7 +95,12 @@ __global__ void maxabs_kernel(const T *x, int64_t n0, int64_t n1, int64_t n2, in
         int64_t c = r % n2, t = r / n2;
         int64_t bb = t % n1, a = t / n1;
         const T *rowp = x + a * s0 + bb * s1 + c * s2;
-        for (int64_t j = threadIdx.x; j < n3; j += blockDim.x) m = fmaxf(m, fabsf(sfa::Ty<T>::to_f(rowp[j])));
+        // finite values only: non-finite contributions bypass the fixed point (sfa_adds.cuh flags),
+        // and an infinite maximum would zero every finite one
+        for (int64_t j = threadIdx.x; j < n3; j += blockDim.x) {
+            const float v = fabsf(sfa::Ty<T>::to_f(rowp[j]));
+            if (v <= 3.4e38f) m = fmaxf(m, v);
+        }
     }
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     if ((threadIdx.x & 31) == 0) atomicMax(out, __float_as_uint(m));
@@ -144,7 +150,7 @@ __global__ void fix_scale_kernel(unsigned *stats, float scale, int D, int H) {
 
 // The key-major backward's dQ accumulator [B, S1, N1, 576] into dq / dq_rope.
 template <typename T>
-__global__ void convert_dq_kernel(const void *acc, int det, const float *inv_scale, T *dq, T *dqr, int64_t B,
+__global__ void convert_dq_kernel(const void *acc, const uint8_t *flags, int det, const float *inv_scale, T *dq, T *dqr, int64_t B,
                                   int64_t S1, int64_t N1, int64_t sd0, int64_t sd1, int64_t sd2, int64_t sr0,
                                   int64_t sr1, int64_t sr2) {
     const int64_t total = B * S1 * N1 * sfa::DQK;
@@ -153,7 +159,7 @@ __global__ void convert_dq_kernel(const void *acc, int det, const float *inv_sca
         const int64_t col = i % sfa::DQK, t = i / sfa::DQK;
         const int64_t n = t % N1, t2 = t / N1;
         const int64_t s = t2 % S1, b = t2 / S1;
-        const float v = det ? (float)((double)reinterpret_cast<const long long *>(acc)[i] * (double)inv)
+        const float v = det ? sfa::fix_value(reinterpret_cast<const long long *>(acc)[i], flags[i], inv)
                             : reinterpret_cast<const float *>(acc)[i];
         if (col < sfa::D) dq[b * sd0 + s * sd1 + n * sd2 + col] = sfa::Ty<T>::from_f(v);
         else dqr[b * sr0 + s * sr1 + n * sr2 + (col - sfa::D)] = sfa::Ty<T>::from_f(v);
@@ -161,7 +167,7 @@ __global__ void convert_dq_kernel(const void *acc, int det, const float *inv_sca
 }
 
 template <typename T>
-__global__ void convert_dk_kernel(const void *acc, int det, const float *inv_scale, T *dk,
+__global__ void convert_dk_kernel(const void *acc, const uint8_t *flags, int det, const float *inv_scale, T *dk,
                                   T *dkr, int64_t B, int64_t S2, int64_t N2, int64_t sd0,
                                   int64_t sd1, int64_t sd2, int64_t sd3, int64_t sr0, int64_t sr1,
                                   int64_t sr2, int64_t sr3) {
@@ -172,7 +178,7 @@ __global__ void convert_dk_kernel(const void *acc, int det, const float *inv_sca
         const int64_t col = i % sfa::DQK, t = i / sfa::DQK;
         const int64_t n = t % N2, t2 = t / N2;
         const int64_t s = t2 % S2, b = t2 / S2;
-        float v = det ? (float)((double)reinterpret_cast<const long long *>(acc)[i] * (double)inv)
+        float v = det ? sfa::fix_value(reinterpret_cast<const long long *>(acc)[i], flags[i], inv)
                       : reinterpret_cast<const float *>(acc)[i];
         if (col < sfa::D)
             dk[b * sd0 + s * sd1 + n * sd2 + col * sd3] = sfa::Ty<T>::from_f(v);
@@ -280,11 +286,12 @@ void fill_params(const spattn_sfa_problem *p, sfa::Params *k) {
 
 size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
 
-// Backward workspace: [acc B*S2*N2*576 x 8 bytes][hist B*N2*nblk x 4][stats 64 bytes]
+// Backward workspace: [acc B*S2*N2*576 x 8 bytes][hist B*N2*nblk x 4][stats 256 bytes]
+// [flags B*S2*N2*576 bytes: non-finite adds of the deterministic accumulator]
 size_t bwd_ws_parts(const spattn_sfa_problem *p, size_t *acc, size_t *hist) {
     *acc = align256((size_t)p->B * p->S2 * p->N2 * sfa::DQK * 8);
     *hist = align256((size_t)p->B * p->N2 * p->nblk * 4);
-    return *acc + *hist + 256;
+    return *acc + *hist + 256 + align256((size_t)p->B * p->S2 * p->N2 * sfa::DQK);
 }
 
 // The key-major backward (sfa_bwd_small.cu) for H <= 32 when the rows select a good part of the
@@ -306,20 +313,20 @@ bool small_shape(const spattn_sfa_problem *p, SmallShape *ss) {
     return ss->nl < (1LL << 31) && ss->vmax < (1LL << 31) && (p->S1 + 32 * (32 / hp) - 1) / (32 * (32 / hp)) <= 65535;
 }
 // Its buffers after the common ones: dQ accumulator, LSE2 + Delta, bitmap, word prefixes, list
-// lengths and offsets, visit tokens, visit multiplicities.
-size_t small_parts(const spattn_sfa_problem *p, const SmallShape &ss, size_t off[8]) {
+// lengths and offsets, visit tokens, visit multiplicities, the dQ accumulator's non-finite flags.
+size_t small_parts(const spattn_sfa_problem *p, const SmallShape &ss, size_t off[9]) {
     const size_t nq = (size_t)p->B * p->S1 * p->N1, words = (size_t)ss.nl * ss.s1w;
-    const size_t sz[8] = {nq * sfa::DQK * 8, nq * 8, words * 4, words * 4, (size_t)ss.nl * 4, ((size_t)ss.nl + 1) * 4,
-                          (size_t)ss.vmax * 4, (size_t)ss.vmax * 128};
+    const size_t sz[9] = {nq * sfa::DQK * 8, nq * 8, words * 4, words * 4, (size_t)ss.nl * 4, ((size_t)ss.nl + 1) * 4,
+                          (size_t)ss.vmax * 4, (size_t)ss.vmax * 128, nq * sfa::DQK};
     size_t t = 0;
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < 9; i++) {
         off[i] = t;
         t += align256(sz[i]);
     }
     return t;
 }
 size_t bwd_ws_total(const spattn_sfa_problem *p) {
-    size_t a, h, off[8];
+    size_t a, h, off[9];
     size_t need = bwd_ws_parts(p, &a, &h);
     SmallShape ss;
     if (small_shape(p, &ss)) need += small_parts(p, ss, off);
@@ -343,7 +350,7 @@ void launch_maxabs(const spattn_tensor *t, unsigned *out, cudaStream_t st) {
 template <typename T>
 spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::Params *kp) {
     cudaStream_t st = (cudaStream_t)ex->stream;
-    size_t acc_b, hist_b, soff[8];
+    size_t acc_b, hist_b, soff[9];
     const size_t common = bwd_ws_parts(p, &acc_b, &hist_b);
     SmallShape ss;
     const bool small = small_shape(p, &ss);
@@ -357,10 +364,12 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
     const bool det = ex->deterministic != 0;
     unsigned *hist = (unsigned *)(ws + acc_b);
     unsigned *stats = (unsigned *)(ws + acc_b + hist_b);
+    uint8_t *flags = ws + acc_b + hist_b + 256;  // a byte per accumulator element
     unsigned char *sw = ws + common;  // the key-major backward's buffers
     const size_t nq = (size_t)p->B * p->S1 * p->N1;
     cudaError_t e = cudaMemsetAsync(ws, 0, det ? common : acc_b / 2, st);
     if (e == cudaSuccess && small) e = cudaMemsetAsync(sw + soff[0], 0, nq * sfa::DQK * (det ? 8 : 4), st);
+    if (e == cudaSuccess && small && det) e = cudaMemsetAsync(sw + soff[8], 0, nq * sfa::DQK, st);
     if (e == cudaSuccess && det) {
         launch_maxabs<T>(p->q, stats + 0, st);
         launch_maxabs<T>(p->q_rope, stats + 0, st);
@@ -378,6 +387,7 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
     if (e == cudaSuccess) {
         if (det) {
             kp->acc_i64 = (unsigned long long *)ws;
+            kp->acc_flags = (uint32_t *)flags;
             kp->fix_scale = (const float *)(stats + 5);
         } else {
             kp->acc_f32 = (float *)ws;
@@ -388,6 +398,7 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
             sfa::SmallLists L;
             L.dq_i64 = det ? (unsigned long long *)(sw + soff[0]) : nullptr;
             L.dq_f32 = det ? nullptr : (float *)(sw + soff[0]);
+            L.dq_flags = (uint32_t *)(sw + soff[8]);
             L.fix_scale_q = (const float *)(stats + 7);
             L.lse2 = (float *)(sw + soff[1]);
             L.delta = L.lse2 + nq;
@@ -403,7 +414,7 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
             if (e == cudaSuccess) {
                 const spattn_tensor *dq = p->dq, *dqr = p->dq_rope;
                 convert_dq_kernel<T><<<grid_for((int64_t)nq * sfa::DQK, 256), 256, 0, st>>>(
-                    sw + soff[0], det, (const float *)(stats + 8), (T *)dq->data, (T *)dqr->data, p->B, p->S1, p->N1,
+                    sw + soff[0], sw + soff[8], det, (const float *)(stats + 8), (T *)dq->data, (T *)dqr->data, p->B, p->S1, p->N1,
                     dq->strides[0], dq->strides[1], dq->strides[2], dqr->strides[0], dqr->strides[1], dqr->strides[2]);
                 e = cudaGetLastError();
             }
@@ -416,7 +427,7 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
     if (e == cudaSuccess) {
         const spattn_tensor *dk = p->dk, *dkr = p->dk_rope;
         convert_dk_kernel<T><<<grid_for(p->B * p->S2 * p->N2 * sfa::DQK, 256), 256, 0, st>>>(
-            ws, det, (const float *)(stats + 6), (T *)dk->data, (T *)dkr->data, p->B, p->S2, p->N2,
+            ws, flags, det, (const float *)(stats + 6), (T *)dk->data, (T *)dkr->data, p->B, p->S2, p->N2,
             dk->strides[0], dk->strides[1], dk->strides[2], dk->strides[3], dkr->strides[0],
             dkr->strides[1], dkr->strides[2], dkr->strides[3]);
         e = cudaGetLastError();
