@@ -296,7 +296,9 @@ size_t bwd_ws_parts(const spattn_sfa_problem *p, size_t *acc, size_t *hist) {
 
 // The key-major backward (sfa_bwd_small.cu) for H <= 32 when the rows select a good part of the
 // keys they can reach (every visited 64-key block is computed whole: a row touching a block for
-// one key pays for 64); its token lists must fit int32 counts and the multiplicities uint16.
+// one key pays for 64); its token lists must fit int32 counts and the multiplicities uint16, and
+// its own buffers 4 GiB (bounded by shapes: a long dense-ish problem whose lists would not fit
+// runs token-major instead of failing for memory).
 struct SmallShape {
     int64_t nkb, s1w, nl, vmax;
 };
@@ -310,7 +312,11 @@ bool small_shape(const spattn_sfa_problem *p, SmallShape *ss) {
     const int64_t per_row = ss->nkb < p->K * ((p->sbs + 63) / 64) ? ss->nkb : p->K * ((p->sbs + 63) / 64);
     ss->vmax = p->B * p->N2 * p->S1 * per_row;
     const int64_t hp = H <= 1 ? 1 : H <= 2 ? 2 : H <= 4 ? 4 : H <= 8 ? 8 : H <= 16 ? 16 : 32;
-    return ss->nl < (1LL << 31) && ss->vmax < (1LL << 31) && (p->S1 + 32 * (32 / hp) - 1) / (32 * (32 / hp)) <= 65535;
+    if (ss->nl >= (1LL << 31) || ss->vmax >= (1LL << 31) || (p->S1 + 32 * (32 / hp) - 1) / (32 * (32 / hp)) > 65535)
+        return false;
+    const double nq = (double)p->B * p->S1 * p->N1;
+    const double bytes = nq * (sfa::DQK * 9 + 8) + (double)ss->nl * ss->s1w * 8 + (double)ss->nl * 8 + (double)ss->vmax * 132;
+    return bytes <= 4.0 * (1ull << 30);
 }
 // Its buffers after the common ones: dQ accumulator, LSE2 + Delta, bitmap, word prefixes, list
 // lengths and offsets, visit tokens, visit multiplicities, the dQ accumulator's non-finite flags.

@@ -997,31 +997,31 @@ static void check_absurd(const Bsa &bsa, const std::vector<char> &want_bsa, cons
         }
     }
     next_call_ok(bsa, want_bsa, "absurd bsa: the next normal bsa call succeeds with the reference bits");
-    // sfa backward, fp16, D 512 + 64 (Hopper kernels), S1 = 2^20 tokens over stride-0 views of one
-    // q / o / dout / lse row and one index row (768 blocks of 128 of S2 = 98304 keys): the key-major
-    // backward's visit lists take 128 bytes per (token, visited 64-key block), ~200 GB; the real
-    // tensors (dq, dk and their rope parts, k) take ~1.4 GB.
+    // sfa backward, fp16, D 512 + 64 (Hopper kernels), one query token, K = 64 of S2 = 2^25 keys
+    // (a sparse selection: the token-major backward, whose int64 accumulator takes 9 bytes per
+    // key and column, ~174 GB; the key-major one caps its own buffers at 4 GiB, so it cannot be
+    // the absurd one); k and k_rope are stride-0 views of one row, dk / dk_rope are real (~39 GB).
     {
-        const int64_t S1 = 1ll << 20, S2 = 98304, K = 768, sbs = 128, D = 512, Dr = 64;
-        DBuf q(D * 2), qr(Dr * 2), o(D * 2), d(D * 2), l(4), ix(K * 4), k((size_t)S2 * D * 2), kr((size_t)S2 * Dr * 2),
-            dq((size_t)S1 * D * 2), dqr((size_t)S1 * Dr * 2), dk((size_t)S2 * D * 2), dkr((size_t)S2 * Dr * 2);
+        const int64_t S1 = 1, S2 = 1ll << 25, K = 64, sbs = 1, D = 512, Dr = 64;
+        DBuf q(D * 2), qr(Dr * 2), o(D * 2), d(D * 2), l(4), ix(K * 4), k(D * 2), kr(Dr * 2), dq(D * 2), dqr(Dr * 2),
+            dk((size_t)S2 * D * 2), dkr((size_t)S2 * Dr * 2);
         void *zero[] = {q.p, qr.p, o.p, d.p, l.p, k.p, kr.p};
         size_t zn[] = {q.n, qr.n, o.n, d.n, l.n, k.n, kr.n};
         for (int i = 0; i < 7; i++) CK(cudaMemset(zero[i], 0, zn[i]));
         std::vector<int32_t> row(K);
-        for (int i = 0; i < K; i++) row[i] = i;
+        for (int i = 0; i < K; i++) row[i] = i * 1000;
         CK(cudaMemcpy(ix.p, row.data(), K * 4, cudaMemcpyHostToDevice));
         const int F = SPATTN_DTYPE_F16;
         const int64_t sq[4] = {1, S1, 1, D}, sqr[4] = {1, S1, 1, Dr}, sk[4] = {1, S2, 1, D}, skr[4] = {1, S2, 1, Dr},
-                      si[4] = {1, S1, 1, K}, sl[3] = {1, S1, 1}, z4[4] = {0, 0, 0, 1}, z3[3] = {0, 0, 0};
-        spattn_tensor tq = mk(q.p, F, 4, sq, true, z4), tqr = mk(qr.p, F, 4, sqr, true, z4), to = mk(o.p, F, 4, sq, true, z4),
-                      td = mk(d.p, F, 4, sq, true, z4), tl = mk(l.p, SPATTN_DTYPE_F32, 3, sl, true, z3),
-                      ti = mk(ix.p, SPATTN_DTYPE_I32, 4, si, true, z4), tk = mk(k.p, F, 4, sk, true),
-                      tkr = mk(kr.p, F, 4, skr, true), tdq = mk(dq.p, F, 4, sq, true), tdqr = mk(dqr.p, F, 4, sqr, true),
+                      si[4] = {1, S1, 1, K}, sl[3] = {1, S1, 1}, z4[4] = {0, 0, 0, 1};
+        spattn_tensor tq = mk(q.p, F, 4, sq, true), tqr = mk(qr.p, F, 4, sqr, true), to = mk(o.p, F, 4, sq, true),
+                      td = mk(d.p, F, 4, sq, true), tl = mk(l.p, SPATTN_DTYPE_F32, 3, sl, true),
+                      ti = mk(ix.p, SPATTN_DTYPE_I32, 4, si, true), tk = mk(k.p, F, 4, sk, true, z4),
+                      tkr = mk(kr.p, F, 4, skr, true, z4), tdq = mk(dq.p, F, 4, sq, true), tdqr = mk(dqr.p, F, 4, sqr, true),
                       tdk = mk(dk.p, F, 4, sk, true), tdkr = mk(dkr.p, F, 4, skr, true);
         size_t need = 0;
         spattn_status s = spattn_sfa_workspace_size(&tq, &tqr, &tk, &tkr, NULL, &ti, sbs, 0, 1, NULL, &need);
-        const char *what = "absurd sfa backward (2^20 tokens over stride-0 views, workspace beyond device memory): "
+        const char *what = "absurd sfa backward (2^25 keys, token-major accumulator beyond device memory): "
                            "OUT_OF_MEMORY, no sticky error";
         if (s != SPATTN_STATUS_SUCCESS || need <= total) {
             report(false, what, "precondition: the workspace query gave " + std::to_string(need) + " bytes (status " +
