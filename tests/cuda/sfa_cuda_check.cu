@@ -1,4 +1,5 @@
-// GPU correctness check and benchmark of the sfa (top-k sparse flash attention) CUDA backend.
+// GPU correctness check of the sfa (top-k sparse flash attention) CUDA backend (timing: `spattn
+// bench --backend cuda`, the one benchmark path).
 // Runs on a machine with a GPU; prints "skipped" and exits 0 when none is visible (it is not a
 // ctest test: CI has no GPU).
 //
@@ -12,10 +13,6 @@
 //                             API; deterministic backward NOT_SUPPORTED); bitwise repeatability of the
 //                             deterministic backward; the fp32-atomic backward within tolerance.
 //   sfa_cuda_check quick      a few small cases (for compute-sanitizer)
-//   sfa_cuda_check bench CASES_FILE [JSON_OUT] [repeats] [noverify]
-//                             every case of the suite: inputs generated per cases/README.md,
-//                             verified against the CUDA reference kernels (eco criterion), then
-//                             timed (CUDA events, L2 flushed before each repeat, median).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -755,215 +752,11 @@ static int small_tests(bool quick) {
     return g_fail ? 1 : 0;
 }
 
-// ---- suite benchmark -----------------------------------------------------------------------------
-static bool parse_case(const char *line, Cfg &c) {
-    char name[128];
-    if (sscanf(line, "%127s", name) != 1 || name[0] == '#') return false;
-    c = mk(name, 1, 1, 1, 1, 1, 1, 1, 0, SPATTN_DTYPE_BF16);
-    const char *p = line + strlen(name);
-    char key[32], val[32];
-    int n;
-    while (sscanf(p, " %31[^=]=%31s%n", key, val, &n) == 2) {
-        p += n;
-        std::string k = key;
-        int x = atoi(val);
-        if (k == "B") c.B = x;
-        else if (k == "S1") c.S1 = x;
-        else if (k == "S2") c.S2 = x;
-        else if (k == "N1") c.N1 = x;
-        else if (k == "N2") c.N2 = x;
-        else if (k == "D") c.D = x;
-        else if (k == "Dr") c.Dr = x;
-        else if (k == "K") c.K = x;
-        else if (k == "sbs") c.sbs = x;
-        else if (k == "mode") c.mode = x;
-        else if (k == "dtype") c.dt = !strcmp(val, "fp16") ? SPATTN_DTYPE_F16 : (!strcmp(val, "fp32") ? SPATTN_DTYPE_F32 : SPATTN_DTYPE_BF16);
-    }
-    return true;
-}
-
-static double pairs_of(const Prob &P) {
-    const Cfg &c = P.c;
-    double pairs = 0;
-    for (int b = 0; b < c.B; b++)
-        for (int i = 0; i < c.S1; i++)
-            for (int n = 0; n < c.N2; n++) {
-                const int32_t *row = &P.hidx[(((size_t)b * c.S1 + i) * c.N2 + n) * c.K];
-                int64_t lim = c.mode == 3 ? (int64_t)c.S2 - c.S1 + i : c.S2 - 1;
-                for (int e = 0; e < c.K; e++) {
-                    if (row[e] < 0) continue;
-                    for (int o2 = 0; o2 < c.sbs; o2++) {
-                        int64_t key = (int64_t)row[e] * c.sbs + o2;
-                        if (key < c.S2 && key <= lim) pairs += c.N1 / c.N2;
-                    }
-                }
-            }
-    return pairs;
-}
-
-template <typename F>
-static double time_median(F fn, int reps, void *flush, size_t flush_bytes) {
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    std::vector<float> ts;
-    for (int r = 0; r < reps; r++) {
-        CK(cudaMemsetAsync(flush, r & 0xff, flush_bytes, 0));
-        CK(cudaEventRecord(a, 0));
-        fn();
-        CK(cudaEventRecord(b, 0));
-        CK(cudaEventSynchronize(b));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        ts.push_back(ms);
-    }
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    std::sort(ts.begin(), ts.end());
-    return ts[ts.size() / 2];
-}
-
-static int bench(const char *cases_file, const char *json_out, int repeats, bool verify) {
-    FILE *f = fopen(cases_file, "r");
-    if (!f) {
-        printf("cannot open %s\n", cases_file);
-        return 2;
-    }
-    std::vector<Cfg> cs;
-    char line[1024];
-    while (fgets(line, sizeof line, f)) {
-        Cfg c;
-        if (parse_case(line, c)) cs.push_back(c);
-    }
-    fclose(f);
-    void *flush;
-    const size_t flush_bytes = 256u << 20;
-    CK(cudaMalloc(&flush, flush_bytes));
-    cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
-    FILE *js = json_out ? fopen(json_out, "w") : nullptr;
-    if (js) fprintf(js, "{\"name\": \"spattn\", \"backend\": \"cuda\", \"device\": \"%s\", \"results\": [\n", prop.name);
-    struct Row {
-        std::string name;
-        double fwd_ms, bwd_ms, fwd_tf, bwd_tf, bwd_atomic_ms;
-        bool ok;
-    };
-    std::vector<Row> rows;
-    int nfail = 0;
-    for (size_t ci = 0; ci < cs.size(); ci++) {
-        const Cfg &c = cs[ci];
-        Prob P;
-        setup(P, c, 0);
-        const double pairs = pairs_of(P);
-        bool ok = true;
-        // correctness vs the CUDA reference kernels (eco criterion)
-        poison(P.o);
-        poison(P.lse);
-        spattn_status st = run_fwd(P);
-        if (st != SPATTN_STATUS_SUCCESS) {
-            printf("%s: fwd failed: %s\n", c.name.c_str(), spattn_last_error());
-            ok = false;
-        }
-        const bool fwd_only = getenv("SFA_FWD_ONLY") != nullptr;  // skip the backward (faster runs)
-        poison(P.dq);
-        poison(P.dqr);
-        poison(P.dk);
-        poison(P.dkr);
-        st = fwd_only ? SPATTN_STATUS_SUCCESS : run_bwd(P, 1);
-        if (st != SPATTN_STATUS_SUCCESS) {
-            printf("%s: bwd failed: %s\n", c.name.c_str(), spattn_last_error());
-            ok = false;
-        }
-        CK(cudaDeviceSynchronize());
-        std::string vr = "not verified";
-        if (verify && ok) {
-            spattn_exec ex;
-            memset(&ex, 0, sizeof ex);
-            ex.deterministic = 1;
-            spattn_sfa_problem p = problem_of(P, 0);
-            float *g[6];
-            size_t gn[6] = {(size_t)P.nq * c.D, (size_t)P.nq, (size_t)P.nq * c.D, (size_t)P.nq * c.Dr,
-                            (size_t)P.nk * c.D, (size_t)P.nk * c.Dr};
-            for (int i = 0; i < 6; i++) CK(cudaMalloc(&g[i], gn[i] * 4 + 16));
-            spattn_cuda_ref_sfa_fwd(&p, &ex, g[0], g[1]);
-            p = problem_of(P, 1);
-            spattn_cuda_ref_sfa_bwd(&p, &ex, g[2], g[3], g[4], g[5], nullptr);
-            std::vector<float> gold;
-            const char *names[6] = {"O", "LSE", "dQ", "dQ_rope", "dK", "dK_rope"};
-            std::vector<float> act[6] = {fetch(P.o, P.nq, c.D, P.ors, c.dt), fetch_f32((float *)P.lse.p, P.nq),
-                                         fetch(P.dq, P.nq, c.D, P.ors, c.dt), fetch(P.dqr, P.nq, c.Dr, c.Dr, c.dt),
-                                         fetch(P.dk, P.nk, c.D, c.D, c.dt), fetch(P.dkr, P.nk, c.Dr, c.Dr, c.dt)};
-            vr = "";
-            for (int i = 0; i < 6; i++) {
-                if (fwd_only && i >= 2) {
-                    cudaFree(g[i]);
-                    continue;
-                }
-                std::vector<float> gf = fetch_f32(g[i], gn[i]);
-                std::vector<double> gd(gf.begin(), gf.end());
-                EcoRes e = eco(act[i], gd, c.dt, i == 1);
-                char buf[160];
-                snprintf(buf, sizeof buf, "%s %s %.4f/%.2g/%.2g; ", names[i], e.pass ? "ok" : "FAIL", e.ratio, e.maxe, e.rel);
-                vr += buf;
-                ok &= e.pass;
-                cudaFree(g[i]);
-            }
-        }
-        if (!ok) nfail++;
-        const int reps_big = pairs > 2e9 ? std::max(5, repeats / 2) : repeats;
-        double tf = time_median([&] { run_fwd(P); }, reps_big, flush, flush_bytes);
-        double tb = fwd_only ? 0 : time_median([&] { run_bwd(P, 1); }, reps_big, flush, flush_bytes);
-        double ta = fwd_only ? 0 : time_median([&] { run_bwd(P, 0); }, std::max(3, reps_big / 2), flush, flush_bytes);
-        // the per-call index scan alone (part of fwd_ms)
-        double tchk = time_median(
-            [&] {
-                spattn_exec ex;
-                memset(&ex, 0, sizeof ex);
-                spattn_sfa_problem p = problem_of(P, 0);
-                spattn_cuda_sfa_check_indices(&p, &ex);
-            },
-            reps_big, flush, flush_bytes);
-        printf("%-26s index check %.4f ms (%.1f%% of fwd)\n", c.name.c_str(), tchk, 100.0 * tchk / tf);
-        const double ff = 2.0 * (c.D + c.Dr + c.D) * pairs, fb = 2.0 * (3.0 * (c.D + c.Dr) + 2.0 * c.D) * pairs;
-        Row r{c.name, tf, tb, ff / tf * 1e-9, fb / tb * 1e-9, ta, ok};
-        rows.push_back(r);
-        printf("%-26s pairs %.3g  fwd %8.3f ms %6.1f TF/s  bwd %8.3f ms %6.1f TF/s (atomic %8.3f ms %6.1f)  %s | %s\n",
-               c.name.c_str(), pairs, tf, r.fwd_tf, tb, r.bwd_tf, ta, fb / ta * 1e-9, ok ? "PASS" : "FAIL", vr.c_str());
-        fflush(stdout);
-        if (js) {  // (no backward record in the forward-only mode: its time is not measured)
-            fprintf(js, "%s  {\"case\": \"%s\", \"pass\": \"fwd\", \"median_ms\": %.5f, \"tflops\": %.3f, \"ok\": %s}",
-                    ci ? ",\n" : "", c.name.c_str(), tf, r.fwd_tf, ok ? "true" : "false");
-            if (!fwd_only)
-                fprintf(js, ",\n  {\"case\": \"%s\", \"pass\": \"bwd\", \"median_ms\": %.5f, \"tflops\": %.3f, \"ok\": %s, \"atomic_median_ms\": %.5f}",
-                        c.name.c_str(), tb, r.bwd_tf, ok ? "true" : "false", ta);
-        }
-    }
-    if (js) {
-        fprintf(js, "\n]}\n");
-        fclose(js);
-    }
-    cudaFree(flush);
-    printf("\n%-26s %9s %7s %9s %7s %9s %5s\n", "case", "fwd_ms", "fwdTF", "bwd_ms", "bwdTF", "atom_ms", "ok");
-    for (auto &r : rows)
-        printf("%-26s %9.3f %7.1f %9.3f %7.1f %9.3f %5s\n", r.name.c_str(), r.fwd_ms, r.fwd_tf, r.bwd_ms, r.bwd_tf,
-               r.bwd_atomic_ms, r.ok ? "PASS" : "FAIL");
-    printf("%d of %zu cases failed verification\n", nfail, cs.size());
-    return nfail ? 1 : 0;
-}
-
 int main(int argc, char **argv) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0 || !spattn_cuda_available()) {
         printf("sfa_cuda_check: no CUDA device, skipped\n");
         return 0;
-    }
-    if (argc > 1 && !strcmp(argv[1], "bench")) {
-        if (argc < 3) {
-            printf("usage: sfa_cuda_check bench CASES_FILE [JSON_OUT] [repeats] [noverify]\n");
-            return 2;
-        }
-        return bench(argv[2], argc > 3 ? argv[3] : nullptr, argc > 4 ? atoi(argv[4]) : 10,
-                     !(argc > 5 && !strcmp(argv[5], "noverify")));
     }
     return small_tests(argc > 1 && !strcmp(argv[1], "quick"));
 }
