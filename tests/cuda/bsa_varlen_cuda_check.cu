@@ -35,16 +35,9 @@
 #include <string>
 #include <vector>
 
+#include "check_util.h"
 #include "spattn.h"
 
-#define CK(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));     \
-            exit(2);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 static int g_pass = 0, g_fail = 0;
 static bool g_cpu_only = false;  // selftest: the "cuda" calls run on the CPU (no device memory)
@@ -58,17 +51,6 @@ static double nrand() {
     double u1 = urand(), u2 = urand();
     if (u1 < 1e-300) u1 = 1e-300;
     return sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2);
-}
-static size_t esz(int dt) { return dt == SPATTN_DTYPE_F32 ? 4 : 2; }
-static void store_dt(void *buf, size_t i, float x, int dt) {
-    if (dt == SPATTN_DTYPE_F16) ((__half *)buf)[i] = __float2half_rn(x);
-    else if (dt == SPATTN_DTYPE_BF16) ((__nv_bfloat16 *)buf)[i] = __float2bfloat16_rn(x);
-    else ((float *)buf)[i] = x;
-}
-static float load_dt(const void *buf, size_t i, int dt) {
-    if (dt == SPATTN_DTYPE_F16) return __half2float(((const __half *)buf)[i]);
-    if (dt == SPATTN_DTYPE_BF16) return __bfloat162float(((const __nv_bfloat16 *)buf)[i]);
-    return ((const float *)buf)[i];
 }
 static const char *dtn(int dt) { return dt == SPATTN_DTYPE_F16 ? "fp16" : dt == SPATTN_DTYPE_BF16 ? "bf16" : "fp32"; }
 

@@ -51,16 +51,9 @@
 #include <thread>
 #include <vector>
 
+#include "check_util.h"
 #include "spattn.h"
 
-#define CK(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));     \
-            exit(2);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 static int g_pass = 0, g_fail = 0;
 static bool g_quick = false;
@@ -307,7 +300,6 @@ static uint16_t f2bits(float f, int dt) {
     }
     return b;
 }
-static const char *dt_name(int dt) { return dt == SPATTN_DTYPE_F16 ? "fp16" : "bf16"; }
 
 // A tensor descriptor with explicit strides (NULL: contiguous) on the CPU or the GPU.
 static spattn_tensor mk(void *p, int dt, int ndim, const int64_t *shape, bool gpu, const int64_t *strides = NULL) {

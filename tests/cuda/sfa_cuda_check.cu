@@ -27,16 +27,9 @@
 #include <vector>
 
 #include "core/internal.h"
+#include "check_util.h"
 #include "spattn.h"
 
-#define CK(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e_ = (x);                                                                  \
-        if (e_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(2);                                                                           \
-        }                                                                                      \
-    } while (0)
 
 static int g_pass = 0, g_fail = 0;
 static void check(bool ok, const char *fmt, const char *a = "", long long v = 0) {
@@ -50,40 +43,7 @@ static void check(bool ok, const char *fmt, const char *a = "", long long v = 0)
     }
 }
 
-struct Rng {
-    uint64_t s;
-    explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 0x1234567ull) {}
-    uint64_t next() {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        return s;
-    }
-    double u() { return (double)(next() >> 11) * 0x1.0p-53; }
-    double n() {
-        double u1 = u(), u2 = u();
-        if (u1 < 1e-300) u1 = 1e-300;
-        return sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2);
-    }
-    int64_t below(int64_t m) { return (int64_t)(next() % (uint64_t)m); }
-};
 
-static size_t esz(int dt) { return dt == SPATTN_DTYPE_F32 ? 4 : 2; }
-static float round_dt(double x, int dt) {
-    if (dt == SPATTN_DTYPE_F16) return __half2float(__float2half_rn((float)x));
-    if (dt == SPATTN_DTYPE_BF16) return __bfloat162float(__float2bfloat16_rn((float)x));
-    return (float)x;
-}
-static void store_dt(void *buf, size_t i, float x, int dt) {
-    if (dt == SPATTN_DTYPE_F16) ((__half *)buf)[i] = __float2half_rn(x);
-    else if (dt == SPATTN_DTYPE_BF16) ((__nv_bfloat16 *)buf)[i] = __float2bfloat16_rn(x);
-    else ((float *)buf)[i] = x;
-}
-static float load_dt(const void *buf, size_t i, int dt) {
-    if (dt == SPATTN_DTYPE_F16) return __half2float(((const __half *)buf)[i]);
-    if (dt == SPATTN_DTYPE_BF16) return __bfloat162float(((const __nv_bfloat16 *)buf)[i]);
-    return ((const float *)buf)[i];
-}
 
 struct Cfg {
     std::string name;
