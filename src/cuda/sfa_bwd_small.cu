@@ -84,6 +84,26 @@ __global__ void touch_kernel(const Params p, SmallLists L) {
     }
 }
 
+// Exclusive prefix sums of the CTA's values, chunk by chunk (all threads call it for every chunk):
+// returns this thread's prefix and adds the chunk's total to `running` (the same in every thread).
+template <int NT> __device__ __forceinline__ int block_scan(int c, int *warp_sum, int &running) {
+    int x = c;  // inclusive scan in the warp, then across warps
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, o);
+        if ((threadIdx.x & 31) >= o) x += y;
+    }
+    if ((threadIdx.x & 31) == 31) warp_sum[threadIdx.x >> 5] = x;
+    __syncthreads();
+    int before = running, total = 0;
+    for (int i = 0; i < NT / 32; i++) {
+        if (i < (int)(threadIdx.x >> 5)) before += warp_sum[i];
+        total += warp_sum[i];
+    }
+    __syncthreads();  // warp_sum is rewritten by the next chunk
+    running += total;
+    return before + x - c;
+}
+
 // One CTA (256 threads) per list: exclusive popcount prefix per word, the list length.
 __global__ void count_kernel(SmallLists L) {
     const int64_t l = blockIdx.x;
@@ -93,21 +113,8 @@ __global__ void count_kernel(SmallLists L) {
     int running = 0;
     for (int w0 = 0; w0 < L.s1w; w0 += 256) {
         const int w = w0 + threadIdx.x;
-        const int c = w < L.s1w ? __popc(bm[w]) : 0;
-        int x = c;  // inclusive scan in the warp, then across warps
-        for (int o = 1; o < 32; o <<= 1) {
-            const int y = __shfl_up_sync(0xffffffffu, x, o);
-            if ((threadIdx.x & 31) >= o) x += y;
-        }
-        if ((threadIdx.x & 31) == 31) warp_sum[threadIdx.x >> 5] = x;
-        __syncthreads();
-        int before = running;
-        for (int i = 0; i < (int)(threadIdx.x >> 5); i++) before += warp_sum[i];
-        if (w < L.s1w) pre[w] = (uint32_t)(before + x - c);
-        int total = 0;
-        for (int i = 0; i < 8; i++) total += warp_sum[i];
-        __syncthreads();
-        running += total;
+        const int e = block_scan<256>(w < L.s1w ? __popc(bm[w]) : 0, warp_sum, running);
+        if (w < L.s1w) pre[w] = (uint32_t)e;
     }
     if (threadIdx.x == 0) L.len[l] = running;
 }
@@ -118,21 +125,8 @@ __global__ void scan_kernel(SmallLists L, int nl) {
     int running = 0;
     for (int i0 = 0; i0 < nl; i0 += 1024) {
         const int i = i0 + threadIdx.x;
-        const int c = i < nl ? L.len[i] : 0;
-        int x = c;
-        for (int o = 1; o < 32; o <<= 1) {
-            const int y = __shfl_up_sync(0xffffffffu, x, o);
-            if ((threadIdx.x & 31) >= o) x += y;
-        }
-        if ((threadIdx.x & 31) == 31) warp_sum[threadIdx.x >> 5] = x;
-        __syncthreads();
-        int before = running;
-        for (int w = 0; w < (int)(threadIdx.x >> 5); w++) before += warp_sum[w];
-        if (i < nl) L.off[i] = before + x - c;
-        int total = 0;
-        for (int w = 0; w < 32; w++) total += warp_sum[w];
-        __syncthreads();
-        running += total;
+        const int e = block_scan<1024>(i < nl ? L.len[i] : 0, warp_sum, running);
+        if (i < nl) L.off[i] = e;
     }
     if (threadIdx.x == 0) L.off[nl] = running;
 }
