@@ -167,6 +167,11 @@ static void ref64(const Cfg &c, const std::vector<double> &q, const std::vector<
 struct EcoRes {
     bool pass;
     double ratio, maxe, rel;
+    // where it fails (diagnostics for a new kernel): the first bad flat indices and their values
+    int nkept = 0;
+    size_t bad_i[4];
+    double bad_x[4], bad_y[4];
+    std::vector<size_t> bad_all;  // every bad flat index (for the per-box / per-row summary)
 };
 static EcoRes eco(const std::vector<float> &a, const std::vector<double> &g, int dt, bool is_lse) {
     double atol, rtol, lim;
@@ -184,24 +189,35 @@ static EcoRes eco(const std::vector<float> &a, const std::vector<double> &g, int
         atol = rtol = 0x1p-12;
         lim = 0.01;
     }
+    EcoRes r;
     size_t ok = 0;
     bool special_bad = false;
     double maxe = 0, num = 0, den = 0;
     for (size_t i = 0; i < a.size(); i++) {
         double x = a[i], y = g[i];
+        bool good;
         if (std::isnan(y) || std::isinf(y) || std::isnan(x) || std::isinf(x)) {
-            bool m = (std::isnan(x) && std::isnan(y)) || (std::isinf(x) && std::isinf(y) && (x > 0) == (y > 0));
-            if (m) ok++;
+            good = (std::isnan(x) && std::isnan(y)) || (std::isinf(x) && std::isinf(y) && (x > 0) == (y > 0));
+            if (good) ok++;
             else special_bad = true;
-            continue;
+        } else {
+            good = fabs(x - y) <= atol + rtol * fabs(y);
+            if (good) ok++;
         }
+        if (!good) {
+            if (r.nkept < 4) {
+                r.bad_i[r.nkept] = i;
+                r.bad_x[r.nkept] = x;
+                r.bad_y[r.nkept++] = y;
+            }
+            r.bad_all.push_back(i);
+        }
+        if (!std::isfinite(x) || !std::isfinite(y)) continue;
         double e = fabs(x - y);
-        if (e <= atol + rtol * fabs(y)) ok++;
         maxe = std::max(maxe, e);
         num += e * e;
         den += y * y;
     }
-    EcoRes r;
     r.ratio = a.empty() ? 1.0 : (double)ok / a.size();
     r.maxe = maxe;
     r.rel = den > 0 ? sqrt(num / den) : sqrt(num);
@@ -400,9 +416,28 @@ static std::vector<double> cols_of(const std::vector<double> &x, int64_t rows, i
     return out;
 }
 
-static bool report(const char *tag, const char *tensor, const EcoRes &e) {
-    if (!e.pass)
+// On a failure: the first bad elements (row, column of a `width`-wide row) and how the bad ones
+// spread over 64-column boxes and over row % 64 (heads, or key slots of a block): a wrong
+// operand layout in a new kernel shows as a pattern there.
+static bool report(const char *tag, const char *tensor, const EcoRes &e, int width = 0) {
+    if (!e.pass) {
         printf("  %-34s %-8s FAIL matched %.5f max_abs %.3g rel_l2 %.3g\n", tag, tensor, e.ratio, e.maxe, e.rel);
+        if (width > 0 && !e.bad_all.empty()) {
+            for (int k = 0; k < e.nkept; k++)
+                printf("    bad [row %zu, col %zu]: got %.6g want %.6g\n", e.bad_i[k] / width, e.bad_i[k] % width, e.bad_x[k],
+                       e.bad_y[k]);
+            std::vector<size_t> box((width + 63) / 64, 0), rmod(64, 0);
+            for (size_t i : e.bad_all) {
+                box[(i % width) / 64]++;
+                rmod[(i / width) % 64]++;
+            }
+            printf("    bad per 64-column box:");
+            for (size_t b = 0; b < box.size(); b++) printf(" %zu", box[b]);
+            printf("\n    bad per row %% 64:");
+            for (int b = 0; b < 64; b++) printf(" %zu", rmod[b]);
+            printf("\n");
+        }
+    }
     check(e.pass, "%s eco", tag);
     return e.pass;
 }
@@ -458,7 +493,7 @@ static void test_case(const Cfg &c, uint64_t seed, bool fast = true, bool fallba
         check(st == SPATTN_STATUS_SUCCESS, "%s fwd status", tag, st);
         if (st != SPATTN_STATUS_SUCCESS) printf("  %s: %s\n", tag, spattn_last_error());
         CK(cudaDeviceSynchronize());
-        report(tag, "O", eco(fetch(P.o, P.nq, c.D, P.ors, c.dt), R.o, c.dt, false));
+        report(tag, "O", eco(fetch(P.o, P.nq, c.D, P.ors, c.dt), R.o, c.dt, false), c.D);
         report(tag, "LSE", eco(fetch_f32((float *)P.lse.p, P.nq), R.lse, c.dt, true));
         std::vector<unsigned char> dq1, dk1;
         for (int det = 1; det >= 0; det--) {
@@ -476,11 +511,11 @@ static void test_case(const Cfg &c, uint64_t seed, bool fast = true, bool fallba
             CK(cudaDeviceSynchronize());
             char t2[200];
             snprintf(t2, sizeof t2, "%s %s", tag, det ? "det" : "atomic");
-            report(t2, "dQ", eco(fetch(P.dq, P.nq, c.D, P.ors, c.dt), cols_of(R.dq, P.nq, DQ, 0, c.D), c.dt, false));
-            report(t2, "dK", eco(fetch(P.dk, P.nk, c.D, c.D, c.dt), cols_of(R.dk, P.nk, DQ, 0, c.D), c.dt, false));
+            report(t2, "dQ", eco(fetch(P.dq, P.nq, c.D, P.ors, c.dt), cols_of(R.dq, P.nq, DQ, 0, c.D), c.dt, false), c.D);
+            report(t2, "dK", eco(fetch(P.dk, P.nk, c.D, c.D, c.dt), cols_of(R.dk, P.nk, DQ, 0, c.D), c.dt, false), c.D);
             if (c.Dr) {
-                report(t2, "dQ_rope", eco(fetch(P.dqr, P.nq, c.Dr, c.Dr, c.dt), cols_of(R.dq, P.nq, DQ, c.D, c.Dr), c.dt, false));
-                report(t2, "dK_rope", eco(fetch(P.dkr, P.nk, c.Dr, c.Dr, c.dt), cols_of(R.dk, P.nk, DQ, c.D, c.Dr), c.dt, false));
+                report(t2, "dQ_rope", eco(fetch(P.dqr, P.nq, c.Dr, c.Dr, c.dt), cols_of(R.dq, P.nq, DQ, c.D, c.Dr), c.dt, false), c.Dr);
+                report(t2, "dK_rope", eco(fetch(P.dkr, P.nk, c.Dr, c.Dr, c.dt), cols_of(R.dk, P.nk, DQ, c.D, c.Dr), c.dt, false), c.Dr);
             }
             if (c.sep_v) report(t2, "dV", eco(fetch(P.dv, P.nk, c.D, c.D, c.dt), R.dv, c.dt, false));
         }
