@@ -10,6 +10,10 @@
 //   red_v2_f32   red.global.add.v2.f32 (what the mma.sync backward issues)
 //   atom_u64     atom.global.add.u64 (int64 fixed point: the deterministic mode, 8 B per element)
 //   bulk_f32     fp32 rows staged in shared memory, cp.reduce.async.bulk .add.f32, 2304 B per row
+//   bulk_u64     int64 rows staged in shared memory (32 rows at a time: 147 KB), cp.reduce.async.bulk
+//                .add.u64, 4608 B per row: the deterministic mode's adds without one LSU instruction
+//                per element, if the bulk engine's integer adds keep up
+// Every variant's sum is checked (exact: the values are multiples of 1/8).
 // Accumulator rows: S2 = 8192 (fits L2 as fp32: 18.9 MB) and 32768 (75 MB, beyond it).
 //   build: nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 bench/gpu/scatter_roofline.cu -o scatter_roofline
 //   run:   ./scatter_roofline [tokens=4096] [K=2048]
@@ -21,18 +25,37 @@
 constexpr int COLS = 576;  // dK row (512 + 64 rope; dV folded into the first 512)
 constexpr int BK = 64;     // keys per block
 
-enum Variant { RED_V4 = 0, RED_V2 = 1, ATOM_U64 = 2, BULK = 3 };
+enum Variant { RED_V4 = 0, RED_V2 = 1, ATOM_U64 = 2, BULK = 3, BULK_U64 = 4 };
+constexpr int FIX = 1 << 20;  // fixed-point scale of the int64 variants
 
 // Thread t of the CTA owns columns [t * 4.5 ...): for simplicity 128 threads x 4 columns = 512 plus
 // 64 rope columns by threads 0-15 (as a real kernel's tile mapping would spread them).
 template <int V>
 __global__ void __launch_bounds__(128) scatter_kernel(const int32_t *idx, int K, float *accf, unsigned long long *acci) {
-    extern __shared__ __align__(128) float stage[];  // BULK: [BK][COLS]
+    extern __shared__ __align__(128) float stage[];  // BULK: [BK][COLS]; BULK_U64: [BK / 2][COLS] int64
     const int t = threadIdx.x;
     const int32_t *row = idx + (int64_t)blockIdx.x * K;
     const float v = 1.0f + (blockIdx.x & 7) * 0.125f;  // the value added (exact in fp32 and fixed point)
     for (int b = 0; b < K / BK; b++) {
-        if constexpr (V == BULK) {
+        if constexpr (V == BULK_U64) {
+            unsigned long long *st = reinterpret_cast<unsigned long long *>(stage);
+            const unsigned long long iv = (unsigned long long)(long long)(v * FIX);
+            for (int h = 0; h < 2; h++) {  // two halves of 32 keys (a whole block of int64 rows is 295 KB)
+                if (t < BK / 2) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+                __syncthreads();  // the previous half's rows have been read out
+                for (int x = t; x < BK / 2 * COLS; x += 128) st[x] = iv;
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                __syncthreads();
+                if (t < BK / 2) {
+                    const int key = __ldg(row + b * BK + h * (BK / 2) + t);
+                    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.u64 [%0], [%1], %2;\n" ::"l"(
+                                     acci + (int64_t)key * COLS),
+                                 "r"((uint32_t)__cvta_generic_to_shared(st + t * COLS)), "r"(COLS * 8)
+                                 : "memory");
+                    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+                }
+            }
+        } else if constexpr (V == BULK) {
             for (int x = t; x < BK * COLS; x += 128) stage[x] = v;
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
             __syncthreads();
@@ -61,21 +84,21 @@ __global__ void __launch_bounds__(128) scatter_kernel(const int32_t *idx, int K,
                         asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst + c), "f"(v), "f"(v) : "memory");
                 } else {
                     unsigned long long *dst = acci + (int64_t)key * COLS;
-                    const unsigned long long iv = (unsigned long long)(long long)(v * 1048576.f);
+                    const unsigned long long iv = (unsigned long long)(long long)(v * FIX);
                     for (int c = t; c < COLS; c += 128) atomicAdd(dst + c, iv);
                 }
             }
         }
     }
-    if (V == BULK && t < BK) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+    if ((V == BULK && t < BK) || (V == BULK_U64 && t < BK / 2)) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
 
 template <int V>
 static float run(const int32_t *idx, int T, int K, float *accf, unsigned long long *acci, size_t acc_bytes, void *flush) {
-    const int smem = V == BULK ? BK * COLS * 4 : 0;
+    const int smem = V == BULK ? BK * COLS * 4 : V == BULK_U64 ? BK / 2 * COLS * 8 : 0;
     if (smem) CK(cudaFuncSetAttribute(scatter_kernel<V>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     return median_ms(
-        flush, [&](int) { CK(cudaMemset(V == ATOM_U64 ? (void *)acci : (void *)accf, 0, acc_bytes)); },
+        flush, [&](int) { CK(cudaMemset(V == ATOM_U64 || V == BULK_U64 ? (void *)acci : (void *)accf, 0, acc_bytes)); },
         [&] { scatter_kernel<V><<<T, 128, smem>>>(idx, K, accf, acci); });
 }
 
@@ -109,35 +132,40 @@ int main(int argc, char **argv) {
             h[i] = (int32_t)((i % K) * (S2 / K) + s % (uint64_t)(S2 / K));  // one key per stratum of S2 / K
         }
         CK(cudaMemcpy(idx, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+        // each variant's accumulator after its last repeat sums to what was added
+        double want = 0;
+        for (int tk = 0; tk < T; tk++) want += (1.0 + (tk & 7) * 0.125) * K * COLS;
+        auto sum_ok = [&](bool i64) {
+            double g = 0;
+            if (i64) {
+                std::vector<unsigned long long> hi(nf);
+                CK(cudaMemcpy(hi.data(), acci, nf * 8, cudaMemcpyDeviceToHost));
+                for (size_t i = 0; i < nf; i++) g += (double)(long long)hi[i] / FIX;
+            } else {
+                std::vector<float> hf(nf);
+                CK(cudaMemcpy(hf.data(), accf, nf * 4, cudaMemcpyDeviceToHost));
+                for (size_t i = 0; i < nf; i++) g += hf[i];
+            }
+            return g == want;
+        };
         struct R {
             const char *name;
             float ms;
             int bytes;  // per element
-        } rs[] = {{"red_v4_f32", run<RED_V4>(idx, T, K, accf, acci, nf * 4, flush), 4},
-                  {"red_v2_f32", run<RED_V2>(idx, T, K, accf, acci, nf * 4, flush), 4},
-                  {"atom_u64", run<ATOM_U64>(idx, T, K, accf, acci, nf * 8, flush), 8},
-                  {"bulk_f32", run<BULK>(idx, T, K, accf, acci, nf * 4, flush), 4}};
+            bool ok;
+        } rs[5];
+        rs[0] = {"red_v4_f32", run<RED_V4>(idx, T, K, accf, acci, nf * 4, flush), 4, sum_ok(false)};
+        rs[1] = {"red_v2_f32", run<RED_V2>(idx, T, K, accf, acci, nf * 4, flush), 4, sum_ok(false)};
+        rs[2] = {"atom_u64", run<ATOM_U64>(idx, T, K, accf, acci, nf * 8, flush), 8, sum_ok(true)};
+        rs[3] = {"bulk_f32", run<BULK>(idx, T, K, accf, acci, nf * 4, flush), 4, sum_ok(false)};
+        rs[4] = {"bulk_u64", run<BULK_U64>(idx, T, K, accf, acci, nf * 8, flush), 8, sum_ok(true)};
         for (const R &r : rs) {
             const double pairs = (double)T * K / (r.ms * 1e-3);
             const double tbs = pairs * COLS * r.bytes / 1e12;
             const double f = pairs * 5440 / 1e12;  // TF per head
-            printf("%-8d %-11s %9.4f %9.3f %8.2f | %5.0f / %5.0f / %5.0f\n", S2, r.name, r.ms, pairs / 1e9, tbs, 4 * f,
-                   16 * f, 64 * f);
+            printf("%-8d %-11s %9.4f %9.3f %8.2f | %5.0f / %5.0f / %5.0f  sum %s\n", S2, r.name, r.ms, pairs / 1e9, tbs, 4 * f,
+                   16 * f, 64 * f, r.ok ? "ok" : "WRONG");
         }
-        // the adds landed: the accumulators of the last fp32 run (bulk) and of the int64 run sum
-        // to what was added (all values are multiples of 1/8: exact)
-        double want = 0;
-        for (int tk = 0; tk < T; tk++) want += (1.0 + (tk & 7) * 0.125) * K * COLS;
-        std::vector<float> hf(nf);
-        std::vector<unsigned long long> hi(nf);
-        CK(cudaMemcpy(hf.data(), accf, nf * 4, cudaMemcpyDeviceToHost));
-        CK(cudaMemcpy(hi.data(), acci, nf * 8, cudaMemcpyDeviceToHost));
-        double gf = 0, gi = 0;
-        for (size_t i = 0; i < nf; i++) {
-            gf += hf[i];
-            gi += (double)(long long)hi[i] / 1048576.0;
-        }
-        printf("%-8d check: fp32 sum %s, int64 sum %s\n", S2, gf == want ? "ok" : "WRONG", gi == want ? "ok" : "WRONG");
         CK(cudaFree(accf));
         CK(cudaFree(acci));
         CK(cudaFree(idx));
