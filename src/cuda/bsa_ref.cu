@@ -79,15 +79,14 @@ __device__ float row_scores(const RefP &p, int b, int n, int i, float *sp, float
     return block_max(mx, red);
 }
 
-__global__ void ref_fwd_kernel(RefP p, float *o, float *lse) {
-    extern __shared__ float sp[];
-    __shared__ float red[4];
-    const int i = blockIdx.x, n = blockIdx.y, b = blockIdx.z, hk = n / p.G;
-    const long long row = ((long long)b * p.N + n) * p.Sq + i;
+// One query row's softmax and P V (o_at(d, x) stores column d; set_lse(x) the LSE).
+template <typename OAt, typename SetLse>
+__device__ void fwd_row(const RefP &p, int b, int n, int i, float *sp, float *red, OAt o_at, SetLse set_lse) {
+    const int hk = n / p.G;
     const float mx = row_scores(p, b, n, i, sp, red);
     if (mx == -INFINITY) {
-        for (int d = threadIdx.x; d < p.D; d += kThreads) o[row * p.D + d] = 0.f;
-        if (threadIdx.x == 0) lse[row] = -INFINITY;
+        for (int d = threadIdx.x; d < p.D; d += kThreads) o_at(d, 0.f);
+        if (threadIdx.x == 0) set_lse(-INFINITY);
         return;
     }
     float l = 0.f;
@@ -101,9 +100,18 @@ __global__ void ref_fwd_kernel(RefP p, float *o, float *lse) {
         float acc = 0.f;
         for (int j = 0; j < p.Skv; j++)
             if (sp[j] != 0.f) acc += sp[j] * ld(p.v, b, hk, j, d);
-        o[row * p.D + d] = acc / l;
+        o_at(d, acc / l);
     }
-    if (threadIdx.x == 0) lse[row] = mx + logf(l);
+    if (threadIdx.x == 0) set_lse(mx + logf(l));
+}
+
+__global__ void ref_fwd_kernel(RefP p, float *o, float *lse) {
+    extern __shared__ float sp[];
+    __shared__ float red[4];
+    const int i = blockIdx.x, n = blockIdx.y, b = blockIdx.z;
+    const long long row = ((long long)b * p.N + n) * p.Sq + i;
+    fwd_row(
+        p, b, n, i, sp, red, [&](int d, float x) { o[row * p.D + d] = x; }, [&](float x) { lse[row] = x; });
 }
 
 // Packed variable-length forward: one CTA per (row i of max_seqlen_q, head n, sequence b).  The
@@ -126,7 +134,7 @@ __device__ const void *rows_from(const RefT &t, long long r) {
 __global__ void ref_fwd_varlen_kernel(RefP p, RefOut out, const int4 *seq, const unsigned long long *err) {
     extern __shared__ float sp[];
     __shared__ float red[4];
-    const int i = blockIdx.x, n = blockIdx.y, b = blockIdx.z, hk = n / p.G;
+    const int i = blockIdx.x, n = blockIdx.y, b = blockIdx.z;
     if (*err != ~0ull) return;  // bad prefix sums: nothing is written
     const int4 sq = seq[b];
     if (i >= sq.y) return;
@@ -143,26 +151,9 @@ __global__ void ref_fwd_varlen_kernel(RefP p, RefOut out, const int4 *seq, const
         else static_cast<float *>(out.o)[off] = x;
     };
     float *lse = out.lse ? out.lse + (long long)n * out.l1 + row * out.l2 : nullptr;
-    const float mx = row_scores(p, b, n, i, sp, red);
-    if (mx == -INFINITY) {
-        for (int d = threadIdx.x; d < p.D; d += kThreads) put(d, 0.f);
-        if (threadIdx.x == 0 && lse) *lse = -INFINITY;
-        return;
-    }
-    float l = 0.f;
-    for (int j = threadIdx.x; j < p.Skv; j += kThreads) {
-        float e = sp[j] == -INFINITY ? 0.f : expf(sp[j] - mx);
-        sp[j] = e;
-        l += e;
-    }
-    l = block_sum(l, red);  // includes a barrier: sp[] complete
-    for (int d = threadIdx.x; d < p.D; d += kThreads) {
-        float acc = 0.f;
-        for (int j = 0; j < p.Skv; j++)
-            if (sp[j] != 0.f) acc += sp[j] * ld(p.v, b, hk, j, d);
-        put(d, acc / l);
-    }
-    if (threadIdx.x == 0 && lse) *lse = mx + logf(l);
+    fwd_row(p, b, n, i, sp, red, put, [&](float x) {
+        if (lse) *lse = x;
+    });
 }
 
 // Per query row: LSE, P, dP, Delta = sum_j P dP, dS, dQ.  Saves LSE and Delta for the key pass.

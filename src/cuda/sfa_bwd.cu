@@ -1,4 +1,6 @@
-// Top-k sparse flash attention backward, fast path (D = 512, Dr = 64, shared key/value), sm_90a.
+// Top-k sparse flash attention backward, token-major mma.sync kernel (D = 512, Dr = 64, shared
+// key/value), sm_90a: H <= 32 heads per key head with sparse selections only (sfa_host.cu:
+// small_shape; denser rows take the key-major sfa_bwd_small.cu, more heads sfa_bwd90.cu).
 //
 // One CTA = one query token (b, s1, n2) and HT = 16*R heads of its group (R = 1 or 2); the
 // selected keys are gathered once per CTA, 32 per tile (576-wide rows, cp.async, double
@@ -21,12 +23,9 @@ namespace sfa {
 
 constexpr int LDO = D + PAD;  // dO rows in shared memory
 
-__device__ __forceinline__ void red_add_v2(float *addr, float a, float b) {
-    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory");
-}
-
-template <typename T, int R, int MR>
-__global__ void __launch_bounds__(128 * R / MR, 1) bwd_kernel(const Params p) {
+template <typename T, int R>
+__global__ void __launch_bounds__(128 * R, 1) bwd_kernel(const Params p) {
+    constexpr int MR = 1;  // m-tiles per warp (2 served H >= 64, now sfa_bwd90.cu)
     constexpr int HT = 16 * R;
     constexpr int NW = 4 * R / MR;  // warp (r, c): rows r*16*MR.. (MR m-tiles), column group c
     constexpr int NT = 32 * NW;
@@ -336,17 +335,17 @@ __global__ void __launch_bounds__(128 * R / MR, 1) bwd_kernel(const Params p) {
         }
 }
 
-template <typename T, int R, int MR>
+template <typename T, int R>
 static cudaError_t launch_bwd(const Params &p, cudaStream_t st) {
     constexpr int HT = 16 * R;
     size_t smem = (size_t)(HT * LDQK + HT * LDO + 2 * NK * LDQK + 2 * HT * (NK + PAD)) * sizeof(T) +
                   2 * HT * sizeof(float);
-    cudaError_t e = cudaFuncSetAttribute(bwd_kernel<T, R, MR>,
+    cudaError_t e = cudaFuncSetAttribute(bwd_kernel<T, R>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     const int ngroups = (p.H + HT - 1) / HT;
     dim3 grid((unsigned)(p.S1 * ngroups), (unsigned)(p.B * p.N2));
-    bwd_kernel<T, R, MR><<<grid, 128 * R / MR, smem, st>>>(p);
+    bwd_kernel<T, R><<<grid, 128 * R, smem, st>>>(p);
     return cudaGetLastError();
 }
 
@@ -356,6 +355,6 @@ extern "C" cudaError_t spattn_sfa_fast_bwd_launch(const sfa::Params *p, int is_b
                                                   cudaStream_t st) {
     // H <= 32 only (more heads: sfa_bwd90.cu)
     const int H = p->H;
-    if (is_bf16) return H <= 16 ? sfa::launch_bwd<__nv_bfloat16, 1, 1>(*p, st) : sfa::launch_bwd<__nv_bfloat16, 2, 1>(*p, st);
-    return H <= 16 ? sfa::launch_bwd<__half, 1, 1>(*p, st) : sfa::launch_bwd<__half, 2, 1>(*p, st);
+    if (is_bf16) return H <= 16 ? sfa::launch_bwd<__nv_bfloat16, 1>(*p, st) : sfa::launch_bwd<__nv_bfloat16, 2>(*p, st);
+    return H <= 16 ? sfa::launch_bwd<__half, 1>(*p, st) : sfa::launch_bwd<__half, 2>(*p, st);
 }

@@ -68,14 +68,28 @@ __device__ __forceinline__ void entry_keys(const Params &p, int bi, int lim, int
 
 __device__ __forceinline__ int lim_of(const Params &p, int s1) { return p.mode == 3 ? p.S2 - p.S1 + s1 : p.S2 - 1; }
 
+// The index row (b, s1, n2) of this warp (one warp per row); false past the last row.
+struct IdxRow {
+    int b, s1, n2, lim;
+    const int32_t *irow;
+};
+__device__ __forceinline__ bool warp_row(const Params &p, IdxRow &r) {
+    const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (row >= (int64_t)p.B * p.S1 * p.N2) return false;
+    r.n2 = (int)(row % p.N2);
+    r.s1 = (int)(row / p.N2 % p.S1);
+    r.b = (int)(row / p.N2 / p.S1);
+    r.irow = p.idx + r.b * p.sidx[0] + (int64_t)r.s1 * p.sidx[1] + r.n2 * p.sidx[2];
+    r.lim = lim_of(p, r.s1);
+    return true;
+}
+
 // One warp per index row (b, s1, n2): sets bit s1 in the bitmap of every key block it touches.
 __global__ void touch_kernel(const Params p, SmallLists L) {
-    const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int lane = threadIdx.x & 31;
-    if (row >= (int64_t)p.B * p.S1 * p.N2) return;
-    const int n2 = (int)(row % p.N2), s1 = (int)(row / p.N2 % p.S1), b = (int)(row / p.N2 / p.S1);
-    const int32_t *irow = p.idx + b * p.sidx[0] + (int64_t)s1 * p.sidx[1] + n2 * p.sidx[2];
-    const int lim = lim_of(p, s1);
+    IdxRow r;
+    if (!warp_row(p, r)) return;
+    const int lane = threadIdx.x & 31, b = r.b, s1 = r.s1, n2 = r.n2, lim = r.lim;
+    const int32_t *irow = r.irow;
     uint32_t *bm = L.bitmap + ((int64_t)(b * p.N2 + n2) * L.nkb) * L.s1w + (s1 >> 5);
     for (int e = lane; e < p.K; e += 32) {
         int k0, k1;
@@ -152,12 +166,10 @@ __global__ void fill_kernel(SmallLists L, int64_t nwords) {
 
 // One warp per index row: each selected key's multiplicity in its visit (+1 per selection).
 __global__ void mult_kernel(const Params p, SmallLists L) {
-    const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int lane = threadIdx.x & 31;
-    if (row >= (int64_t)p.B * p.S1 * p.N2) return;
-    const int n2 = (int)(row % p.N2), s1 = (int)(row / p.N2 % p.S1), b = (int)(row / p.N2 / p.S1);
-    const int32_t *irow = p.idx + b * p.sidx[0] + (int64_t)s1 * p.sidx[1] + n2 * p.sidx[2];
-    const int lim = lim_of(p, s1);
+    IdxRow r;
+    if (!warp_row(p, r)) return;
+    const int lane = threadIdx.x & 31, b = r.b, s1 = r.s1, n2 = r.n2, lim = r.lim;
+    const int32_t *irow = r.irow;
     const int64_t l0 = (int64_t)(b * p.N2 + n2) * L.nkb;
     const uint32_t below = (1u << (s1 & 31)) - 1u;
     for (int e = lane; e < p.K; e += 32) {

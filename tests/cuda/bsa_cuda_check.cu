@@ -110,11 +110,8 @@ static void ref(const Shape &s, const std::vector<double> &q, const std::vector<
 // eco criterion: |a - g| <= atol + rtol |g| on >= 99%, max error within the limit, NaN/Inf rules.
 static bool eco(const char *what, const std::vector<float> &a, const std::vector<double> &g, int dt, bool is_lse,
                 const char *tag) {
-    double atol, rtol, lim;
-    if (is_lse) { atol = 0x1p-16; rtol = 0x1p-10; lim = 0.01; }
-    else if (dt == SPATTN_DTYPE_F16) { atol = rtol = 0x1p-9; lim = 0.1; }
-    else if (dt == SPATTN_DTYPE_BF16) { atol = rtol = 0x1p-6; lim = 1.0; }
-    else { atol = rtol = 0x1p-12; lim = 0.01; }
+    const EcoTol tol = eco_tol(dt, is_lse);
+    const double atol = tol.atol, rtol = tol.rtol, lim = tol.lim;
     size_t ok = 0, bad_special = 0;
     double maxe = 0, num = 0, den = 0;
     for (size_t i = 0; i < a.size(); i++) {

@@ -58,3 +58,15 @@ static inline float load_dt(const void *buf, size_t i, int dt) {
 static inline const char *dt_name(int dt) {
     return dt == SPATTN_DTYPE_F16 ? "fp16" : dt == SPATTN_DTYPE_BF16 ? "bf16" : "fp32";
 }
+
+// The eco criterion's tolerances (cases/README.md): an element passes when |a - g| <= atol +
+// rtol |g|; a tensor when >= 99 % pass and the largest error is within lim.
+struct EcoTol {
+    double atol, rtol, lim;
+};
+static inline EcoTol eco_tol(int dt, bool is_lse) {
+    if (is_lse) return {0x1p-16, 0x1p-10, 0.01};
+    if (dt == SPATTN_DTYPE_F16) return {0x1p-9, 0x1p-9, 0.1};
+    if (dt == SPATTN_DTYPE_BF16) return {0x1p-6, 0x1p-6, 1.0};
+    return {0x1p-12, 0x1p-12, 0.01};
+}

@@ -355,12 +355,10 @@ static double hrand() {  // host uniform [0, 1)
     return (double)(g_hrng >> 11) * 0x1.0p-53;
 }
 
-// eco tolerances (cases/README.md)
-struct Tol {
-    double atol, rtol, lim;
-};
-static Tol tol_of(int dt) { return dt == SPATTN_DTYPE_F16 ? Tol{0x1.0p-9, 0x1.0p-9, 0.1} : Tol{0x1.0p-6, 0x1.0p-6, 1.0}; }
-static const Tol kTolLse = {0x1.0p-16, 0x1.0p-10, 0.01};
+// eco tolerances (cases/README.md; check_util.h)
+typedef EcoTol Tol;
+static Tol tol_of(int dt) { return eco_tol(dt, false); }
+static const Tol kTolLse = eco_tol(SPATTN_DTYPE_F32, true);
 
 // =============================================================================================
 // 5. NaN / Inf semantics.

@@ -174,21 +174,8 @@ struct EcoRes {
     std::vector<size_t> bad_all;  // every bad flat index (for the per-box / per-row summary)
 };
 static EcoRes eco(const std::vector<float> &a, const std::vector<double> &g, int dt, bool is_lse) {
-    double atol, rtol, lim;
-    if (is_lse) {
-        atol = 0x1p-16;
-        rtol = 0x1p-10;
-        lim = 0.01;
-    } else if (dt == SPATTN_DTYPE_F16) {
-        atol = rtol = 0x1p-9;
-        lim = 0.1;
-    } else if (dt == SPATTN_DTYPE_BF16) {
-        atol = rtol = 0x1p-6;
-        lim = 1.0;
-    } else {
-        atol = rtol = 0x1p-12;
-        lim = 0.01;
-    }
+    const EcoTol tol = eco_tol(dt, is_lse);
+    const double atol = tol.atol, rtol = tol.rtol, lim = tol.lim;
     EcoRes r;
     size_t ok = 0;
     bool special_bad = false;

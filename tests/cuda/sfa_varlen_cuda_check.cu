@@ -52,21 +52,8 @@ static void check(bool ok, const std::string &what) {
 
 // eco criterion (as sfa_cuda_check.cu), golden = the CPU backend in fp32
 static bool eco(const std::vector<float> &a, const std::vector<float> &g, int dt, bool is_lse, double *maxe_out) {
-    double atol, rtol, lim;
-    if (is_lse) {
-        atol = 0x1p-16;
-        rtol = 0x1p-10;
-        lim = 0.01;
-    } else if (dt == SPATTN_DTYPE_F16) {
-        atol = rtol = 0x1p-9;
-        lim = 0.1;
-    } else if (dt == SPATTN_DTYPE_BF16) {
-        atol = rtol = 0x1p-6;
-        lim = 1.0;
-    } else {
-        atol = rtol = 0x1p-12;
-        lim = 0.01;
-    }
+    const EcoTol tol = eco_tol(dt, is_lse);
+    const double atol = tol.atol, rtol = tol.rtol, lim = tol.lim;
     size_t ok = 0;
     bool special_bad = false;
     double maxe = 0;
