@@ -327,6 +327,16 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
         // ---- dQ^T[box] = K^T dS^T (M = 64 columns of the box, N = 32 token-heads, K = 64 keys),
         // added to the dQ accumulator rows of the step's token-heads
         const uint64_t dsd = hop::desc_sw128(sds, 16, 1024);
+        // this thread's 8 token-head columns: dQ accumulator row (in units of rows; -1: padding),
+        // looked up once per step, not once per box
+        int qrow[8];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int th = 8 * j + 2 * q4 + e, tok = th / HP, h = th % HP;
+                qrow[2 * j + e] = tok < ntok && h < p.H ? (b * p.S1 + L.vtok[vs + tok]) * p.N1 + n2 * p.H + h : -1;
+            }
 #pragma unroll 1
         for (int y = 0; y < NDQ; y++) {
             const int box = DQ0 + y;
@@ -347,10 +357,8 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
             for (int j = 0; j < 4; j++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
-                    const int th = 8 * j + 2 * q4 + e, tok = th / HP, h = th % HP;
-                    if (tok >= ntok || h >= p.H) continue;
-                    const int s1 = L.vtok[vs + tok];
-                    const int64_t rowq = (((int64_t)b * p.S1 + s1) * p.N1 + (int64_t)n2 * p.H + h) * sfa::DQK + box * 64;
+                    if (qrow[2 * j + e] < 0) continue;
+                    const int64_t rowq = (int64_t)qrow[2 * j + e] * sfa::DQK + box * 64;
 #pragma unroll
                     for (int hh = 0; hh < 2; hh++) {
                         const float x = q[4 * j + 2 * hh + e];

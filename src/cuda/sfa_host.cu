@@ -312,7 +312,8 @@ bool small_shape(const spattn_sfa_problem *p, SmallShape *ss) {
     const int64_t per_row = ss->nkb < p->K * ((p->sbs + 63) / 64) ? ss->nkb : p->K * ((p->sbs + 63) / 64);
     ss->vmax = p->B * p->N2 * p->S1 * per_row;
     const int64_t hp = H <= 1 ? 1 : H <= 2 ? 2 : H <= 4 ? 4 : H <= 8 ? 8 : H <= 16 ? 16 : 32;
-    if (ss->nl >= (1LL << 31) || ss->vmax >= (1LL << 31) || (p->S1 + 32 * (32 / hp) - 1) / (32 * (32 / hp)) > 65535)
+    // int32 list counts and dQ row numbers (B S1 N1) in the kernel
+    if (ss->nl >= (1LL << 31) || ss->vmax >= (1LL << 31) || p->B * p->S1 * p->N1 >= (1LL << 31) || (p->S1 + 32 * (32 / hp) - 1) / (32 * (32 / hp)) > 65535)
         return false;
     const double nq = (double)p->B * p->S1 * p->N1;
     const double bytes = nq * (sfa::DQK * 9 + 8) + (double)ss->nl * ss->s1w * 8 + (double)ss->nl * 8 + (double)ss->vmax * 132;
