@@ -73,7 +73,8 @@ __device__ __forceinline__ void consume(const Params &p, const Smem &s, int nblk
     const int r0 = warp * 16 + (lane >> 2);  // this thread's rows r0, r0 + 8 (heads, or keys in step 4)
     const float sl2 = p.scale_log2, scale = p.scale;
     const float l2a = s.lse2[r0], l2b = s.lse2[r0 + 8], da = s.delta[r0], db = s.delta[r0 + 8];
-    const float fs = p.acc_i64 ? *p.fix_scale : 1.f;
+    const bool det = p.acc_i64 != nullptr;
+    const float fs = det ? *p.fix_scale : 1.f;
     const int64_t base = ((int64_t)b * p.S2 * p.N2 + n2) * sfa::DQK;  // accumulator row of key 0
 
     constexpr int QB = C == 0 ? 0 : 4;  // first dQ box: boxes 0-3 (C = 0) or 4-7 plus 8 (C = 1)
@@ -155,6 +156,7 @@ __device__ __forceinline__ void consume(const Params &p, const Smem &s, int nblk
         }
         hop::wgmma_commit();
 
+        const int ka = key[r0], kb = key[r0 + 8];
         // ---- 4. dKV boxes: dS^T Q (+ P^T dO on the value columns).  The first box's GEMM is
         // queued behind dQ, so the key buffer is released as soon as dQ has read it.
         auto dkv = [&](float (&acc)[32], int box) {
@@ -169,23 +171,21 @@ __device__ __forceinline__ void consume(const Params &p, const Smem &s, int nblk
             }
             hop::wgmma_commit();
         };
-        {
-            float acc[32];
-            dkv(acc, C == 0 ? 0 : 4);
-            hop::wgmma_wait<1>();
-            hop::mbar_arrive(s.fre);
-            hop::wgmma_wait<0>();
-            hop::reg_fence(acc);
-            sfa::add_box(p, acc, key[r0], key[r0 + 8], lane, base, (C == 0 ? 0 : 4) * 64, fs);
-        }
-#pragma unroll
-        for (int i = 1; i < (C == 0 ? 5 : 4); i++) {
+        // a loop, not unrolled: 9 unrolled copies of the GEMM and add code overflowed the
+        // instruction cache (ncu on sfa07); the adds branch once per box on the mode
+#pragma unroll 1
+        for (int i = 0; i < (C == 0 ? 5 : 4); i++) {
             const int box = C == 0 ? (i < 4 ? i : 8) : 4 + i;
             float acc[32];
             dkv(acc, box);
+            if (i == 0) {
+                hop::wgmma_wait<1>();  // dQ has read the key buffer
+                hop::mbar_arrive(s.fre);
+            }
             hop::wgmma_wait<0>();
             hop::reg_fence(acc);
-            sfa::add_box(p, acc, key[r0], key[r0 + 8], lane, base, box * 64, fs);
+            if (det) sfa::add_box<1>(p, acc, ka, kb, lane, base, box * 64, fs);
+            else sfa::add_box<0>(p, acc, ka, kb, lane, base, box * 64, fs);
         }
         hop::reg_fence(dq);
         if constexpr (C == 1) hop::reg_fence(dqr);

@@ -353,18 +353,28 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
                 hop::reg_fence(dkv[0]);  // the dKV group has completed too: the stage is free
                 hop::mbar_arrive(s.empty + st);
             }
+            // det: one vote per box for the common all-finite case (straight-line integer adds;
+            // the flag logic of add_fix per element only when some value is not finite)
+            bool fin = true;
+#pragma unroll
+            for (int i = 0; i < 16; i++) fin &= fabsf(q[i]) <= FLT_MAX;
+            const int mode = !det ? 0 : __all_sync(0xffffffffu, fin) ? 1 : 2;
 #pragma unroll
             for (int j = 0; j < 4; j++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     if (qrow[2 * j + e] < 0) continue;
-                    const int64_t rowq = (int64_t)qrow[2 * j + e] * sfa::DQK + box * 64;
-#pragma unroll
-                    for (int hh = 0; hh < 2; hh++) {
-                        const float x = q[4 * j + 2 * hh + e];
-                        const int col = r0 + 8 * hh;
-                        if (det) sfa::add_fix(L.dq_i64, L.dq_flags, rowq + col, x, fsq);
-                        else sfa::red_add_f32(L.dq_f32 + rowq + col, x);
+                    const int64_t rowq = (int64_t)qrow[2 * j + e] * sfa::DQK + box * 64 + r0;
+                    const float x0 = q[4 * j + e], x1 = q[4 * j + 2 + e];  // columns r0, r0 + 8
+                    if (mode == 0) {
+                        sfa::red_add_f32(L.dq_f32 + rowq, x0);
+                        sfa::red_add_f32(L.dq_f32 + rowq + 8, x1);
+                    } else if (mode == 1) {
+                        sfa::red_add_u64(L.dq_i64 + rowq, (unsigned long long)__float2ll_rn(x0 * fsq));
+                        sfa::red_add_u64(L.dq_i64 + rowq + 8, (unsigned long long)__float2ll_rn(x1 * fsq));
+                    } else {
+                        sfa::add_fix(L.dq_i64, L.dq_flags, rowq, x0, fsq);
+                        sfa::add_fix(L.dq_i64, L.dq_flags, rowq + 8, x1, fsq);
                     }
                 }
         }

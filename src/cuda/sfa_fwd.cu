@@ -46,7 +46,7 @@ constexpr int SMEM = OFF_LAST + 16 + 1024;  // + alignment slack
 static_assert(SMEM <= 232448, "fits in 227 KB");
 
 // named barriers (consumers only, 256 threads, except NB_SCAN: all 384)
-enum { NB_Q = 1, NB_M0 = 2, NB_M1 = 3, NB_P0 = 4, NB_P1 = 5, NB_O = 7 /* and 8 */, NB_SCAN = 9 /* 384 */ };
+enum { NB_Q = 1, NB_M0 = 2, NB_M1 = 3, NB_P0 = 4, NB_P1 = 5, NB_O = 7 /* and 8 */, NB_SCAN = 9 /* 384 */, NB_FIN = 10 /* 384 */ };
 
 template <typename T, bool VL>
 __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant__ Params p) {
@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
             }
         }
         sfa::cp_async_wait<0>();
-        __syncthreads();  // the consumers' row-sum exchange (below)
+        hop::bar_sync(NB_FIN, 384);  // the consumers' row-sum exchange (below)
         return;
     }
 
@@ -361,8 +361,9 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
     if (q4 == 0) sL[c * 32 + quad] = make_float2(l0, l1);
     // all 384 threads (the producer waits here too): compute-sanitizer's racecheck reports a
     // hazard on this exchange across a 256-thread named barrier (an STS, BAR.SYNC 6, LDS
-    // sequence in the SASS, so no real race); a CTA-wide barrier it models exactly
-    __syncthreads();
+    // sequence in the SASS, so no real race); a barrier of the whole CTA it models exactly.  A
+    // named one, not __syncthreads: the producer reaches it at another PC (synccheck)
+    hop::bar_sync(NB_FIN, 384);
     const float2 lo = sL[(c ^ 1) * 32 + quad];
     l0 += lo.x;
     l1 += lo.y;

@@ -58,8 +58,9 @@ template <int N> struct SmallCfg {
 };
 
 // named barriers: NB_Q consumers (256); NB_RED + c, NB_O + c one consumer warpgroup (128);
-// NB_SCAN all 384; 0 is __syncthreads
-enum { NB_Q = 1, NB_RED = 2 /* and 3 */, NB_O = 4 /* and 5 */, NB_SCAN = 9 };
+// NB_SCAN, NB_FIN all 384 (named: producer and consumers reach NB_FIN at different PCs, which
+// __syncthreads does not allow; compute-sanitizer synccheck)
+enum { NB_Q = 1, NB_RED = 2 /* and 3 */, NB_O = 4 /* and 5 */, NB_SCAN = 9, NB_FIN = 10 };
 
 template <int N, typename T, bool VL>
 __global__ void __launch_bounds__(384, 1) sfa_fwd_small_kernel(const __grid_constant__ Params p) {
@@ -144,7 +145,7 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_small_kernel(const __grid_cons
             }
         }
         sfa::cp_async_wait<0>();
-        __syncthreads();  // the consumers' final exchange reuses the key buffers
+        hop::bar_sync(NB_FIN, 384);  // the consumers' final exchange reuses the key buffers
         return;
     }
 
@@ -314,7 +315,7 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_small_kernel(const __grid_cons
         }
     // with the producer: its copies have all landed (pair 0 is gathered even when no pair is
     // visited), so the key buffers can carry the exchange
-    __syncthreads();
+    hop::bar_sync(NB_FIN, 384);
     if (lane < 4) {
 #pragma unroll
         for (int g = 0; g < NJ; g++) {

@@ -141,7 +141,9 @@ __global__ void ref_kernel(const RefArgs a, int backward, float *o, float *lse, 
         if (key < 0) continue;
         for (int h = 0; h < nh; ++h) {
             float s = score(h, key);
-            float mn = fmaxf(m[h], s);
+            if (s == -INFINITY) continue;  // a masked pair (exp(-inf - -inf) would be NaN)
+            // NaN propagates (fmaxf would drop it); +inf gives l = exp(inf - inf) = NaN
+            float mn = (s != s || m[h] != m[h]) ? NAN : fmaxf(m[h], s);
             l[h] = l[h] * expf(m[h] - mn) + expf(s - mn);
             m[h] = mn;
         }
@@ -154,8 +156,13 @@ __global__ void ref_kernel(const RefArgs a, int backward, float *o, float *lse, 
     __syncthreads();
     if (tid < HC) {
         float M = -INFINITY, L = 0.f;
-        for (int w = 0; w < 4; ++w) M = fmaxf(M, red[(w * HC + tid) * 2]);
-        if (M > -INFINITY)
+        for (int w = 0; w < 4; ++w) {
+            const float mw = red[(w * HC + tid) * 2];
+            M = (mw != mw || M != M) ? NAN : fmaxf(M, mw);
+        }
+        if (M != M)
+            L = NAN;  // a NaN score: the row is NaN (spec), never a row without keys
+        else if (M > -INFINITY)
             for (int w = 0; w < 4; ++w) {
                 float mw = red[(w * HC + tid) * 2];
                 if (mw > -INFINITY) L += red[(w * HC + tid) * 2 + 1] * expf(mw - M);
@@ -172,7 +179,7 @@ __global__ void ref_kernel(const RefArgs a, int backward, float *o, float *lse, 
             if (lane == 0) skey[j] = key;
             for (int h = 0; h < HC; ++h) {
                 float pv = 0.f;
-                if (key >= 0 && h < nh && sl[h] > 0.f) pv = expf(score(h, key) - smx[h]) / sl[h];
+                if (key >= 0 && h < nh && sl[h] != 0.f) pv = expf(score(h, key) - smx[h]) / sl[h];
                 if (lane == 0) sp[h * CH + j] = pv;
             }
         }
@@ -196,7 +203,7 @@ __global__ void ref_kernel(const RefArgs a, int backward, float *o, float *lse, 
         }
         if (tid < nh && lse) {
             int64_t head = n2 * H + h0 + tid;
-            lse[(b * a.S1 + s1) * a.N1 + head] = sl[tid] > 0.f ? smx[tid] + logf(sl[tid]) : -INFINITY;
+            lse[(b * a.S1 + s1) * a.N1 + head] = sl[tid] != 0.f ? smx[tid] + logf(sl[tid]) : -INFINITY;
         }
         return;
     }
@@ -220,7 +227,7 @@ __global__ void ref_kernel(const RefArgs a, int backward, float *o, float *lse, 
             if (lane == 0) skey[j] = key;
             for (int h = 0; h < HC; ++h) {
                 float pv = 0.f, dsv = 0.f;
-                if (key >= 0 && h < nh && sl[h] > 0.f) {
+                if (key >= 0 && h < nh && sl[h] != 0.f) {
                     pv = expf(score(h, key) - smx[h]) / sl[h];
                     float dp = 0.f;
                     for (int64_t d = lane; d < a.D; d += 32)
