@@ -13,8 +13,8 @@
 //           (a stable order: the sums below do not depend on scheduling);
 //   mult:   per visit, the multiplicity of each of the block's 64 keys in the token's row
 //           (uint16 pairs; 0 = not selected or causally masked; duplicates count twice).
-// Main kernel, CTA = (list, chunk of the list): a producer warpgroup gathers the key block once
-// (sfa::Gather) and, per step, the Q and dO rows of the step's tokens (32 token-head rows: T =
+// Main kernel, CTA = (list, window of 32 T tokens; see the kernel): a producer warpgroup gathers
+// the key block once (sfa::Gather) and, per step, the Q and dO rows of the step's tokens (32 token-head rows: T =
 // 32 / HP tokens of HP heads each, HP = H rounded up to a power of two; padded rows masked), with
 // the step's multiplicities, into two stages.  Two consumer warpgroups, each for the whole step:
 //   S^T = K Q^T and dP^T = V dO^T (SS m64n32, keys = MMA rows); P^T = mult exp2(S^T sl2 - LSE2),
@@ -49,7 +49,7 @@ constexpr int OFF_K = 0, OFF_ST = 9 * BOX, OFF_DS = OFF_ST + 2 * SQD, OFF_MISC =
 constexpr int OFF_BAR = OFF_MISC + 2 * MISC;
 constexpr int SMEM = OFF_BAR + 64 + 1024;  // + alignment slack
 static_assert(SMEM <= 232448, "fits in 227 KB");
-constexpr int STEPS = 32;  // steps per CTA (chunk of 32 T visits)
+constexpr int STEPS = 32;  // steps per CTA at most (a window of 32 T tokens)
 
 enum { NB_DS0 = 1 /* and 2 */ };
 
@@ -399,9 +399,17 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
 template <typename T, int HP>
 __global__ void __launch_bounds__(384, 1) sfa_bwd_small_kernel(const __grid_constant__ Params p, const __grid_constant__ SmallLists L) {
     constexpr int TT = NR / HP;
+    // CTA (list l, token window c): the visits of l whose token lies in [c W, (c + 1) W), W =
+    // STEPS T tokens (a multiple of 32: the window's visits start at a word's prefix count).  The
+    // grid runs list-fastest, so the CTAs resident at a time share one window and their dQ adds
+    // stay within W x N1 x 576 accumulator rows that L2 holds (with chunks of the list instead,
+    // concurrent CTAs hit rows all over the sequence: ncu on sfa15, DRAM-bound at 63 % of peak)
     const int64_t l = blockIdx.x;
-    const int v0 = L.off[l] + (int)blockIdx.y * STEPS * TT, vend = L.off[l + 1];
-    if (v0 >= vend) return;  // the list is shorter than this chunk (the grid covers the longest)
+    const int64_t wrow = l * L.s1w;
+    const int w0 = (int)blockIdx.y * TT, w1 = w0 + TT;  // the window's first word, the next one's
+    const int v0 = L.off[l] + (int)L.wpre[wrow + w0];
+    const int vend = L.off[l] + (w1 < L.s1w ? (int)L.wpre[wrow + w1] : L.len[l]);
+    if (v0 >= vend) return;  // no token of this window selects a key of the block
     const int v1 = min(vend, v0 + STEPS * TT);
     const int kb = (int)(l % L.nkb), n2 = (int)(l / L.nkb % p.N2), b = (int)(l / L.nkb / p.N2);
 
