@@ -14,6 +14,6 @@ extern "C" int spattn_cuda_backend_available(void) {
 }
 
 // bsa: src/cuda/bsa_host.cu (fast kernels bsa_sched/fwd/bwd.cu)
-// (sfa: src/cuda/sfa_host.cu, sfa_fwd.cu, sfa_bwd.cu)
+// (sfa: src/cuda/sfa_host.cu, sfa_fwd*.cu, sfa_bwd90.cu, sfa_bwd_small.cu)
 // ---- placeholders (reference kernels; replaced by src/cuda/bsa_ref.cu and sfa_ref.cu) ----
 // (sfa reference kernels: src/cuda/sfa_ref.cu)

@@ -457,23 +457,24 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd_small_kernel(const __grid_cons
             if (it >= 2) hop::mbar_wait(s.empty + st, ((it >> 1) - 1) & 1);
             unsigned char *sq = s.st + st * SQD, *ms = s.misc + st * MISC;
             const int vs = v0 + it * TT, ntok = min(TT, v1 - vs);
-            // Q (9 boxes) and dO (8 boxes) rows th = tok * HP + h: 17 16-byte chunks x 8 per row
-            for (int x = t; x < NR * 136; x += 128) {
-                const int th = x / 136, c = x % 136, tok = th / HP, h = th % HP;
+            // Q (9 boxes) and dO (8 boxes) rows th = tok * HP + h, 8 threads per row (128
+            // contiguous bytes per row and instruction), 16 rows per pass: the row's token and
+            // source pointers once per row, then 17 chunks at immediate offsets (ncu: the
+            // per-chunk index arithmetic of a flat loop was the producer's main cost)
+#pragma unroll
+            for (int pass = 0; pass < 2; pass++) {
+                const int th = (t >> 3) + 16 * pass, cc = t & 7, tok = th / HP, h = th % HP;
                 const bool ok = tok < ntok && h < p.H;
                 const int s1 = ok ? L.vtok[vs + tok] : 0;
-                const T *src;
-                unsigned char *dst;
-                if (c < 72) {  // Q: 64 nope chunks then 8 rope chunks
-                    src = c < 64 ? qb + (int64_t)s1 * p.sq[1] + (int64_t)h * p.sq[2] + c * 8
-                                 : qrb + (int64_t)s1 * p.sqr[1] + (int64_t)h * p.sqr[2] + (c - 64) * 8;
-                    dst = sq + (c >> 3) * RBOX + hop::sw128(th, c & 7);
-                } else {
-                    const int cd = c - 72;
-                    src = dob + (int64_t)s1 * p.sdo[1] + (int64_t)h * p.sdo[2] + cd * 8;
-                    dst = sq + ST_DO + (cd >> 3) * RBOX + hop::sw128(th, cd & 7);
-                }
-                sfa::cp_async16(dst, ok ? src : qb, ok ? 16 : 0);
+                const T *qs = qb + (int64_t)s1 * p.sq[1] + (int64_t)h * p.sq[2] + cc * 8;
+                const T *rs = qrb + (int64_t)s1 * p.sqr[1] + (int64_t)h * p.sqr[2] + cc * 8;
+                const T *ds = dob + (int64_t)s1 * p.sdo[1] + (int64_t)h * p.sdo[2] + cc * 8;
+                const uint32_t so = hop::sw128(th, cc);
+#pragma unroll
+                for (int i = 0; i < 8; i++) sfa::cp_async16(sq + i * RBOX + so, ok ? qs + i * 64 : qb, ok ? 16 : 0);
+                sfa::cp_async16(sq + 8 * RBOX + so, ok ? rs : qb, ok ? 16 : 0);
+#pragma unroll
+                for (int i = 0; i < 8; i++) sfa::cp_async16(sq + ST_DO + i * RBOX + so, ok ? ds + i * 64 : qb, ok ? 16 : 0);
             }
             // multiplicities [TT][64] (128 bytes per visit), LSE2 and Delta per token-head row
             for (int x = t; x < TT * 8; x += 128) {

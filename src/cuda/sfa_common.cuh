@@ -1,4 +1,4 @@
-// Shared device helpers of the sfa CUDA kernels (sfa_fwd.cu, sfa_bwd.cu, sfa_host.cu):
+// Shared device helpers of the sfa CUDA kernels (sfa_fwd*.cu, sfa_bwd*.cu, sfa_host.cu):
 // kernel parameter block, index decoding, and thin wrappers over mma.sync / ldmatrix / cp.async.
 #pragma once
 #include <cuda_bf16.h>

@@ -1,5 +1,5 @@
 // sfa CUDA backend entry points (src/core/internal.h): index check, workspace size, forward and
-// backward dispatch to the fast kernels (sfa_fwd*.cu, sfa_bwd90.cu, sfa_bwd_small.cu, sfa_bwd.cu),
+// backward dispatch to the fast kernels (sfa_fwd*.cu, sfa_bwd90.cu, sfa_bwd_small.cu),
 // the deterministic fixed-point setup and the final dK / dQ conversions; the packed
 // variable-length / paged forward (spattn_sfa_fwd_varlen: device checks of the layout, the
 // per-token pre-pass, dispatch).
@@ -23,7 +23,6 @@
 
 extern "C" cudaError_t spattn_sfa_fast_fwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_small_fwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
-extern "C" cudaError_t spattn_sfa_fast_bwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_bwd90_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_bwd_small_launch(const sfa::Params *p, const sfa::SmallLists *L, int is_bf16,
                                                    cudaStream_t st);
@@ -302,10 +301,18 @@ size_t bwd_ws_parts(const spattn_sfa_problem *p, size_t *acc, size_t *hist) {
 struct SmallShape {
     int64_t nkb, s1w, nl, vmax;
 };
-bool small_shape(const spattn_sfa_problem *p, SmallShape *ss) {
+bool small_shape(const spattn_sfa_problem *p, bool det, SmallShape *ss) {
     const int64_t H = p->N1 / p->N2;
     if (H > 32 || p->K > 65535) return false;
     if (p->S2 > 8 * p->K * p->sbs) return false;  // fewer than 1 in 8 keys selected
+    // 17-32 heads: token-major fills half of each 64-row MMA and pays one dK row of adds per
+    // selected key, key-major computes whole 64-key blocks.  Token-major wins below ~0.55 of the
+    // reachable keys selected with int64 adds, ~0.8 with fp32 adds (H200, 2026-12-01, det / fast:
+    // sfa03 at 0.29: key-major 37 / 43, token-major 73 / 132 TFLOP/s; sfa11, dense: key-major
+    // 113 / 138, token-major ~72 / ~132 from its pair rate).  The deterministic choice is the one
+    // that needs the larger workspace (bwd_ws_total).
+    const double reach = p->mode == 3 ? fmax(1.0, (double)p->S2 - 0.5 * (double)p->S1) : (double)p->S2;
+    if (H > 16 && (double)p->K * p->sbs < (det ? 0.55 : 0.8) * reach) return false;
     ss->nkb = (p->S2 + 63) / 64;
     ss->s1w = (p->S1 + 31) / 32;
     ss->nl = p->B * p->N2 * ss->nkb;
@@ -336,7 +343,7 @@ size_t bwd_ws_total(const spattn_sfa_problem *p) {
     size_t a, h, off[9];
     size_t need = bwd_ws_parts(p, &a, &h);
     SmallShape ss;
-    if (small_shape(p, &ss)) need += small_parts(p, ss, off);
+    if (small_shape(p, true, &ss)) need += small_parts(p, ss, off);  // det: the larger need
     return need;
 }
 
@@ -360,7 +367,7 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
     size_t acc_b, hist_b, soff[9];
     const size_t common = bwd_ws_parts(p, &acc_b, &hist_b);
     SmallShape ss;
-    const bool small = small_shape(p, &ss);
+    const bool small = small_shape(p, ex->deterministic != 0, &ss);
     const size_t need = common + (small ? small_parts(p, ss, soff) : 0);
     unsigned char *ws = (unsigned char *)ex->workspace;
     bool own = false;
@@ -426,9 +433,9 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
                 e = cudaGetLastError();
             }
         } else {
-            // more than 32 heads per key head: the Hopper kernel (sfa_bwd90.cu); sparse selections
-            // at H <= 32: sfa_bwd.cu
-            e = kp->H > 32 ? spattn_sfa_bwd90_launch(kp, bf16, st) : spattn_sfa_fast_bwd_launch(kp, bf16, st);
+            // token-major (sfa_bwd90.cu): more than 32 heads per key head, or sparse selections
+            // (64-row MMA tiles, rows past H zero: at H <= 32 the adds bound it anyway)
+            e = spattn_sfa_bwd90_launch(kp, bf16, st);
         }
     }
     if (e == cudaSuccess) {

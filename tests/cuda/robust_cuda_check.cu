@@ -1504,7 +1504,7 @@ int main(int argc, char **argv) {
             SfaNf a;  // key-major backward (sfa_bwd_small.cu), keys-as-rows forward
             a.dt = dt;
             check_nonfinite_sfa(a, {1, 0});
-            SfaNf b = a;  // sparse selections: sfa_bwd.cu
+            SfaNf b = a;  // sparse selections: token-major sfa_bwd90.cu at H <= 32
             b.S2 = 2048;
             check_nonfinite_sfa(b, {1, 0});
             SfaNf c = a;  // more than 32 heads per key head: sfa_fwd.cu, sfa_bwd90.cu

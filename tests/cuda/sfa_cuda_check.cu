@@ -690,12 +690,17 @@ static int small_tests(bool quick) {
         cs.push_back(mk("h96_sbs16_mode0", 1, 20, 700, 96, 1, 20, 16, 0, BF));
         // the key-major backward (H <= 32, rows selecting >= 1/8 of the keys they reach): lists of
         // several chunks (600 tokens, 4 per step at H = 8), index blocks spanning two key blocks
-        // (sbs 128); a sparse selection at H <= 32 still runs the token-major sfa_bwd.cu
+        // (sbs 128); a sparse selection at H <= 32 runs the token-major sfa_bwd90.cu (rows past H
+        // zero), and so does H 17-32 below 0.4 of the reachable keys
         cs.push_back(mk("h8_s600_multichunk", 1, 600, 600, 8, 1, 200, 1, 3, BF));
         cs.back().dups = 1;
         cs.push_back(mk("h4_n2_sbs128", 2, 40, 500, 8, 2, 3, 128, 0, FP));
         cs.back().pad_any = 1;
         cs.push_back(mk("h16_sparse_k8_tokenmajor", 1, 30, 2000, 16, 1, 8, 1, 0, BF));
+        cs.push_back(mk("h32_gqa_k200_tokenmajor", 1, 40, 1000, 64, 2, 200, 1, 3, BF));
+        cs.back().dups = 1;
+        cs.push_back(mk("h1_sparse_tokenmajor", 2, 25, 3000, 1, 1, 16, 1, 3, FP));
+        cs.back().pad_any = 1;
         // the small-head kernel (H <= 32: keys as MMA rows): H 1, 24 (padded to 32), 32 with GQA,
         // an odd number of 64-key blocks, long index rows
         cs.push_back(mk("h1_mqa_k300_mode0", 1, 33, 400, 1, 1, 300, 1, 0, BF));
