@@ -85,16 +85,40 @@ __device__ __forceinline__ bool warp_row(const Params &p, IdxRow &r) {
 }
 
 // One warp per index row (b, s1, n2): sets bit s1 in the bitmap of every key block it touches.
-__global__ void touch_kernel(const Params p, SmallLists L) {
+// With at most TOUCH_MASK key blocks per (b, n2), the warp first collects the blocks its row
+// touches in a shared bit mask and then sets one bitmap bit per block (not one per index entry:
+// 32 consecutive rows share each bitmap word, so per-entry atomics contended; ncu, sfa05).
+constexpr int TOUCH_MASK = 1024;
+__global__ void __launch_bounds__(256) touch_kernel(const Params p, SmallLists L) {
+    __shared__ uint32_t mask_all[8][TOUCH_MASK / 32];
     IdxRow r;
-    if (!warp_row(p, r)) return;
+    if (!warp_row(p, r)) return;  // warp-uniform
     const int lane = threadIdx.x & 31, b = r.b, s1 = r.s1, n2 = r.n2, lim = r.lim;
     const int32_t *irow = r.irow;
     uint32_t *bm = L.bitmap + ((int64_t)(b * p.N2 + n2) * L.nkb) * L.s1w + (s1 >> 5);
+    const uint32_t bit = 1u << (s1 & 31);
+    if (L.nkb > TOUCH_MASK) {
+        for (int e = lane; e < p.K; e += 32) {
+            int k0, k1;
+            entry_keys(p, __ldg(irow + e * p.sidx[3]), lim, k0, k1);
+            for (int kb = k0 >> 6; k0 <= k1 && kb <= (k1 >> 6); kb++) atomicOr(bm + (int64_t)kb * L.s1w, bit);
+        }
+        return;
+    }
+    uint32_t *mask = mask_all[threadIdx.x >> 5];
+    mask[lane] = 0u;
+    __syncwarp();
     for (int e = lane; e < p.K; e += 32) {
         int k0, k1;
         entry_keys(p, __ldg(irow + e * p.sidx[3]), lim, k0, k1);
-        for (int kb = k0 >> 6; k0 <= k1 && kb <= (k1 >> 6); kb++) atomicOr(bm + (int64_t)kb * L.s1w, 1u << (s1 & 31));
+        for (int kb = k0 >> 6; k0 <= k1 && kb <= (k1 >> 6); kb++) atomicOr(mask + (kb >> 5), 1u << (kb & 31));
+    }
+    __syncwarp();
+    uint32_t bits = lane * 32 < L.nkb ? mask[lane] : 0u;
+    while (bits) {
+        const int kb = lane * 32 + __ffs(bits) - 1;
+        bits &= bits - 1;
+        atomicOr(bm + (int64_t)kb * L.s1w, bit);
     }
 }
 
@@ -145,8 +169,7 @@ __global__ void scan_kernel(SmallLists L, int nl) {
     if (threadIdx.x == 0) L.off[nl] = running;
 }
 
-// One thread per (list, word): the tokens of the word's set bits, in order; their multiplicity
-// rows are zeroed here (only visits that exist are touched).
+// One thread per (list, word): the tokens of the word's set bits, in order.
 __global__ void fill_kernel(SmallLists L, int64_t nwords) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= nwords) return;
@@ -158,26 +181,44 @@ __global__ void fill_kernel(SmallLists L, int64_t nwords) {
         const int bit = __ffs(bits) - 1;
         bits &= bits - 1;
         L.vtok[v] = w * 32 + bit;
-        uint4 *m = reinterpret_cast<uint4 *>(L.vmult + (int64_t)v * 32);
-        for (int x = 0; x < 8; x++) m[x] = make_uint4(0, 0, 0, 0);
         v++;
     }
 }
 
+// The multiplicity rows of the visits that exist (128 bytes each), zeroed with coalesced stores.
+__global__ void zero_mult_kernel(SmallLists L, int nl) {
+    const int64_t n = (int64_t)L.off[nl] * 8;
+    uint4 *m = reinterpret_cast<uint4 *>(L.vmult);
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        m[i] = make_uint4(0, 0, 0, 0);
+}
+
 // One warp per index row: each selected key's multiplicity in its visit (+1 per selection).
-__global__ void mult_kernel(const Params p, SmallLists L) {
+// With few key blocks (at most TOUCH_MASK, and no more than K), the row's visit index of every
+// block is looked up once into a shared table instead of three loads per index entry.
+__global__ void __launch_bounds__(256) mult_kernel(const Params p, SmallLists L) {
+    __shared__ int vis_all[8][TOUCH_MASK];
     IdxRow r;
-    if (!warp_row(p, r)) return;
+    if (!warp_row(p, r)) return;  // warp-uniform
     const int lane = threadIdx.x & 31, b = r.b, s1 = r.s1, n2 = r.n2, lim = r.lim;
     const int32_t *irow = r.irow;
     const int64_t l0 = (int64_t)(b * p.N2 + n2) * L.nkb;
     const uint32_t below = (1u << (s1 & 31)) - 1u;
+    auto visit = [&](int kb) {
+        const int64_t l = l0 + kb, wi = l * L.s1w + (s1 >> 5);
+        return L.off[l] + (int)L.wpre[wi] + __popc(L.bitmap[wi] & below);
+    };
+    const bool table = L.nkb <= TOUCH_MASK && L.nkb <= p.K;
+    int *vis = vis_all[threadIdx.x >> 5];
+    if (table) {
+        for (int kb = lane; kb < L.nkb; kb += 32) vis[kb] = visit(kb);  // blocks not touched: unused
+        __syncwarp();
+    }
     for (int e = lane; e < p.K; e += 32) {
         int k0, k1;
         entry_keys(p, __ldg(irow + e * p.sidx[3]), lim, k0, k1);
         for (int k = k0; k <= k1; k++) {
-            const int64_t l = l0 + (k >> 6), wi = l * L.s1w + (s1 >> 5);
-            const int v = L.off[l] + (int)L.wpre[wi] + __popc(L.bitmap[wi] & below);
+            const int v = table ? vis[k >> 6] : visit(k >> 6);
             atomicAdd(L.vmult + (int64_t)v * 32 + ((k & 63) >> 1), 1u << ((k & 1) * 16));
         }
     }
@@ -525,6 +566,7 @@ template <typename T> cudaError_t launch_all(const Params &p, const SmallLists &
     scan_kernel<<<1, 1024, 0, st>>>(L, nl);
     const int64_t nwords = (int64_t)nl * L.s1w;
     fill_kernel<<<(unsigned)((nwords + 255) / 256), 256, 0, st>>>(L, nwords);
+    zero_mult_kernel<<<132 * 8, 256, 0, st>>>(L, nl);
     mult_kernel<<<g_rows, 256, 0, st>>>(p, L);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     const int H = p.H;
