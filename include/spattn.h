@@ -186,12 +186,12 @@ SPATTN_API void spattn_options_init(spattn_options *opt);
  * Skv; bsa block rows/columns and sfa index values are sequence-local; sfa mode 3 uses the
  * sequence's own lengths): the result equals one dense call per sequence.  The lengths and
  * the table are read and checked (SPATTN_STATUS_BAD_INDEX) before any output is written.
- * Backends: the CPU; on CUDA the sfa forward (spattn_sfa_fwd_varlen: the lengths, the table and
- * the indices are checked on the device, where they stay; one synchronisation per call, as the
- * dense sfa forward) and the packed bsa forward (spattn_bsa_fwd_varlen without a block table:
+ * Backends: the CPU; on CUDA the sfa forward and backward (spattn_sfa_fwd_varlen /
+ * spattn_sfa_bwd_varlen: the lengths, the table and the indices are checked on the device, where
+ * they stay; one synchronisation per call, as the dense sfa calls; the backward for the Hopper
+ * kernels' shapes only) and the packed bsa forward (spattn_bsa_fwd_varlen without a block table:
  * the prefix sums are checked on the device; one synchronisation per call).  Every other varlen
- * call on CUDA tensors gives
- * SPATTN_STATUS_NOT_SUPPORTED for now.
+ * call on CUDA tensors gives SPATTN_STATUS_NOT_SUPPORTED for now.
  */
 typedef struct spattn_varlen {
     const spattn_tensor *cu_seqlens_q;
@@ -428,9 +428,13 @@ SPATTN_API spattn_status spattn_sfa_workspace_size(const spattn_tensor *q, const
  * Rows past cu_seqlens_q[B] are not written; every dk/dv/dk_rope row that no sequence's key
  * uses gets 0.  opt as in the _ex calls; a caller workspace needs
  * spattn_sfa_varlen_workspace_size bytes (CUDA forward: 16 bytes per query token, plus fp32 O
- * and LSE for shapes without a Hopper kernel).  CUDA: the forward only (the Hopper kernels for
- * fp16/bf16, D 512, Dr 64, shared key/value, pages page_size rows apart; other shapes on the
- * simple kernels); spattn_sfa_bwd_varlen and its workspace query give NOT_SUPPORTED.
+ * and LSE for shapes without a Hopper kernel; CUDA backward: 16 bytes per query token plus 9 x 576
+ * bytes per key-side row and key head (packed rows, or num_pages * page_size page rows), plus a
+ * count histogram).  CUDA forward: the Hopper kernels for fp16/bf16, D 512, Dr 64, shared
+ * key/value, pages page_size rows apart; other shapes on the simple kernels.  CUDA backward: those
+ * shapes only (the token-major Hopper backward; deterministic = 1: int64 fixed-point dK,
+ * bitwise reproducible); other shapes give SPATTN_STATUS_NOT_SUPPORTED (use the CPU backend) and
+ * a workspace size of 0.
  */
 SPATTN_API spattn_status spattn_sfa_fwd_varlen(const spattn_tensor *q, const spattn_tensor *q_rope,
                                                const spattn_tensor *k, const spattn_tensor *k_rope,

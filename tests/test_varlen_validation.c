@@ -232,7 +232,8 @@ int main(void) {
     /* CUDA tensors: not supported (or no CUDA in this build) before anything is read.  The sfa
      * forward runs on the GPU (it would read these host buffers there): only without a usable
      * CUDA backend, where it must be refused as well (tests/cuda/sfa_varlen_cuda_check.cu checks
-     * it on a GPU). */
+     * it on a GPU).  The sfa backward runs on the GPU for the Hopper kernels' shapes only (D 512,
+     * Dr 64): with D = 8 here it is refused there too, before anything is read. */
     for (int op = 0; op < OP_N; op++) {
         /* the packed bsa forward runs on CUDA too: checked on the GPU by
          * tests/cuda/bsa_varlen_cuda_check.cu */

@@ -2,9 +2,9 @@
  * Packed variable-length top-k sparse flash attention entry points (spattn_sfa_*_varlen):
  * every argument, the prefix sums, the block table and the index values (per sequence)
  * validated before any output is written, then the backend.  CPU tensors: the values are
- * checked here.  CUDA tensors: the forward runs on the GPU, which checks the values on the
- * device itself (src/cuda/sfa_host.cu; they stay there); the backward is
- * SPATTN_STATUS_NOT_SUPPORTED for now.
+ * checked here.  CUDA tensors: the forward and the backward run on the GPU, which checks the
+ * values on the device itself (src/cuda/sfa_host.cu; they stay there); the backward there takes
+ * the Hopper kernels' shapes only (others: SPATTN_STATUS_NOT_SUPPORTED from the backend).
  */
 #include <math.h>
 
@@ -165,21 +165,12 @@ static spattn_status check_index_values(const spattn_sfa_problem *p) {
     return SPATTN_STATUS_SUCCESS;
 }
 
-static spattn_status cuda_bwd_unsupported(const char *op) {
-    return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
-                            "%s: the backward of packed variable-length / paged calls runs on the CPU "
-                            "only for now (the tensors are on a CUDA device; the forward runs there)",
-                            op);
-}
-
 /* CUDA: the workspace only (the device checks the values, before any write). */
 static spattn_status resolve(const spattn_options *opt, const spattn_sfa_problem *p, const char *op,
                              int backward, spattn_exec *ex, int *use_cuda) {
     TRY(spattn_resolve_exec(opt, p->q, ex, use_cuda));
-    if (*use_cuda) {
-        if (backward) return cuda_bwd_unsupported(op);
-        return spattn_check_workspace(ex, spattn_cuda_sfa_workspace(p, 0));
-    }
+    (void)op;
+    if (*use_cuda) return spattn_check_workspace(ex, spattn_cuda_sfa_workspace(p, backward));
     TRY(spattn_check_workspace(ex, spattn_cpu_sfa_workspace(p, backward, ex->num_threads)));
     TRY(spattn_seqs_check_values(p->seqs));
     return check_index_values(p);
@@ -266,7 +257,7 @@ spattn_status spattn_sfa_bwd_varlen(const spattn_tensor *q, const spattn_tensor 
     spattn_exec ex;
     int use_cuda;
     TRY(resolve(opt, &p, "sfa_bwd_varlen", 1, &ex, &use_cuda));
-    return spattn_cpu_sfa_bwd(&p, &ex);
+    return use_cuda ? spattn_cuda_sfa_bwd(&p, &ex) : spattn_cpu_sfa_bwd(&p, &ex);
 }
 
 spattn_status spattn_sfa_varlen_workspace_size(const spattn_tensor *q, const spattn_tensor *q_rope,
@@ -283,8 +274,7 @@ spattn_status spattn_sfa_varlen_workspace_size(const spattn_tensor *q, const spa
     spattn_exec ex;
     int use_cuda;
     TRY(spattn_resolve_exec(opt, q, &ex, &use_cuda));
-    if (use_cuda && backward) return cuda_bwd_unsupported("sfa_varlen_workspace_size");
-    *bytes = use_cuda ? spattn_cuda_sfa_workspace(&p, 0)
+    *bytes = use_cuda ? spattn_cuda_sfa_workspace(&p, backward != 0)
                       : spattn_cpu_sfa_workspace(&p, backward != 0, ex.num_threads);
     return SPATTN_STATUS_SUCCESS;
 }

@@ -23,6 +23,14 @@
 //      have read it, so the next gather overlaps step 4.
 // Shared memory: Q 72 KB + dO 64 KB + one key block 72 KB + P, dS 16 KB = 224 KB: one key buffer
 // (a second does not fit next to resident Q and dO).
+// VL = true: the packed variable-length / paged form (sfa::Varlen, spattn_sfa_bwd_varlen; as
+// sfa_fwd.cu's): a CTA = one packed token (B = 1, S1 = Tq over views with batch stride 0); its
+// sequence's causal limit and first key row come from the pre-pass's table (one load per CTA,
+// tokens past cu_seqlens_q[B] exit).  The producer's key ids are rows of the key side: packed
+// row (first key row + sequence-local key) or page row (page * page_size + key % page_size, from
+// the block table, sfa::Gather<T, true>), so the consumers' adds go to accumulator rows
+// [key-side rows, N2, 576] with no other change (b = 0).  Only if-constexpr branches: the dense
+// instantiation is unchanged.
 #include <math.h>
 
 #include "hopper/hopper.cuh"
@@ -211,7 +219,21 @@ __device__ __forceinline__ void consume(const Params &p, const Smem &s, int nblk
     }
 }
 
-template <typename T>
+// VL: the producer's key ids as rows of the key side.  The gather is built with first key row 0
+// (vl_gather), so a packed sequence-local key becomes its packed row here (the rows of a sequence
+// are contiguous); with pages the table already gave the page row (first key row 0).
+__device__ __forceinline__ void vl_key_rows(const int4 &tk, int (&key)[4]) {
+#pragma unroll
+    for (int r = 0; r < 4; r++)
+        if (key[r] >= 0) key[r] += tk.y;
+}
+template <typename T, bool VL>
+__device__ __forceinline__ sfa::Gather<T, VL> vl_gather(const Params &p, int b, int n2, int t, const int4 &tk) {
+    if constexpr (VL) return sfa::Gather<T, VL>(p, n2, t, make_int4(tk.x, 0, tk.z, tk.w));
+    else return sfa::Gather<T, VL>(p, b, n2, t);
+}
+
+template <typename T, bool VL>
 __global__ void __launch_bounds__(384, 1) sfa_bwd90_kernel(const __grid_constant__ Params p) {
     extern __shared__ unsigned char smem_raw[];
     unsigned char *sm = hop::align1024(smem_raw);
@@ -234,7 +256,13 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd90_kernel(const __grid_constant
     const int g = (int)(blockIdx.x % ngroups);
     const int b = blockIdx.y / p.N2, n2 = blockIdx.y % p.N2;
     const int head0 = n2 * p.H + g * BH, nh = min(BH, p.H - g * BH);
-    const int lim = p.mode == 3 ? p.S2 - p.S1 + s1 : p.S2 - 1;
+    // VL: s1 is the packed token (b = 0, batch strides 0); tokens past cu_seqlens_q[B] exit
+    int4 tk = make_int4(0, 0, 0, 0);
+    if constexpr (VL) {
+        tk = __ldg(p.vl.tok + s1);
+        if (tk.x < 0) return;
+    }
+    const int lim = VL ? tk.w : p.mode == 3 ? p.S2 - p.S1 + s1 : p.S2 - 1;
     const int32_t *irow = p.idx + b * p.sidx[0] + (int64_t)s1 * p.sidx[1] + n2 * p.sidx[2];
     const int64_t si3 = p.sidx[3];
     const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 7), 0), t = threadIdx.x & 127;
@@ -251,11 +279,12 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd90_kernel(const __grid_constant
 
     if (wg == 0) {  // ------------------------------------------------------------------ producer
         hop::setmaxnreg_dec<40>();
-        const sfa::Gather<T> gat(p, b, n2, t);
+        const sfa::Gather<T, VL> gat = vl_gather<T, VL>(p, b, n2, t, tk);
         int nb = 1;  // block 0 is gathered before the scan's answer (harmless when there is none)
         for (int j = 0; j < nb; j++) {
             int key[4];
             gat.keys(p, irow, si3, j, lim, key);
+            if constexpr (VL) vl_key_rows(tk, key);
             if (j > 0) hop::mbar_wait(s.fre, (j - 1) & 1);
             gat.copy(s.k, key, 0, 4);
             hop::cp_async_arrive_noinc(s.rdy + 0);
@@ -328,19 +357,21 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd90_kernel(const __grid_constant
     else consume<T, 1>(p, s, nblk, b, n2, s1, head0, nh);
 }
 
-template <typename T> cudaError_t launch(const Params &p, cudaStream_t st) {
+template <typename T, bool VL> cudaError_t launch(const Params &p, cudaStream_t st) {
     static unsigned long long done = 0;
-    const cudaError_t e = hop::set_smem(sfa_bwd90_kernel<T>, SMEM, &done);
+    const cudaError_t e = hop::set_smem(sfa_bwd90_kernel<T, VL>, SMEM, &done);
     if (e != cudaSuccess) return e;
     const int ngroups = (p.H + BH - 1) / BH;
-    dim3 grid((unsigned)((long long)p.S1 * ngroups), (unsigned)(p.B * p.N2));
-    sfa_bwd90_kernel<T><<<grid, 384, SMEM, st>>>(p);
+    dim3 grid((unsigned)((long long)p.S1 * ngroups), (unsigned)(p.B * p.N2));  // VL: S1 = Tq, B = 1
+    sfa_bwd90_kernel<T, VL><<<grid, 384, SMEM, st>>>(p);
     return cudaGetLastError();
 }
 
 }  // namespace
 
-// Launcher used by sfa_host.cu (H = N1 / N2 > 32; the accumulator and fix_scale of p are set).
+// Launcher used by sfa_host.cu (the accumulator and fix_scale of p are set; p->vl.tok set: the
+// varlen form, the accumulator's rows are the key side's rows).
 extern "C" cudaError_t spattn_sfa_bwd90_launch(const sfa::Params *p, int is_bf16, cudaStream_t st) {
-    return is_bf16 ? launch<__nv_bfloat16>(*p, st) : launch<__half>(*p, st);
+    if (p->vl.tok) return is_bf16 ? launch<__nv_bfloat16, true>(*p, st) : launch<__half, true>(*p, st);
+    return is_bf16 ? launch<__nv_bfloat16, false>(*p, st) : launch<__half, false>(*p, st);
 }

@@ -1,8 +1,10 @@
 // sfa CUDA backend entry points (src/core/internal.h): index check, workspace size, forward and
 // backward dispatch to the fast kernels (sfa_fwd*.cu, sfa_bwd90.cu, sfa_bwd_small.cu),
 // the deterministic fixed-point setup and the final dK / dQ conversions; the packed
-// variable-length / paged forward (spattn_sfa_fwd_varlen: device checks of the layout, the
-// per-token pre-pass, dispatch).
+// variable-length / paged forward and backward (spattn_sfa_fwd_varlen / spattn_sfa_bwd_varlen:
+// device checks of the layout, the per-token pre-pass, dispatch; the varlen backward always runs
+// the token-major sfa_bwd90.cu, its dK accumulator over the key side's rows: packed [Tkv, N2, 576]
+// or page rows [num_pages * page_size, N2, 576], converted into dk / dk_rope of the same layout).
 //
 // Fast path: fp16/bf16, D = 512, Dr = 64, shared key/value (v == NULL), unit stride on the last
 // dimension, 16-byte aligned rows.  Every other valid input runs on the simple kernels of
@@ -498,11 +500,13 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
 
 size_t vl_workspace(const spattn_sfa_problem *p);
 
+size_t vl_bwd_workspace(const spattn_sfa_problem *p);
+
 }  // namespace
 
 extern "C" size_t spattn_cuda_sfa_workspace(const spattn_sfa_problem *p, int backward) {
     size_t off[5];
-    if (p->seqs) return backward ? 0 : vl_workspace(p);  // the varlen backward has no CUDA kernel
+    if (p->seqs) return backward ? vl_bwd_workspace(p) : vl_workspace(p);
     if (!fast_shape(p, backward)) return ref_parts(p, backward, off);
     if (!backward) return 0;
     return bwd_ws_total(p);
@@ -963,7 +967,7 @@ spattn_status vl_finish(const spattn_sfa_problem *p, cudaStream_t st, IdxCheck *
 // rows (their page stride is page_size rows: checked by vl_fast).
 struct VlView {
     spattn_sfa_problem p;
-    spattn_tensor t[8];
+    spattn_tensor t[14];
 };
 
 spattn_tensor vl_tok_view(const spattn_tensor *t) {
@@ -989,11 +993,14 @@ spattn_tensor vl_rows_view(const spattn_tensor *t) {
 void vl_view(const spattn_sfa_problem *p, bool fast, VlView *w) {
     const bool paged = p->seqs->table != nullptr;
     w->p = *p;
-    const spattn_tensor *src[8] = {p->q, p->q_rope, p->k, p->k_rope, p->v, p->idx, p->o, p->lse};
-    const spattn_tensor **dst[8] = {&w->p.q, &w->p.q_rope, &w->p.k, &w->p.k_rope, &w->p.v, &w->p.idx, &w->p.o, &w->p.lse};
-    for (int i = 0; i < 8; i++) {
+    // the backward's tensors too (NULL in a forward): dout, dq, dq_rope; the key side dk, dk_rope, dv
+    const spattn_tensor *src[14] = {p->q,  p->q_rope, p->k,  p->k_rope,  p->v,     p->idx,     p->o,
+                                    p->lse, p->dout,  p->dq, p->dq_rope, p->dk,    p->dk_rope, p->dv};
+    const spattn_tensor **dst[14] = {&w->p.q,   &w->p.q_rope, &w->p.k,  &w->p.k_rope,  &w->p.v,  &w->p.idx,     &w->p.o,
+                                     &w->p.lse, &w->p.dout,   &w->p.dq, &w->p.dq_rope, &w->p.dk, &w->p.dk_rope, &w->p.dv};
+    for (int i = 0; i < 14; i++) {
         if (!src[i]) continue;
-        const bool kside = i >= 2 && i <= 4;
+        const bool kside = (i >= 2 && i <= 4) || i >= 11;
         w->t[i] = kside && paged ? (fast ? vl_rows_view(src[i]) : *src[i]) : vl_tok_view(src[i]);
         *dst[i] = &w->t[i];
     }
@@ -1003,14 +1010,29 @@ void vl_view(const spattn_sfa_problem *p, bool fast, VlView *w) {
 
 // The Hopper kernels' shapes (fast_shape) on the views; with pages, a page is page_size rows of k
 // (and of k_rope) apart.
-bool vl_fast(const spattn_sfa_problem *p, const VlView &w) {
+// Backward: the same on the backward's tensors (dk / dk_rope are converted with their own strides).
+bool vl_fast(const spattn_sfa_problem *p, const VlView &w, int backward = 0) {
     const spattn_seqs *s = p->seqs;
     if (s->table) {
         const spattn_tensor *ks[2] = {p->k, p->k_rope};
         for (int i = 0; i < 2; i++)
             if (ks[i] && ks[i]->strides[0] != s->page_size * ks[i]->strides[1]) return false;
     }
-    return fast_shape(&w.p, 0);
+    return fast_shape(&w.p, backward);
+}
+
+// Limits shared by the varlen forward and backward: the gate keys (a table row's keys and an
+// index position stay below 2^60) and, for the Hopper kernels, int32 key-side rows (the gather's
+// row numbers: packed rows, or page * page_size + row).
+spattn_status vl_limits(const spattn_sfa_problem *p, const VlView &w, bool fast) {
+    const spattn_seqs *s = p->seqs;
+    if (s->B >= (1LL << 30) || (double)s->Tq * p->N2 * p->K >= 1e18 ||
+        (double)s->B * (2.0 * s->max_pages + 3) >= 1e18)
+        return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED, "sfa cuda varlen: problem too large for the device checks");
+    if (fast && s->Tkv >= (1LL << 31))
+        return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
+                                "sfa cuda varlen: %lld key-side rows (the Hopper kernels take < 2^31)", (long long)s->Tkv);
+    return fast ? limits_ok(&w.p) : ref_grid_ok(&w.p);
 }
 
 size_t vl_workspace(const spattn_sfa_problem *p) {
@@ -1057,11 +1079,7 @@ spattn_status vl_fwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
     vl_view(p, true, &w);
     const bool fast = vl_fast(p, w);
     if (!fast) vl_view(p, false, &w);
-    // the gate keys: a table row's keys and an index position stay below 2^60
-    if (s->B >= (1LL << 30) || (double)s->Tq * p->N2 * p->K >= 1e18 ||
-        (double)s->B * (2.0 * s->max_pages + 3) >= 1e18)
-        return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED, "sfa cuda varlen: problem too large for the device checks");
-    spattn_status r = fast ? limits_ok(&w.p) : ref_grid_ok(&w.p);
+    spattn_status r = vl_limits(p, w, fast);
     if (r != SPATTN_STATUS_SUCCESS) return r;
     size_t off[5];
     const size_t tb = align256((size_t)s->Tq * sizeof(int4));
@@ -1104,6 +1122,166 @@ spattn_status vl_fwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
     return SPATTN_STATUS_SUCCESS;
 }
 
+// ---- packed variable-length / paged backward (spattn_sfa_bwd_varlen) ----------------------------
+// The checks and the pre-pass of the forward, then the verdict (one synchronisation) BEFORE any
+// write: the backward writes dq from its kernel and dk / dk_rope from the conversion, so the
+// layout is settled first instead of gating every writer.  Then the dense backward's steps on the
+// views (B = 1, S1 = Tq): zeroed accumulator, the fixed-point scale (deterministic), the
+// token-major kernel sfa_bwd90.cu in its VL form (always: the key-major sfa_bwd_small.cu is dense
+// only; at H <= 32 the 64-row MMA tiles have zero rows past H), the accumulator into dk / dk_rope.
+// The accumulator has one row per key-side row (packed [Tkv, N2, 576], or the page rows
+// [num_pages * page_size, N2, 576]): rows past cu_seqlens_kv[B], page rows no sequence uses and
+// keys never selected get 0, a page shared by several sequences the sum of their contributions
+// (integer adds in deterministic mode: bitwise reproducible whatever the order).
+// Workspace: [tok Tq x 16][acc rows N2 576 x 8][hist][stats 256][flags rows N2 576 x 1].
+
+// Bins of the count histogram the fixed-point bound needs (the largest number of index entries
+// that can reach one accumulator row): packed keys: (n2, sequence-local block), merged over the
+// sequences (a row belongs to one sequence, so its count is at most its bin's); pages: (page, n2),
+// an entry counting once for every page its block touches (sequences may share pages).
+int64_t vl_hist_bins(const spattn_sfa_problem *p) {
+    const spattn_seqs *s = p->seqs;
+    return s->table ? s->num_pages * p->N2 : p->nblk * p->N2;
+}
+
+size_t vl_bwd_parts(const spattn_sfa_problem *p, size_t off[5]) {
+    const spattn_seqs *s = p->seqs;
+    const size_t cells = (size_t)s->Tkv * p->N2 * sfa::DQK;
+    const size_t sz[5] = {(size_t)s->Tq * sizeof(int4), cells * 8, (size_t)vl_hist_bins(p) * 4, 256, cells};
+    size_t t = 0;
+    for (int i = 0; i < 5; i++) {
+        off[i] = t;
+        t += align256(sz[i]);
+    }
+    return t;
+}
+
+const char *vl_bwd_unsupported_msg() {
+    return "sfa cuda: spattn_sfa_bwd_varlen runs on the GPU only for the Hopper kernels' shapes (fp16/bf16, "
+           "D = 512, Dr = 64, shared key/value (v == NULL), rows of unit stride and 16-byte aligned, pages "
+           "page_size rows apart); the simple kernels have no varlen backward: use the CPU backend for this one";
+}
+
+size_t vl_bwd_workspace(const spattn_sfa_problem *p) {
+    VlView w;
+    vl_view(p, true, &w);
+    size_t off[5];
+    return vl_fast(p, w, 1) ? vl_bwd_parts(p, off) : 0;  // other shapes: refused by the call
+}
+
+// One thread per index entry of the tokens [0, cu_q[B]) (values checked: -1 or a block of the
+// sequence's keys); stats[4] = the largest bin count.
+__global__ void vl_hist_kernel(const VlArgs a, const int4 *tok, int64_t nblk, unsigned *hist, unsigned *stats) {
+    const int64_t total = a.Tq * a.N2 * a.K;
+    unsigned mx = 0;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t j = i % a.K, r = i / a.K, n = r % a.N2, t = r / a.N2;
+        const int4 info = tok[t];
+        if (info.x < 0) continue;
+        const int64_t x = a.idx[t * a.si0 + n * a.si1 + j * a.si2];
+        if (x < 0 || x * a.sbs >= info.z) continue;  // padding (a checked value is inside the keys)
+        if (!a.table) {
+            if (x >= nblk) continue;
+            mx = max(mx, atomicAdd(&hist[n * nblk + x], 1u) + 1);
+            continue;
+        }
+        const int64_t k0 = x * a.sbs, k1 = min(k0 + a.sbs, (int64_t)info.z) - 1;
+        for (int64_t sl = k0 / a.page_size; sl <= k1 / a.page_size; sl++) {
+            const int64_t pg = a.table[info.x * a.tab_s0 + sl * a.tab_s1];
+            if (pg < 0 || pg >= a.num_pages) continue;  // checked already; no access outside hist
+            mx = max(mx, atomicAdd(&hist[pg * a.N2 + n], 1u) + 1);
+        }
+    }
+    atomicMax(&stats[4], mx);
+}
+
+template <typename T>
+spattn_status vl_bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, const VlView &w) {
+    const spattn_seqs *s = p->seqs;
+    size_t off[5];
+    const size_t need = vl_bwd_parts(p, off);
+    spattn_status r;
+    cuda_scratch ws;
+    if ((r = ws.get(ex, need, "sfa cuda")) != SPATTN_STATUS_SUCCESS) return r;
+    cudaStream_t st = ws.st;
+    int4 *tok = reinterpret_cast<int4 *>(ws.base + off[0]);
+    unsigned char *acc = reinterpret_cast<unsigned char *>(ws.base + off[1]);
+    unsigned *hist = reinterpret_cast<unsigned *>(ws.base + off[2]);
+    unsigned *stats = reinterpret_cast<unsigned *>(ws.base + off[3]);
+    uint8_t *flags = reinterpret_cast<uint8_t *>(ws.base + off[4]);
+    const bool det = ex->deterministic != 0;
+    const size_t cells = (size_t)s->Tkv * p->N2 * sfa::DQK;
+    // the layout and the index values, verdict first: nothing is written for a refused call
+    IdxCheck c;
+    if ((r = gate_words(&c)) != SPATTN_STATUS_SUCCESS) return r;
+    cudaError_t e = vl_launch_checks(p, st, tok, c.d_bad);
+    if ((r = vl_finish(p, st, &c, tok, e)) != SPATTN_STATUS_SUCCESS) return r;
+    // deterministic: the int64 accumulator, its flags, the histogram and the stats; else the fp32 one
+    e = det ? cudaMemsetAsync(acc, 0, need - off[1], st) : cudaMemsetAsync(acc, 0, cells * 4, st);
+    if (e == cudaSuccess && det) {
+        launch_maxabs<T>(w.p.q, stats + 0, st);
+        launch_maxabs<T>(w.p.q_rope, stats + 0, st);
+        launch_maxabs<T>(w.p.k, stats + 1, st);  // every key-side row (unused ones too: a looser bound)
+        launch_maxabs<T>(w.p.k_rope, stats + 1, st);
+        launch_maxabs<T>(w.p.o, stats + 2, st);
+        launch_maxabs<T>(w.p.dout, stats + 3, st);
+        const VlArgs a = vl_args(p);
+        vl_hist_kernel<<<grid_for(a.Tq * a.N2 * a.K, 256), 256, 0, st>>>(a, tok, p->nblk, hist, stats);
+        fix_scale_kernel<<<1, 1, 0, st>>>(stats, p->scale, (int)p->D, (int)(p->N1 / p->N2));
+        e = cudaGetLastError();
+    }
+    if (e == cudaSuccess) {
+        sfa::Params kp;
+        fill_params(&w.p, &kp);
+        kp.out_o = nullptr;
+        kp.lse_in = (const float *)p->lse->data;
+        if (det) {
+            kp.acc_i64 = (unsigned long long *)acc;
+            kp.acc_flags = (uint32_t *)flags;
+            kp.fix_scale = (const float *)(stats + 5);
+        } else {
+            kp.acc_f32 = (float *)acc;
+        }
+        kp.vl.tok = tok;
+        kp.vl.table = s->table;
+        kp.vl.tab_s0 = s->tab_s0;
+        kp.vl.tab_s1 = s->tab_s1;
+        kp.vl.page_size = s->table ? (int)s->page_size : 1;
+        kp.vl.num_pages = s->table ? (int)s->num_pages : 0;
+        e = spattn_sfa_bwd90_launch(&kp, p->dtype == SPATTN_DTYPE_BF16, st);
+    }
+    if (e == cudaSuccess) {
+        // accumulator rows = the key side's rows: packed dk [Tkv, N2, D] as [1, Tkv, N2, D]; pages
+        // [num_pages, page_size, N2, D] as they are (row page * page_size + r of the accumulator)
+        const spattn_tensor *dk = p->dk, *dkr = p->dk_rope;
+        const bool pg = s->table != nullptr;
+        const int64_t B = pg ? s->num_pages : 1, S = pg ? s->page_size : s->Tkv;
+        int64_t sd[4], sr[4];
+        for (int i = 0; i < 4; i++) {
+            sd[i] = pg ? dk->strides[i] : i == 0 ? 0 : dk->strides[i - 1];
+            sr[i] = pg ? dkr->strides[i] : i == 0 ? 0 : dkr->strides[i - 1];
+        }
+        convert_dk_kernel<T><<<grid_for((int64_t)cells, 256), 256, 0, st>>>(
+            acc, flags, det, (const float *)(stats + 6), (T *)dk->data, (T *)dkr->data, B, S, p->N2, sd[0], sd[1], sd[2],
+            sd[3], sr[0], sr[1], sr[2], sr[3]);
+        e = cudaGetLastError();
+    }
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "sfa cuda varlen backward: %s", cudaGetErrorString(e));
+    }
+    return SPATTN_STATUS_SUCCESS;
+}
+
+spattn_status vl_bwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
+    VlView w;
+    vl_view(p, true, &w);
+    if (!vl_fast(p, w, 1)) return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED, "%s", vl_bwd_unsupported_msg());
+    spattn_status r = vl_limits(p, w, true);
+    if (r != SPATTN_STATUS_SUCCESS) return r;
+    return p->dtype == SPATTN_DTYPE_BF16 ? vl_bwd_impl<__nv_bfloat16>(p, ex, w) : vl_bwd_impl<__half>(p, ex, w);
+}
+
 }  // namespace
 
 extern "C" spattn_status spattn_cuda_sfa_fwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
@@ -1128,6 +1306,7 @@ extern "C" spattn_status spattn_cuda_sfa_fwd(const spattn_sfa_problem *p, const 
 }
 
 extern "C" spattn_status spattn_cuda_sfa_bwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
+    if (p->seqs) return vl_bwd(p, ex);
     if (!fast_shape(p, 1)) return ref_bwd(p, ex);
     spattn_status s = limits_ok(p);
     if (s != SPATTN_STATUS_SUCCESS) return s;

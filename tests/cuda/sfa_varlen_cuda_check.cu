@@ -1,6 +1,6 @@
-// GPU check of the packed variable-length / paged sfa forward (spattn_sfa_fwd_varlen on CUDA
-// tensors).  Runs on a machine with a GPU; prints "skipped" and exits 0 when none is visible (not
-// a ctest test: CI has no GPU).
+// GPU check of the packed variable-length / paged sfa forward and backward (spattn_sfa_fwd_varlen /
+// spattn_sfa_bwd_varlen on CUDA tensors).  Runs on a machine with a GPU; prints "skipped" and exits
+// 0 when none is visible (not a ctest test: CI has no GPU).
 //
 //   sfa_varlen_cuda_check         random packed and paged batches (lengths 0, 1 and more on either
 //                                 side, B > 1, -1 slots, duplicates, rows all -1, pages of 16 / 64
@@ -19,8 +19,23 @@
 //                                 CPU backend's message, every output byte untouched; out-of-range
 //                                 values where nothing is read (rows past cu_q[B], unused table
 //                                 slots) accepted; caller workspace of the queried size (same bits)
-//                                 and one byte less (refused); the backward NOT_SUPPORTED.
+//                                 and one byte less (refused).
+//                                 Backward, the same batches plus H = 1 with heavy duplicates, H = 96,
+//                                 one long sequence among short ones, pages shared by two sequences,
+//                                 GQA 64 / 4, H = 128 sbs 16: O and LSE of the CPU forward, dO random
+//                                 (rows past cu_q[B] NaN), outputs poisoned; deterministic and fast
+//                                 mode vs the CPU backend in fp32 (dq, dq_rope of the tokens, dk,
+//                                 dk_rope, dv of every key-side row: unused rows 0), dq rows past
+//                                 cu_q[B] untouched, deterministic mode bitwise in 5 runs and with a
+//                                 caller workspace, one byte short refused; shapes without a Hopper
+//                                 kernel (fp32, D != 512, separate v): NOT_SUPPORTED, nothing written;
+//                                 the refusals above on the backward (both modes): same status and
+//                                 message as the CPU, outputs untouched.
 //   sfa_varlen_cuda_check quick   a few small cases (for compute-sanitizer)
+//   sfa_varlen_cuda_check bwd     the backward part only (all cases)
+//   sfa_varlen_cuda_check selftest [quick|bwd]
+//                                 the harness alone: every "cuda" buffer and call on the CPU (no GPU
+//                                 needed; checks the checker: poison bookkeeping, views, layouts)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -39,6 +54,10 @@
 
 
 static int g_pass = 0, g_fail = 0;
+static bool g_cpu_only = false;  // selftest: every "cuda" buffer and call on the CPU (no GPU needed)
+static void dev_sync() {
+    if (!g_cpu_only) CK(cudaDeviceSynchronize());
+}
 static void check(bool ok, const std::string &what) {
     if (ok) {
         g_pass++;
@@ -82,6 +101,7 @@ struct VCase {
     int extra_q = 2, extra_kv = 3;  // rows past cu_q[B] / cu_kv[B] (packed)
     int lse_t = 0;                  // LSE as the transpose of an [N1, Tq] buffer
     int o_pad = 0;                  // extra elements per O row
+    int share_page = 0;             // backward: two sequences share a page (prefix caching)
 };
 
 // Host side of one batch: every tensor as the caller would lay it out.
@@ -194,31 +214,50 @@ static Batch make_batch(const VCase &c, uint64_t seed) {
 static spattn_tensor mk(void *data, int dt, std::vector<int64_t> shape, std::vector<int64_t> strides, bool cuda) {
     spattn_tensor t = spattn_tensor_make(data, (spattn_dtype)dt, (int32_t)shape.size(), shape.data(),
                                          strides.empty() ? nullptr : strides.data());
-    if (cuda) {
+    if (cuda && !g_cpu_only) {
         t.device_type = SPATTN_DEVICE_CUDA;
         t.device_id = 0;
     }
     return t;
 }
 
+// A device buffer (selftest: host memory, 256-byte aligned like cudaMalloc's).
 struct DBuf {
     void *p = nullptr;
     size_t n = 0;
+    DBuf() = default;
+    DBuf(const DBuf &) = delete;
+    DBuf &operator=(const DBuf &) = delete;
+    void release() {
+        if (p) {
+            if (g_cpu_only) free(p);
+            else cudaFree(p);
+        }
+        p = nullptr;
+    }
     void up(const void *h, size_t bytes) {
-        if (p) cudaFree(p);
+        release();
         n = bytes;
+        if (g_cpu_only) {
+            p = aligned_alloc(256, ((bytes ? bytes : 16) + 255) & ~(size_t)255);
+            if (!p) exit(2);
+            if (bytes) memcpy(p, h, bytes);
+            return;
+        }
         CK(cudaMalloc(&p, bytes ? bytes : 16));
         if (bytes) CK(cudaMemcpy(p, h, bytes, cudaMemcpyHostToDevice));
     }
-    void fill(unsigned char byte) { CK(cudaMemset(p, byte, n)); }
+    void fill(unsigned char byte) {
+        if (g_cpu_only) memset(p, byte, n);
+        else CK(cudaMemset(p, byte, n));
+    }
     std::vector<unsigned char> get() const {
         std::vector<unsigned char> h(n);
-        CK(cudaMemcpy(h.data(), p, n, cudaMemcpyDeviceToHost));
+        if (g_cpu_only) memcpy(h.data(), p, n);
+        else CK(cudaMemcpy(h.data(), p, n, cudaMemcpyDeviceToHost));
         return h;
     }
-    ~DBuf() {
-        if (p) cudaFree(p);
-    }
+    ~DBuf() { release(); }
 };
 
 static std::vector<unsigned char> to_dt(const std::vector<float> &x, int dt) {
@@ -446,7 +485,7 @@ static void run_case(const VCase &c, uint64_t seed) {
     check(sh == SPATTN_STATUS_SUCCESS, tag + ": CPU golden: " + spattn_last_error());
     spattn_status sg = call_fwd(b, g);
     check(sg == SPATTN_STATUS_SUCCESS, tag + ": CUDA: " + spattn_last_error());
-    CK(cudaDeviceSynchronize());
+    dev_sync();
     if (sh != SPATTN_STATUS_SUCCESS || sg != SPATTN_STATUS_SUCCESS) return;
     std::vector<float> oh, lh, og, lg;
     read_out(b, h, oh, lh);
@@ -480,10 +519,6 @@ static void run_case(const VCase &c, uint64_t seed) {
         check(call_fwd(b, g, &o) == SPATTN_STATUS_WORKSPACE_TOO_SMALL && untouched(g),
               tag + ": workspace one byte short not refused cleanly");
     }
-    size_t wb = 0;
-    check(spattn_sfa_varlen_workspace_size(&g.q, c.Dr ? &g.qr : nullptr, &g.k, c.Dr ? &g.kr : nullptr, c.sep_v ? &g.v : nullptr,
-                                           &g.idx, c.sbs, c.mode, &g.vl, 1, nullptr, &wb) == SPATTN_STATUS_NOT_SUPPORTED,
-          tag + ": backward workspace query on CUDA should be NOT_SUPPORTED");
 }
 
 // A refused (or, with expect_ok, accepted) mutation of the base batch on both backends: the same
@@ -502,7 +537,7 @@ static void expect_mut(const VCase &c, uint64_t seed, const char *what, bool exp
     const std::string mh = spattn_last_error();
     const spattn_status sg = call_fwd(b, g);
     const std::string mg = spattn_last_error();
-    CK(cudaDeviceSynchronize());
+    dev_sync();
     const std::string tag = tag_of(c) + " / " + what;
     if (expect_ok) {
         check(sh == SPATTN_STATUS_SUCCESS && sg == SPATTN_STATUS_SUCCESS, tag + ": should pass: cpu '" + mh + "' cuda '" + mg + "'");
@@ -586,6 +621,341 @@ static void refusals(const VCase &c, uint64_t seed) {
         expect_mut(c, seed, "bad indices past cu_seqlens_q[B] (accepted)", true, [](Batch &) {});
 }
 
+// ---- backward ----------------------------------------------------------------------------------------
+// The Hopper kernels' shapes (the CUDA varlen backward takes only these; others: NOT_SUPPORTED).
+static bool bwd_fast(const VCase &c) {
+    return c.dt != SPATTN_DTYPE_F32 && c.D == 512 && c.Dr == 64 && !c.sep_v;
+}
+
+// The backward's tensors of one side: inputs o, dout, lse (the same values on both sides, rows
+// past cu_seqlens_q[B] NaN: never read) and the outputs dq | dq_rope as views of one [Tq, N1, D+Dr]
+// buffer, dk | dk_rope of one key-side buffer (packed or pages, as k), dv with separate v.
+struct BOut {
+    bool cuda;
+    int dt;
+    DBuf dO, dI, dL, dQ, dK, dV;                         // cuda side (selftest: host)
+    std::vector<unsigned char> hO, hI, hL, hQ, hK, hV;   // CPU side
+    spattn_tensor o, dout, lse, dq, dqr, dk, dkr, dv;
+    size_t q_bytes, k_bytes, v_bytes;
+};
+
+// Backward inputs shared by both sides: O and LSE of the CPU forward (O rounded to the dtype), dO.
+struct BIn {
+    std::vector<float> o, dout, lse;  // [Tq, N1, D], [Tq, N1, D], [Tq, N1]
+};
+
+static BIn make_bin(const Batch &b, Side &h, uint64_t seed) {
+    const VCase &c = b.c;
+    BIn in;
+    const int T = b.cu_q[b.B];
+    std::vector<float> oh, lh;
+    read_out(b, h, oh, lh);
+    const float qnan = nanf("");
+    in.o.assign((size_t)b.Tq * c.N1 * c.D, qnan);
+    in.dout.assign((size_t)b.Tq * c.N1 * c.D, qnan);
+    in.lse.assign((size_t)b.Tq * c.N1, qnan);
+    Rng r(seed * 7919 + 13);
+    for (size_t i = 0; i < (size_t)T * c.N1 * c.D; i++) {
+        in.o[i] = round_dt(oh[i], c.dt);
+        in.dout[i] = round_dt(r.n(), c.dt);
+    }
+    for (size_t i = 0; i < (size_t)T * c.N1; i++) in.lse[i] = lh[i];
+    return in;
+}
+
+static void build_bout(const Batch &b, const BIn &in, bool cuda, BOut &o) {
+    const VCase &c = b.c;
+    o.cuda = cuda;
+    o.dt = cuda ? c.dt : SPATTN_DTYPE_F32;
+    const size_t es = esz(o.dt);
+    const int64_t DQ = b.DQ;
+    o.q_bytes = (size_t)b.Tq * c.N1 * DQ * es;
+    o.k_bytes = (size_t)b.krows * c.N2 * DQ * es;
+    o.v_bytes = c.sep_v ? (size_t)b.krows * c.N2 * c.D * es : 0;
+    const std::vector<unsigned char> bo = to_dt(in.o, o.dt), bd = to_dt(in.dout, o.dt);
+    std::vector<unsigned char> bl(in.lse.size() * 4);
+    memcpy(bl.data(), in.lse.data(), bl.size());
+    const std::vector<unsigned char> sq(o.q_bytes, SENT), sk(o.k_bytes, SENT), sv(o.v_bytes, SENT);
+    void *po, *pd, *pl, *pq, *pk, *pv;
+    if (cuda) {
+        o.dO.up(bo.data(), bo.size());
+        o.dI.up(bd.data(), bd.size());
+        o.dL.up(bl.data(), bl.size());
+        o.dQ.up(sq.data(), sq.size());
+        o.dK.up(sk.data(), sk.size());
+        o.dV.up(sv.data(), sv.size());
+        po = o.dO.p, pd = o.dI.p, pl = o.dL.p, pq = o.dQ.p, pk = o.dK.p, pv = o.dV.p;
+    } else {
+        o.hO = bo, o.hI = bd, o.hL = bl, o.hQ = sq, o.hK = sk, o.hV = sv;
+        po = o.hO.data(), pd = o.hI.data(), pl = o.hL.data(), pq = o.hQ.data(), pk = o.hK.data(), pv = o.hV.data();
+    }
+    o.o = mk(po, o.dt, {b.Tq, c.N1, c.D}, {}, cuda);
+    o.dout = mk(pd, o.dt, {b.Tq, c.N1, c.D}, {}, cuda);
+    o.lse = mk(pl, SPATTN_DTYPE_F32, {b.Tq, c.N1}, {}, cuda);
+    o.dq = mk(pq, o.dt, {b.Tq, c.N1, c.D}, {c.N1 * DQ, DQ, 1}, cuda);
+    o.dqr = mk((char *)pq + c.D * es, o.dt, {b.Tq, c.N1, c.Dr}, {c.N1 * DQ, DQ, 1}, cuda);
+    if (c.page) {
+        o.dk = mk(pk, o.dt, {b.num_pages, c.page, c.N2, c.D}, {(int64_t)c.page * c.N2 * DQ, c.N2 * DQ, DQ, 1}, cuda);
+        o.dkr = mk((char *)pk + c.D * es, o.dt, {b.num_pages, c.page, c.N2, c.Dr},
+                   {(int64_t)c.page * c.N2 * DQ, c.N2 * DQ, DQ, 1}, cuda);
+        o.dv = mk(pv, o.dt, {b.num_pages, c.page, c.N2, c.D}, {}, cuda);
+    } else {
+        o.dk = mk(pk, o.dt, {b.Tkv, c.N2, c.D}, {c.N2 * DQ, DQ, 1}, cuda);
+        o.dkr = mk((char *)pk + c.D * es, o.dt, {b.Tkv, c.N2, c.Dr}, {c.N2 * DQ, DQ, 1}, cuda);
+        o.dv = mk(pv, o.dt, {b.Tkv, c.N2, c.D}, {}, cuda);
+    }
+}
+
+static spattn_status call_bwd(const Batch &b, Side &s, BOut &o, const spattn_options *opt) {
+    const VCase &c = b.c;
+    return spattn_sfa_bwd_varlen(&s.q, c.Dr ? &s.qr : nullptr, &s.k, c.Dr ? &s.kr : nullptr, c.sep_v ? &s.v : nullptr, &o.o,
+                                 &o.dout, &o.lse, &s.idx, c.sbs, c.mode, 0.0, &s.vl, &o.dq, c.Dr ? &o.dqr : nullptr, &o.dk,
+                                 c.Dr ? &o.dkr : nullptr, c.sep_v ? &o.dv : nullptr, opt);
+}
+
+static std::vector<unsigned char> bout_bytes(const BOut &o) {
+    std::vector<unsigned char> x = o.cuda ? o.dQ.get() : o.hQ, y = o.cuda ? o.dK.get() : o.hK,
+                               z = o.cuda ? o.dV.get() : o.hV;
+    x.insert(x.end(), y.begin(), y.end());
+    x.insert(x.end(), z.begin(), z.end());
+    return x;
+}
+static void bout_reset(BOut &o) {
+    if (o.cuda) {
+        o.dQ.fill(SENT);
+        o.dK.fill(SENT);
+        o.dV.fill(SENT);
+    } else {
+        std::fill(o.hQ.begin(), o.hQ.end(), SENT);
+        std::fill(o.hK.begin(), o.hK.end(), SENT);
+        std::fill(o.hV.begin(), o.hV.end(), SENT);
+    }
+}
+static bool bout_untouched(const BOut &o) {
+    for (unsigned char ch : bout_bytes(o))
+        if (ch != SENT) return false;
+    return true;
+}
+
+// The gradients as floats: dq / dq_rope of tokens [0, cu_q[B]), dk / dk_rope / dv of every
+// key-side row (rows no sequence uses must be 0 on both sides).
+struct BGrad {
+    std::vector<float> dq, dqr, dk, dkr, dv;
+};
+static BGrad read_grad(const Batch &b, const BOut &o) {
+    const VCase &c = b.c;
+    const int T = b.cu_q[b.B], DQ = b.DQ;
+    const std::vector<unsigned char> qb = o.cuda ? o.dQ.get() : o.hQ, kb = o.cuda ? o.dK.get() : o.hK,
+                                     vb = o.cuda ? o.dV.get() : o.hV;
+    BGrad g;
+    for (int t = 0; t < T; t++)
+        for (int n = 0; n < c.N1; n++)
+            for (int d = 0; d < DQ; d++) {
+                const float x = load_dt(qb.data(), ((size_t)t * c.N1 + n) * DQ + d, o.dt);
+                (d < c.D ? g.dq : g.dqr).push_back(x);
+            }
+    for (int r = 0; r < b.krows; r++)
+        for (int n = 0; n < c.N2; n++) {
+            for (int d = 0; d < DQ; d++) {
+                const float x = load_dt(kb.data(), ((size_t)r * c.N2 + n) * DQ + d, o.dt);
+                (d < c.D ? g.dk : g.dkr).push_back(x);
+            }
+            if (c.sep_v)
+                for (int d = 0; d < c.D; d++) g.dv.push_back(load_dt(vb.data(), ((size_t)r * c.N2 + n) * c.D + d, o.dt));
+        }
+    return g;
+}
+// dq rows of tokens past cu_q[B] untouched
+static bool bout_rest_untouched(const Batch &b, const BOut &o) {
+    const VCase &c = b.c;
+    const std::vector<unsigned char> qb = o.cuda ? o.dQ.get() : o.hQ;
+    const size_t from = (size_t)b.cu_q[b.B] * c.N1 * b.DQ * esz(o.dt);
+    for (size_t i = from; i < qb.size(); i++)
+        if (qb[i] != SENT) return false;
+    return true;
+}
+
+static void compare_grad(const std::string &tag, const VCase &c, const BGrad &g, const BGrad &h) {
+    const char *names[5] = {"dq", "dq_rope", "dk", "dk_rope", "dv"};
+    const std::vector<float> *gs[5] = {&g.dq, &g.dqr, &g.dk, &g.dkr, &g.dv}, *hs[5] = {&h.dq, &h.dqr, &h.dk, &h.dkr, &h.dv};
+    for (int i = 0; i < 5; i++) {
+        double e = 0;
+        check(gs[i]->size() == hs[i]->size() && eco(*gs[i], *hs[i], c.dt, false, &e),
+              tag + ": " + names[i] + " vs CPU (max err " + std::to_string(e) + ")");
+    }
+}
+
+static void run_bwd_case(const VCase &c, uint64_t seed, bool repeat) {
+    const std::string tag = tag_of(c) + " bwd";
+    Batch b = make_batch(c, seed);
+    if (c.share_page) {  // sequence 1's first page is sequence 0's (prefix caching); its own stays unused
+        int i0 = -1, i1 = -1;
+        for (int i = 0; i < b.B; i++)
+            if (c.lk[i] >= c.page) {
+                if (i0 < 0) i0 = i;
+                else if (i1 < 0) i1 = i;
+            }
+        if (i1 >= 0) b.table[(size_t)i1 * b.max_pages] = b.table[(size_t)i0 * b.max_pages];
+    }
+    Side h, g;
+    build_side(b, false, h);
+    build_side(b, true, g);
+    spattn_options cpu;
+    spattn_options_init(&cpu);
+    cpu.backend = SPATTN_BACKEND_CPU;
+    if (call_fwd(b, h, &cpu) != SPATTN_STATUS_SUCCESS) {
+        check(false, tag + ": CPU forward: " + spattn_last_error());
+        return;
+    }
+    const BIn in = make_bin(b, h, seed);
+    BOut bh, bg;
+    build_bout(b, in, false, bh);
+    build_bout(b, in, true, bg);
+    const spattn_status sh = call_bwd(b, h, bh, &cpu);
+    check(sh == SPATTN_STATUS_SUCCESS, tag + ": CPU golden: " + spattn_last_error());
+    if (sh != SPATTN_STATUS_SUCCESS) return;
+    const BGrad gh = read_grad(b, bh);
+    const bool fast = bwd_fast(c) || g_cpu_only;
+    size_t ws = 0;
+    const spattn_status sw = spattn_sfa_varlen_workspace_size(&g.q, c.Dr ? &g.qr : nullptr, &g.k, c.Dr ? &g.kr : nullptr,
+                                                              c.sep_v ? &g.v : nullptr, &g.idx, c.sbs, c.mode, &g.vl, 1,
+                                                              nullptr, &ws);
+    check(sw == SPATTN_STATUS_SUCCESS && (ws > 0) == fast, tag + ": workspace query: " + spattn_last_error());
+    std::vector<unsigned char> first;
+    for (int det = 1; det >= 0; det--) {
+        spattn_options o;
+        spattn_options_init(&o);
+        o.deterministic = det;
+        const std::string dtag = tag + (det ? " det" : " fast");
+        bout_reset(bg);
+        const spattn_status sg = call_bwd(b, g, bg, &o);
+        const std::string msg = spattn_last_error();
+        dev_sync();
+        if (!fast) {  // no Hopper kernel for this shape: refused, with the way out named
+            check(sg == SPATTN_STATUS_NOT_SUPPORTED && bout_untouched(bg) && msg.find("CPU backend") != std::string::npos,
+                  dtag + ": expected NOT_SUPPORTED, nothing written: status " + std::to_string(sg) + " (" + msg + ")");
+            continue;
+        }
+        check(sg == SPATTN_STATUS_SUCCESS, dtag + ": CUDA: " + msg);
+        if (sg != SPATTN_STATUS_SUCCESS) continue;
+        compare_grad(dtag, c, read_grad(b, bg), gh);
+        check(bout_rest_untouched(b, bg), dtag + ": dq rows past cu_seqlens_q[B] written");
+        if (!det) continue;
+        first = bout_bytes(bg);
+        for (int rep = 1; repeat && rep < 5; rep++) {  // bitwise reproducible (5 runs)
+            bout_reset(bg);
+            const spattn_status s2 = call_bwd(b, g, bg, &o);
+            check(s2 == SPATTN_STATUS_SUCCESS && bout_bytes(bg) == first,
+                  dtag + ": run " + std::to_string(rep + 1) + " not bitwise the first: " + spattn_last_error());
+        }
+        // caller workspace of the queried size: the same bits; one byte less: refused, nothing written
+        if (sw == SPATTN_STATUS_SUCCESS && ws > 0) {
+            DBuf w;
+            std::vector<unsigned char> junk(ws, 0xa7);
+            w.up(junk.data(), ws);
+            spattn_options ow = o;
+            ow.workspace = w.p;
+            ow.workspace_size = ws;
+            bout_reset(bg);
+            check(call_bwd(b, g, bg, &ow) == SPATTN_STATUS_SUCCESS && bout_bytes(bg) == first,
+                  dtag + ": caller workspace gives other bits: " + spattn_last_error());
+            ow.workspace_size = ws - 1;
+            bout_reset(bg);
+            check(call_bwd(b, g, bg, &ow) == SPATTN_STATUS_WORKSPACE_TOO_SMALL && bout_untouched(bg),
+                  dtag + ": workspace one byte short not refused cleanly");
+        }
+    }
+}
+
+// A refused (or, with expect_ok, accepted) mutation for the backward, on both backends: the same
+// status and message, and on refusal every output byte untouched.
+static void expect_mut_bwd(const VCase &c, uint64_t seed, const char *what, bool expect_ok, void (*mut)(Batch &b)) {
+    Batch b = make_batch(c, seed);
+    mut(b);
+    Side h, g;
+    build_side(b, false, h);
+    build_side(b, true, g);
+    BIn in;
+    in.o.assign((size_t)b.Tq * c.N1 * c.D, 0.25f);
+    in.dout.assign((size_t)b.Tq * c.N1 * c.D, -0.5f);
+    in.lse.assign((size_t)b.Tq * c.N1, 1.0f);
+    BOut bh, bg;
+    build_bout(b, in, false, bh);
+    build_bout(b, in, true, bg);
+    spattn_options cpu;
+    spattn_options_init(&cpu);
+    cpu.backend = SPATTN_BACKEND_CPU;
+    const spattn_status sh = call_bwd(b, h, bh, &cpu);
+    const std::string mh = spattn_last_error();
+    for (int det = 1; det >= 0; det--) {
+        spattn_options o;
+        spattn_options_init(&o);
+        o.deterministic = det;
+        bout_reset(bg);
+        const spattn_status sg = call_bwd(b, g, bg, &o);
+        const std::string mg = spattn_last_error();
+        dev_sync();
+        const std::string tag = tag_of(c) + " bwd" + (det ? " det" : " fast") + " / " + what;
+        if (expect_ok) {
+            check(sh == SPATTN_STATUS_SUCCESS && sg == SPATTN_STATUS_SUCCESS,
+                  tag + ": should pass: cpu '" + mh + "' cuda '" + mg + "'");
+            continue;
+        }
+        check(sh == SPATTN_STATUS_BAD_INDEX, tag + ": CPU status " + std::to_string(sh) + " (" + mh + ")");
+        check(sg == SPATTN_STATUS_BAD_INDEX, tag + ": CUDA status " + std::to_string(sg) + " (" + mg + ")");
+        check(bout_untouched(bg), tag + ": CUDA wrote outputs of a refused call");
+        check(mg == mh, tag + ": messages differ:\n   cpu:  " + mh + "\n   cuda: " + mg);
+    }
+}
+
+static void refusals_bwd(const VCase &c, uint64_t seed) {
+    expect_mut_bwd(c, seed, "index = the sequence's block count", false, [](Batch &b) {
+        const int i = first_seq(b, true, true);
+        const int t = b.cu_q[i] + b.c.lq[i] - 1;
+        b.idx[((size_t)t * b.c.N2 + b.c.N2 - 1) * b.c.K + b.c.K / 2] = (b.c.lk[i] + b.c.sbs - 1) / b.c.sbs;
+    });
+    expect_mut_bwd(c, seed, "index -2", false, [](Batch &b) {
+        const int i = first_seq(b, true, false);
+        b.idx[(size_t)b.cu_q[i] * b.c.N2 * b.c.K + b.c.K - 1] = -2;
+    });
+    expect_mut_bwd(c, seed, "cu_seqlens_q decreasing", false, [](Batch &b) { b.cu_q[1] = b.cu_q[2] + 1; });
+    expect_mut_bwd(c, seed, "length > max_seqlen_kv", false, [](Batch &b) {
+        int mk = 0;
+        for (int x : b.c.lk) mk = std::max(mk, x);
+        b.max_kv = mk - 1;
+    });
+    expect_mut_bwd(c, seed, "cu_seqlens_kv decreasing", false, [](Batch &b) { b.cu_kv[b.B - 1] = b.cu_kv[b.B] + 1; });
+    if (!c.page) {
+        expect_mut_bwd(c, seed, "cu_seqlens_kv[B] > Tkv", false, [](Batch &b) {
+            b.cu_kv[b.B] = b.Tkv + 1;
+            b.max_kv = 1 << 20;
+        });
+    } else {
+        expect_mut_bwd(c, seed, "page id = num_pages", false, [](Batch &b) {
+            const int i = first_seq(b, false, true);
+            b.table[(size_t)i * b.max_pages] = b.num_pages;
+        });
+        expect_mut_bwd(c, seed, "page twice in a row", false, [](Batch &b) {
+            const int i = first_seq(b, false, true, 2);
+            if (i < 0) {
+                b.table[0] = -3;
+                return;
+            }
+            b.table[(size_t)i * b.max_pages + 1] = b.table[(size_t)i * b.max_pages];
+        });
+        expect_mut_bwd(c, seed, "table capacity", false, [](Batch &b) {
+            b.cu_kv[b.B] += b.max_pages * b.c.page;
+            b.max_kv = 1 << 24;
+        });
+        expect_mut_bwd(c, seed, "garbage in unused slots (accepted)", true, [](Batch &b) {
+            for (int i = 0; i < b.B; i++)
+                for (int s = (b.c.lk[i] + b.c.page - 1) / b.c.page; s < b.max_pages; s++)
+                    b.table[(size_t)i * b.max_pages + s] = (int32_t)0x80000000u + s;
+        });
+    }
+    if (c.extra_q > 0) expect_mut_bwd(c, seed, "bad indices past cu_seqlens_q[B] (accepted)", true, [](Batch &) {});
+}
+
 static std::vector<int> rand_lens(Rng &r, int B, int maxlen) {
     std::vector<int> v(B);
     for (auto &x : v) {
@@ -596,12 +966,18 @@ static std::vector<int> rand_lens(Rng &r, int B, int maxlen) {
 }
 
 int main(int argc, char **argv) {
+    int a = 1;
+    if (argc > a && !strcmp(argv[a], "selftest")) {
+        g_cpu_only = true;
+        a++;
+    }
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0 || !spattn_cuda_available()) {
+    if (!g_cpu_only && (cudaGetDeviceCount(&n) != cudaSuccess || n == 0 || !spattn_cuda_available())) {
         printf("sfa_varlen_cuda_check: no CUDA device, skipped\n");
         return 0;
     }
-    const bool quick = argc > 1 && !strcmp(argv[1], "quick");
+    const bool quick = argc > a && !strcmp(argv[a], "quick");
+    const bool only_bwd = argc > a && !strcmp(argv[a], "bwd");
     std::vector<VCase> cases;
     const int BF = SPATTN_DTYPE_BF16, FP = SPATTN_DTYPE_F16, F32 = SPATTN_DTYPE_F32;
     // fixed ones: empty sides, 1-token sequences, both kernels, every page size
@@ -641,39 +1017,29 @@ int main(int argc, char **argv) {
         }
     }
     uint64_t seed = 1;
-    for (const VCase &c : cases) run_case(c, seed++);
-    // refusals on a packed and a paged batch (both kernels)
-    refusals(cases[0], 100);
-    refusals(cases[1], 101);
-    refusals(cases[3], 102);
-    if (!quick) refusals(cases[6], 103);
-    // the backward stays on the CPU: NOT_SUPPORTED once every argument is valid, nothing written
-    {
-        const VCase &c = cases[0];  // packed keys, shared key/value
-        Batch b = make_batch(c, 7);
-        Side g;
-        build_side(b, true, g);
-        const size_t es = esz(c.dt);
-        std::vector<unsigned char> zq((size_t)b.Tq * c.N1 * c.D * es, SENT), zqr((size_t)b.Tq * c.N1 * c.Dr * es, SENT),
-            zk((size_t)b.Tkv * c.N2 * c.D * es, SENT), zkr((size_t)b.Tkv * c.N2 * c.Dr * es, SENT);
-        DBuf ddo, ddq, ddqr, ddk, ddkr;
-        ddo.up(zq.data(), zq.size());
-        ddq.up(zq.data(), zq.size());
-        ddqr.up(zqr.data(), zqr.size());
-        ddk.up(zk.data(), zk.size());
-        ddkr.up(zkr.data(), zkr.size());
-        spattn_tensor dout = mk(ddo.p, c.dt, {b.Tq, c.N1, c.D}, {}, true), dq = mk(ddq.p, c.dt, {b.Tq, c.N1, c.D}, {}, true);
-        spattn_tensor dqr = mk(ddqr.p, c.dt, {b.Tq, c.N1, c.Dr}, {}, true), dk = mk(ddk.p, c.dt, {b.Tkv, c.N2, c.D}, {}, true);
-        spattn_tensor dkr = mk(ddkr.p, c.dt, {b.Tkv, c.N2, c.Dr}, {}, true);
-        spattn_tensor o = mk(g.dO.p, c.dt, {b.Tq, c.N1, c.D}, {(int64_t)c.N1 * (c.D + c.o_pad), c.D + c.o_pad, 1}, true);
-        const spattn_status st = spattn_sfa_bwd_varlen(&g.q, &g.qr, &g.k, &g.kr, nullptr, &o, &dout, &g.lse, &g.idx, c.sbs,
-                                                       c.mode, 0.0, &g.vl, &dq, &dqr, &dk, &dkr, nullptr, nullptr);
-        bool clean = true;
-        for (DBuf *x : {&ddq, &ddqr, &ddk, &ddkr})
-            for (unsigned char ch : x->get()) clean = clean && ch == SENT;
-        check(st == SPATTN_STATUS_NOT_SUPPORTED && clean,
-              std::string("backward varlen on CUDA: status ") + std::to_string(st) + " (" + spattn_last_error() + ")");
+    if (!only_bwd) {
+        for (const VCase &c : cases) run_case(c, seed++);
+        // refusals on a packed and a paged batch (both kernels)
+        refusals(cases[0], 100);
+        refusals(cases[1], 101);
+        refusals(cases[3], 102);
+        if (!quick) refusals(cases[6], 103);
     }
+    // the backward: every case above (the simple kernels' shapes: NOT_SUPPORTED, nothing written),
+    // plus H = 1 with heavy duplicates, H = 96 (a full and a partial 64-head group), one long
+    // sequence among short ones, pages shared by two sequences, GQA with 16 heads per key head
+    std::vector<VCase> bc = cases;
+    bc.push_back({"bwd_h1_dups", 1, 1, 512, 64, 64, 1, 3, BF, 0, 0, {5, 0, 9, 1}, {12, 3, 20, 0}});
+    bc.push_back({"bwd_h96_paged16_sbs4", 96, 1, 512, 64, 40, 4, 3, FP, 16, 0, {4, 7, 0, 2}, {70, 33, 5, 16}});
+    bc.push_back({"bwd_one_long_h64", 64, 1, 512, 64, 256, 1, 3, BF, 0, 0, {150, 1, 3, 0, 7}, {600, 2, 3, 4, 50}});
+    bc.push_back({"bwd_shared_pages_h32", 32, 1, 512, 64, 48, 1, 0, BF, 16, 0, {6, 9, 3}, {40, 40, 20}});
+    bc.back().share_page = 1;
+    bc.push_back({"bwd_gqa_h16x4_paged64_sbs8", 64, 4, 512, 64, 24, 8, 3, FP, 64, 0, {10, 0, 12}, {130, 9, 64}});
+    bc.push_back({"bwd_h128_sbs16_m0", 128, 1, 512, 64, 16, 16, 0, BF, 0, 0, {3, 5, 0}, {200, 17, 30}});
+    for (size_t i = 0; i < bc.size(); i++) run_bwd_case(bc[i], 500 + i, !quick || i < 4 || i >= cases.size());
+    refusals_bwd(cases[0], 600);
+    refusals_bwd(cases[1], 601);
+    if (!quick) refusals_bwd(cases[3], 602);
     printf("sfa_varlen_cuda_check: %d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
 }
