@@ -291,17 +291,6 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
         const int vs = v0 + it * TT, ntok = min(TT, v1 - vs);
         const uint64_t qd = hop::desc_sw128(sq, 16, 1024), dod = hop::desc_sw128(sdo, 16, 1024);
 
-        // this thread's 8 token-head columns: dQ accumulator row (in units of rows; -1: padding),
-        // looked up once per step, and before the step's GEMMs so the token loads' latency hides
-        // behind them (ncu: the adds waited on these loads)
-        int qrow[8];
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int th = 8 * j + 2 * q4 + e, tok = th / HP, h = th % HP;
-                qrow[2 * j + e] = tok < ntok && h < p.H ? (b * p.S1 + L.vtok[vs + tok]) * p.N1 + n2 * p.H + h : -1;
-            }
         // ---- S^T and dP^T (64 keys x 32 token-heads)
         float sa[16], dpa[16];
         hop::mbar_wait(s.full + st, ph);
@@ -379,6 +368,17 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
         // ---- dQ^T[box] = K^T dS^T (M = 64 columns of the box, N = 32 token-heads, K = 64 keys),
         // added to the dQ accumulator rows of the step's token-heads
         const uint64_t dsd = hop::desc_sw128(sds, 16, 1024);
+        // this thread's 8 token-head columns: dQ accumulator row (in units of rows; -1: padding),
+        // looked up once per step, not once per box (looked up before the step's GEMMs instead, to
+        // hide the loads, it cost 8-14 % on every key-major case: 8 more live registers, more spills)
+        int qrow[8];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int th = 8 * j + 2 * q4 + e, tok = th / HP, h = th % HP;
+                qrow[2 * j + e] = tok < ntok && h < p.H ? (b * p.S1 + L.vtok[vs + tok]) * p.N1 + n2 * p.H + h : -1;
+            }
 #pragma unroll 1
         for (int y = 0; y < NDQ; y++) {
             const int box = DQ0 + y;
