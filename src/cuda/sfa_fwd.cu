@@ -41,12 +41,12 @@ constexpr int BOX = sfa::GBOX;                // one box of 64 rows
 constexpr int TILE = NBOX * BOX;        // Q tile or one key block: 73728 bytes
 constexpr int OFF_Q = 0, OFF_K = TILE, OFF_P1 = 3 * TILE, OFF_VALID = OFF_P1 + BOX;
 constexpr int OFF_M = OFF_VALID + 2 * BK, OFF_L = OFF_M + 32 * 8, OFF_BAR = OFF_L + 64 * 8;
-constexpr int OFF_LAST = OFF_BAR + 9 * 8;
+constexpr int OFF_LAST = OFF_BAR + 10 * 8;
 constexpr int SMEM = OFF_LAST + 16 + 1024;  // + alignment slack
 static_assert(SMEM <= 232448, "fits in 227 KB");
 
 // named barriers (consumers only, 256 threads, except NB_SCAN: all 384)
-enum { NB_Q = 1, NB_M0 = 2, NB_M1 = 3, NB_P0 = 4, NB_P1 = 5, NB_O = 7 /* and 8 */, NB_SCAN = 9 /* 384 */, NB_FIN = 10 /* 384 */ };
+enum { NB_Q = 1, NB_M0 = 2, NB_M1 = 3, NB_P0 = 4, NB_P1 = 5, NB_O = 7 /* and 8 */, NB_SCAN = 9 /* 384 */ };
 
 template <typename T, bool VL>
 __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant__ Params p) {
@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
     float2 *sM = reinterpret_cast<float2 *>(sm + OFF_M);   // [32] running max, by row quad
     float2 *sL = reinterpret_cast<float2 *>(sm + OFF_L);   // [2][32] row sums
     uint64_t *rdy = reinterpret_cast<uint64_t *>(sm + OFF_BAR);  // [block][half]
-    uint64_t *fre = rdy + 4, *vbar = rdy + 8;
+    uint64_t *fre = rdy + 4, *vbar = rdy + 8, *xbar = rdy + 9;  // xbar: the consumers' row-sum exchange
     int *s_last = reinterpret_cast<int *>(sm + OFF_LAST);
 
     const int ngroups = (p.H + BH - 1) / BH;
@@ -90,6 +90,7 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
             hop::mbar_init(fre + i, 128);
         }
         hop::mbar_init(vbar, 16);
+        hop::mbar_init(xbar, 256);
         *s_last = -1;
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -130,9 +131,6 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
             }
         }
         sfa::cp_async_wait<0>();
-        // the consumers' row-sum exchange (below); arrive, not sync: compute-sanitizer's synccheck
-        // reports a barrier synced at two PCs as divergent
-        hop::bar_arrive(NB_FIN, 384);
         return;
     }
 
@@ -361,11 +359,11 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
     if (q4 == 0) sL[c * 32 + quad] = make_float2(l0, l1);
-    // all 384 threads (the producer waits here too): compute-sanitizer's racecheck reports a
-    // hazard on this exchange across a 256-thread named barrier (an STS, BAR.SYNC 6, LDS
-    // sequence in the SASS, so no real race); a barrier of the whole CTA it models exactly.  A
-    // named one, not __syncthreads: the producer reaches it at another PC (synccheck)
-    hop::bar_sync(NB_FIN, 384);
+    // the 256 consumer threads through an mbarrier (release / acquire): racecheck reports a
+    // hazard on this STS, barrier, LDS sequence across a 256-thread named barrier (no real race),
+    // and synccheck rejects a CTA-wide barrier the producer would reach at another PC
+    hop::mbar_arrive(xbar);
+    hop::mbar_wait(xbar, 0);
     const float2 lo = sL[(c ^ 1) * 32 + quad];
     l0 += lo.x;
     l1 += lo.y;
