@@ -27,8 +27,9 @@
  *     the tensor-core products run over whole tiles, so a non-finite value in a tile also
  *     reaches pairs of that tile the mask excludes through 0 * NaN (forward: v of a key that
  *     some rows of the 128-row query tile attend; bsa backward: q, k, v, dO, O of the 64-row x
- *     128-key tiles, e.g. a NaN q row makes dK / dV of the tile's keys NaN; sfa backward with
- *     <= 32 heads per key head, which works per 64-key block: a non-finite q, dO, O or LSE of a
+ *     128-key tiles, e.g. a NaN q row makes dK / dV of the tile's keys NaN; sfa backward when
+ *     it runs key-major (<= 16 heads per key head, or 17-32 with rows selecting a large share of
+ *     the keys they reach), per 64-key block: a non-finite q, dO, O or LSE of a
  *     token can make dK / dV of every key of the blocks its row touches NaN, a non-finite k row
  *     the dQ of every token touching its block).  Such a value
  *     only adds NaN, it never turns a result into a plausible finite number; the CPU backend
