@@ -965,6 +965,16 @@ spattn_status vl_finish(const spattn_sfa_problem *p, cudaStream_t st, IdxCheck *
 // [T, H, D] tensors as [1, T, H, D] with batch stride 0; pages either as they are (simple
 // kernels: page and row strides) or, for the Hopper kernels, as [1, num_pages * page_size, H, D]
 // rows (their page stride is page_size rows: checked by vl_fast).
+// The kernels' view of the sequences: the pre-pass's per-token info and the page table.
+void set_vl(sfa::Params *kp, const int4 *tok, const spattn_seqs *s) {
+    kp->vl.tok = tok;
+    kp->vl.table = s->table;
+    kp->vl.tab_s0 = s->tab_s0;
+    kp->vl.tab_s1 = s->tab_s1;
+    kp->vl.page_size = s->table ? (int)s->page_size : 1;
+    kp->vl.num_pages = s->table ? (int)s->num_pages : 0;
+}
+
 struct VlView {
     spattn_sfa_problem p;
     spattn_tensor t[14];
@@ -1097,12 +1107,7 @@ spattn_status vl_fwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
             kp.out_lse = p->lse ? (float *)p->lse->data : nullptr;
             kp.o = nullptr;
             kp.gate = c.d_bad;
-            kp.vl.tok = tok;
-            kp.vl.table = s->table;
-            kp.vl.tab_s0 = s->tab_s0;
-            kp.vl.tab_s1 = s->tab_s1;
-            kp.vl.page_size = s->table ? (int)s->page_size : 1;
-            kp.vl.num_pages = s->table ? (int)s->num_pages : 0;
+            set_vl(&kp, tok, s);
             const int bf16 = p->dtype == SPATTN_DTYPE_BF16;
             e = kp.H <= 32 ? spattn_sfa_small_fwd_launch(&kp, bf16, st) : spattn_sfa_fast_fwd_launch(&kp, bf16, st);
         }
@@ -1242,12 +1247,7 @@ spattn_status vl_bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, co
         } else {
             kp.acc_f32 = (float *)acc;
         }
-        kp.vl.tok = tok;
-        kp.vl.table = s->table;
-        kp.vl.tab_s0 = s->tab_s0;
-        kp.vl.tab_s1 = s->tab_s1;
-        kp.vl.page_size = s->table ? (int)s->page_size : 1;
-        kp.vl.num_pages = s->table ? (int)s->num_pages : 0;
+        set_vl(&kp, tok, s);
         e = spattn_sfa_bwd90_launch(&kp, p->dtype == SPATTN_DTYPE_BF16, st);
     }
     if (e == cudaSuccess) {

@@ -557,7 +557,10 @@ static int first_seq(const Batch &b, bool need_q, bool need_kv, int min_pages = 
     return -1;
 }
 
-static void refusals(const VCase &c, uint64_t seed) {
+// The refusals, through the forward (expect_mut) or the backward (expect_mut_bwd): both run the
+// same device checks of the layout and the indices.
+using ExpectFn = void (*)(const VCase &, uint64_t, const char *, bool, void (*)(Batch &));
+static void refusals(const VCase &c, uint64_t seed, ExpectFn expect_mut) {
     expect_mut(c, seed, "index = the sequence's block count", false, [](Batch &b) {
         const int i = first_seq(b, true, true);
         const int t = b.cu_q[i] + b.c.lq[i] - 1;
@@ -908,54 +911,6 @@ static void expect_mut_bwd(const VCase &c, uint64_t seed, const char *what, bool
     }
 }
 
-static void refusals_bwd(const VCase &c, uint64_t seed) {
-    expect_mut_bwd(c, seed, "index = the sequence's block count", false, [](Batch &b) {
-        const int i = first_seq(b, true, true);
-        const int t = b.cu_q[i] + b.c.lq[i] - 1;
-        b.idx[((size_t)t * b.c.N2 + b.c.N2 - 1) * b.c.K + b.c.K / 2] = (b.c.lk[i] + b.c.sbs - 1) / b.c.sbs;
-    });
-    expect_mut_bwd(c, seed, "index -2", false, [](Batch &b) {
-        const int i = first_seq(b, true, false);
-        b.idx[(size_t)b.cu_q[i] * b.c.N2 * b.c.K + b.c.K - 1] = -2;
-    });
-    expect_mut_bwd(c, seed, "cu_seqlens_q decreasing", false, [](Batch &b) { b.cu_q[1] = b.cu_q[2] + 1; });
-    expect_mut_bwd(c, seed, "length > max_seqlen_kv", false, [](Batch &b) {
-        int mk = 0;
-        for (int x : b.c.lk) mk = std::max(mk, x);
-        b.max_kv = mk - 1;
-    });
-    expect_mut_bwd(c, seed, "cu_seqlens_kv decreasing", false, [](Batch &b) { b.cu_kv[b.B - 1] = b.cu_kv[b.B] + 1; });
-    if (!c.page) {
-        expect_mut_bwd(c, seed, "cu_seqlens_kv[B] > Tkv", false, [](Batch &b) {
-            b.cu_kv[b.B] = b.Tkv + 1;
-            b.max_kv = 1 << 20;
-        });
-    } else {
-        expect_mut_bwd(c, seed, "page id = num_pages", false, [](Batch &b) {
-            const int i = first_seq(b, false, true);
-            b.table[(size_t)i * b.max_pages] = b.num_pages;
-        });
-        expect_mut_bwd(c, seed, "page twice in a row", false, [](Batch &b) {
-            const int i = first_seq(b, false, true, 2);
-            if (i < 0) {
-                b.table[0] = -3;
-                return;
-            }
-            b.table[(size_t)i * b.max_pages + 1] = b.table[(size_t)i * b.max_pages];
-        });
-        expect_mut_bwd(c, seed, "table capacity", false, [](Batch &b) {
-            b.cu_kv[b.B] += b.max_pages * b.c.page;
-            b.max_kv = 1 << 24;
-        });
-        expect_mut_bwd(c, seed, "garbage in unused slots (accepted)", true, [](Batch &b) {
-            for (int i = 0; i < b.B; i++)
-                for (int s = (b.c.lk[i] + b.c.page - 1) / b.c.page; s < b.max_pages; s++)
-                    b.table[(size_t)i * b.max_pages + s] = (int32_t)0x80000000u + s;
-        });
-    }
-    if (c.extra_q > 0) expect_mut_bwd(c, seed, "bad indices past cu_seqlens_q[B] (accepted)", true, [](Batch &) {});
-}
-
 static std::vector<int> rand_lens(Rng &r, int B, int maxlen) {
     std::vector<int> v(B);
     for (auto &x : v) {
@@ -1020,10 +975,10 @@ int main(int argc, char **argv) {
     if (!only_bwd) {
         for (const VCase &c : cases) run_case(c, seed++);
         // refusals on a packed and a paged batch (both kernels)
-        refusals(cases[0], 100);
-        refusals(cases[1], 101);
-        refusals(cases[3], 102);
-        if (!quick) refusals(cases[6], 103);
+        refusals(cases[0], 100, expect_mut);
+        refusals(cases[1], 101, expect_mut);
+        refusals(cases[3], 102, expect_mut);
+        if (!quick) refusals(cases[6], 103, expect_mut);
     }
     // the backward: every case above (the simple kernels' shapes: NOT_SUPPORTED, nothing written),
     // plus H = 1 with heavy duplicates, H = 96 (a full and a partial 64-head group), one long
@@ -1037,9 +992,9 @@ int main(int argc, char **argv) {
     bc.push_back({"bwd_gqa_h16x4_paged64_sbs8", 64, 4, 512, 64, 24, 8, 3, FP, 64, 0, {10, 0, 12}, {130, 9, 64}});
     bc.push_back({"bwd_h128_sbs16_m0", 128, 1, 512, 64, 16, 16, 0, BF, 0, 0, {3, 5, 0}, {200, 17, 30}});
     for (size_t i = 0; i < bc.size(); i++) run_bwd_case(bc[i], 500 + i, !quick || i < 4 || i >= cases.size());
-    refusals_bwd(cases[0], 600);
-    refusals_bwd(cases[1], 601);
-    if (!quick) refusals_bwd(cases[3], 602);
+    refusals(cases[0], 600, expect_mut_bwd);
+    refusals(cases[1], 601, expect_mut_bwd);
+    if (!quick) refusals(cases[3], 602, expect_mut_bwd);
     printf("sfa_varlen_cuda_check: %d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
 }
