@@ -17,6 +17,8 @@
 #            (memcheck, racecheck, synccheck, initcheck) on their quick sets and memcheck on
 #            `spattn verify --backend cuda --suite tests/cuda/odd_shapes.cases`
 # env: SUITES ("bsa sfa"), CASE (a --case regex), REPEATS (10), FLEX_REPS (10), GATHER_REPS (3),
+#      CHECK_PROGS, SAN_PROGS, SAN_TOOLS (subsets of the checks step: the whole step can pass the
+#      600 s of one device call; racecheck of sfa_varlen_cuda_check quick alone took 98 s),
 #      SPATTN_BUILD (a CUDA build folder to reuse; default build-dev, built when spattn there
 #      cannot run on the GPU), VERIFY_TIMEOUT, BENCH_TIMEOUT, PEER_TIMEOUT, PY_TIMEOUT (seconds)
 set -uo pipefail
@@ -47,13 +49,13 @@ fi
 
 if has checks; then
   echo "== GPU checks"
-  for p in bsa_cuda_check bsa_varlen_cuda_check sfa_cuda_check sfa_varlen_cuda_check robust_cuda_check; do
+  for p in ${CHECK_PROGS:-bsa_cuda_check bsa_varlen_cuda_check sfa_cuda_check sfa_varlen_cuda_check robust_cuda_check}; do
     [ -x "$BUILD/$p" ] || { echo "$p: not built (needs -DSPATTN_TESTS=ON)"; continue; }
     timeout ${CHECK_TIMEOUT:-200} "$BUILD/$p" > "$OUT/$p.log" 2>&1; echo "$p exit $?"; tail -2 "$OUT/$p.log"
   done
   if command -v compute-sanitizer >/dev/null; then
-    for tool in memcheck racecheck synccheck initcheck; do
-      for p in bsa_cuda_check bsa_varlen_cuda_check sfa_cuda_check sfa_varlen_cuda_check; do
+    for tool in ${SAN_TOOLS:-memcheck racecheck synccheck initcheck}; do
+      for p in ${SAN_PROGS:-bsa_cuda_check bsa_varlen_cuda_check sfa_cuda_check sfa_varlen_cuda_check}; do
         [ -x "$BUILD/$p" ] || continue
         timeout ${SAN_TIMEOUT:-150} compute-sanitizer --tool $tool --error-exitcode 3 --print-limit 5 \
           "$BUILD/$p" quick > "$OUT/san_${tool}_$p.log" 2>&1
