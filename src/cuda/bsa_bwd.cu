@@ -180,7 +180,8 @@ __global__ void __launch_bounds__(384, 1)
                 const int e = lst[it] >> 4, g = e / nqt, m = e % nqt, n = hk * p.G + g;
                 const long long tile = ((long long)b * p.N + n) * nqt + m;  // schedule row
                 long long at;                                                  // accumulator tile
-                if constexpr (VL) at = (long long)n * p.vl.ntile + bsa_vl_qtile(q0, b, m);
+                // VL: q0 read again per step (the writer runs on 24 registers: keeping it live spilled)
+                if constexpr (VL) at = (long long)n * p.vl.ntile + bsa_vl_qtile(p.vl.seq[b].x, b, m);
                 else at = tile;
                 int rank = 0;
                 if (det) {  // key tiles above nt in the query tile's list (ascending)
