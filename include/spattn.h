@@ -190,9 +190,10 @@ SPATTN_API void spattn_options_init(spattn_options *opt);
  * Backends: the CPU; on CUDA the sfa forward and backward (spattn_sfa_fwd_varlen /
  * spattn_sfa_bwd_varlen: the lengths, the table and the indices are checked on the device, where
  * they stay; one synchronisation per call, as the dense sfa calls; the backward for the Hopper
- * kernels' shapes only) and the packed bsa forward (spattn_bsa_fwd_varlen without a block table:
- * the prefix sums are checked on the device; one synchronisation per call).  Every other varlen
- * call on CUDA tensors gives SPATTN_STATUS_NOT_SUPPORTED for now.
+ * kernels' shapes only) and the packed bsa forward and backward (spattn_bsa_fwd_varlen /
+ * spattn_bsa_bwd_varlen without a block table: the prefix sums are checked on the device; one
+ * synchronisation per call; the backward for fp16 / bf16, D <= 128 and TMA-readable views only).
+ * Every other varlen call on CUDA tensors gives SPATTN_STATUS_NOT_SUPPORTED for now.
  */
 typedef struct spattn_varlen {
     const spattn_tensor *cu_seqlens_q;
@@ -315,9 +316,10 @@ SPATTN_API spattn_status spattn_bsa_plan_workspace_size(const spattn_bsa_plan *p
  * order: deterministic).  opt: as in the _ex calls (NULL = defaults); a caller workspace needs
  * spattn_bsa_varlen_workspace_size bytes (the paged backward's includes one fp32 row per
  * key-side row and head for shared pages, 2 * num_pages * page_size * Nkv * D floats).
- * CUDA tensors: the packed forward runs on the GPU (the prefix sums are checked there before
- * any write; one synchronisation per call); the backward and paged k / v give
- * SPATTN_STATUS_NOT_SUPPORTED for now.
+ * CUDA tensors: the packed forward and backward run on the GPU (the prefix sums are checked
+ * there before any write; one synchronisation per call; the backward takes fp16 / bf16, D <= 128
+ * and views the TMA engine can read: 16-byte aligned, contiguous D, row / head strides multiples
+ * of 8 elements; other shapes and paged k / v give SPATTN_STATUS_NOT_SUPPORTED for now).
  */
 SPATTN_API spattn_status spattn_bsa_fwd_varlen(const spattn_tensor *q, const spattn_tensor *k,
                                                const spattn_tensor *v,

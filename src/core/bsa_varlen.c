@@ -1,8 +1,9 @@
 /*
  * Packed variable-length block-sparse attention entry points (spattn_bsa_*_varlen): every
  * argument, the prefix sums and the block table validated before any output is written, then
- * the CPU backend, or CUDA for the packed forward (the prefix sums are checked there on the
- * device, before any write; the paged forward and the backward refuse CUDA tensors for now).
+ * the CPU backend, or CUDA for the packed forward and backward (the prefix sums are checked there
+ * on the device, before any write; the CUDA backward takes fp16 / bf16, D <= 128, TMA-readable
+ * views and refuses other shapes; the paged forms refuse CUDA tensors for now).
  */
 #include <math.h>
 
@@ -120,16 +121,13 @@ static spattn_status check_lse(const spattn_tensor *t, const spattn_bsa_problem 
     return spattn_check_same_device("lse", t, "q", p->q);
 }
 
-/* CUDA runs the packed forward only: the paged forward and the backward are refused. */
+/* CUDA runs the packed forms only: the paged forward and backward are refused. */
 static spattn_status cuda_form_ok(const spattn_bsa_problem *p, int backward, const char *op) {
-    if (backward)
-        return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
-                                "%s: the CUDA backend has no packed variable-length / paged bsa backward "
-                                "yet (the packed forward runs on CUDA); use CPU tensors", op);
     if (p->seqs->table)
         return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
-                                "%s: the CUDA backend has no paged bsa forward (vl.block_table) yet (the "
-                                "packed forward runs on CUDA); use packed k / v or CPU tensors", op);
+                                "%s: the CUDA backend has no paged bsa %s (vl.block_table) yet (the "
+                                "packed forms run on CUDA); use packed k / v or CPU tensors", op,
+                                backward ? "backward" : "forward");
     return SPATTN_STATUS_SUCCESS;
 }
 
@@ -164,7 +162,7 @@ spattn_status spattn_bsa_fwd_varlen(const spattn_tensor *q, const spattn_tensor 
     int use_cuda;
     TRY(resolve(opt, &p, "bsa_fwd_varlen", 0, &ex, &use_cuda));
     if (use_cuda) {
-        TRY(spattn_check_workspace(&ex, spattn_cuda_bsa_varlen_workspace(&p)));
+        TRY(spattn_check_workspace(&ex, spattn_cuda_bsa_varlen_workspace(&p, 0)));
         return spattn_cuda_bsa_fwd_varlen(&p, &ex);
     }
     TRY(spattn_check_workspace(&ex, spattn_cpu_bsa_workspace(&p, 0, ex.num_threads)));
@@ -206,6 +204,10 @@ spattn_status spattn_bsa_bwd_varlen(const spattn_tensor *q, const spattn_tensor 
     spattn_exec ex;
     int use_cuda;
     TRY(resolve(opt, &p, "bsa_bwd_varlen", 1, &ex, &use_cuda));
+    if (use_cuda) {
+        TRY(spattn_check_workspace(&ex, spattn_cuda_bsa_varlen_workspace(&p, 1)));
+        return spattn_cuda_bsa_bwd_varlen(&p, &ex);
+    }
     TRY(spattn_check_workspace(&ex, spattn_cpu_bsa_workspace(&p, 1, ex.num_threads)));
     return spattn_cpu_bsa_bwd(&p, &ex);
 }
@@ -226,7 +228,7 @@ spattn_status spattn_bsa_varlen_workspace_size(const spattn_tensor *q, const spa
     TRY(spattn_resolve_exec(opt, q, &ex, &use_cuda));
     if (use_cuda) {
         TRY(cuda_form_ok(&p, backward != 0, "bsa_varlen_workspace_size"));
-        *bytes = spattn_cuda_bsa_varlen_workspace(&p);
+        *bytes = spattn_cuda_bsa_varlen_workspace(&p, backward != 0);
         return SPATTN_STATUS_SUCCESS;
     }
     *bytes = spattn_cpu_bsa_workspace(&p, backward != 0, ex.num_threads);

@@ -8,8 +8,9 @@ int spattn_cuda_backend_available(void) { return 0; }
 size_t spattn_cuda_bsa_workspace(const spattn_bsa_problem *p, int backward) { (void)p; (void)backward; return 0; }
 spattn_status spattn_cuda_bsa_fwd(const spattn_bsa_problem *p, const spattn_exec *ex) { (void)p; (void)ex; return NO_CUDA(); }
 spattn_status spattn_cuda_bsa_bwd(const spattn_bsa_problem *p, const spattn_exec *ex) { (void)p; (void)ex; return NO_CUDA(); }
-size_t spattn_cuda_bsa_varlen_workspace(const spattn_bsa_problem *p) { (void)p; return 0; }
+size_t spattn_cuda_bsa_varlen_workspace(const spattn_bsa_problem *p, int backward) { (void)p; (void)backward; return 0; }
 spattn_status spattn_cuda_bsa_fwd_varlen(const spattn_bsa_problem *p, const spattn_exec *ex) { (void)p; (void)ex; return NO_CUDA(); }
+spattn_status spattn_cuda_bsa_bwd_varlen(const spattn_bsa_problem *p, const spattn_exec *ex) { (void)p; (void)ex; return NO_CUDA(); }
 size_t spattn_cuda_sfa_workspace(const spattn_sfa_problem *p, int backward) { (void)p; (void)backward; return 0; }
 spattn_status spattn_cuda_sfa_check_indices(const spattn_sfa_problem *p, const spattn_exec *ex) { (void)p; (void)ex; return NO_CUDA(); }
 spattn_status spattn_cuda_sfa_fwd(const spattn_sfa_problem *p, const spattn_exec *ex) { (void)p; (void)ex; return NO_CUDA(); }

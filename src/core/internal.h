@@ -93,10 +93,13 @@ int spattn_cuda_backend_available(void);
 size_t spattn_cuda_bsa_workspace(const spattn_bsa_problem *p, int backward);
 spattn_status spattn_cuda_bsa_fwd(const spattn_bsa_problem *p, const spattn_exec *ex);
 spattn_status spattn_cuda_bsa_bwd(const spattn_bsa_problem *p, const spattn_exec *ex);
-/* Packed variable-length forward (p->seqs without a table; device prefix sums, checked on the
- * device before any write: SPATTN_STATUS_BAD_INDEX with the CPU's message).  Synchronizes. */
-size_t spattn_cuda_bsa_varlen_workspace(const spattn_bsa_problem *p);
+/* Packed variable-length forward and backward (p->seqs without a table; device prefix sums,
+ * checked on the device before any write: SPATTN_STATUS_BAD_INDEX with the CPU's message).
+ * Synchronize.  The backward runs fp16 / bf16, D <= 128, TMA-readable views only (others
+ * SPATTN_STATUS_NOT_SUPPORTED before anything runs; workspace 0). */
+size_t spattn_cuda_bsa_varlen_workspace(const spattn_bsa_problem *p, int backward);
 spattn_status spattn_cuda_bsa_fwd_varlen(const spattn_bsa_problem *p, const spattn_exec *ex);
+spattn_status spattn_cuda_bsa_bwd_varlen(const spattn_bsa_problem *p, const spattn_exec *ex);
 size_t spattn_cuda_sfa_workspace(const spattn_sfa_problem *p, int backward);
 /* Scans the index tensor on the device; SPATTN_STATUS_BAD_INDEX (with a message naming the
  * first bad position and value) when any value lies outside [-1, nblk).  Synchronizes. */

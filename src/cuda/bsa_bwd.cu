@@ -22,6 +22,15 @@
 //     of higher key tiles reach a shared query tile first.  CTAs are launched key tile
 //     descending, so every wait is on a CTA launched earlier (no deadlock).
 //   - a postprocess kernel writes dq = scale * accumulator.
+//   - VL (packed variable-length batch, spattn_bsa_bwd_varlen): a CTA is (sequence b, kv head,
+//     key tile of max_seqlen_kv) with b's own Sq / Skv in every edge test (a key tile past b's
+//     keys returns at once), TMA maps from bsa_vl_prep_kernel whose base is b's first row and
+//     whose row count is its length (q, dO, k, v rows past its end read as 0, as past S in a
+//     dense call; lse2 = +inf there, so P = 0), Delta / lse2 by packed token, the dQ
+//     accumulator and semaphores per (head, bsa_vl_qtile), dK / dV rows k0 + j, and the mask at
+//     batch index b; nothing is written when the prefix sums are bad (*p.vl.err != ~0).  The
+//     postprocess finds each packed token's sequence by a binary search over seq and also zeroes
+//     the dK / dV rows past cu_kv[B].  The dense instantiations are unchanged.
 #include <math.h>
 
 #include "bsa_common.cuh"
@@ -47,7 +56,14 @@ template <int DP> struct BwdCfg {
 
 enum { NB_DS = 1, NB_DSE = 2 };
 
-template <int DP, typename T>
+// VL: the per-sequence maps are written by bsa_vl_prep_kernel (generic proxy): acquire them for
+// the tensormap proxy before the first TMA that uses them.
+__device__ __forceinline__ void bwd_tmap_acquire(const CUtensorMap *m) {
+    asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(reinterpret_cast<uint64_t>(m))
+                 : "memory");
+}
+
+template <int DP, typename T, bool VL>
 __global__ void __launch_bounds__(384, 1)
     bsa_bwd90_kernel(const bsa_params p, const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
                      const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv, float *dqacc,
@@ -68,6 +84,33 @@ __global__ void __launch_bounds__(384, 1)
     const int nt = nkt - 1 - (int)(blockIdx.x % nkt);
     const long long bh = blockIdx.x / nkt, row = bh * nkt + nt;
     const int hk = (int)(bh % p.Nkv), b = (int)(bh / p.Nkv);
+    // VL: sequence b's lengths, rows and maps; tensors are [1, H, T, D] views (batch index 0),
+    // the mask keeps b
+    int vSq = 0, vSkv = 0, bt = b;
+    long long q0 = 0, k0 = 0;
+    const CUtensorMap *mq = &tmq, *mdo = &tmdo, *mk = &tmk, *mv = &tmv;
+    if constexpr (VL) {
+        if (*p.vl.err != ~0ull) return;  // bad prefix sums: nothing is written (the host reports it)
+        const int4 sq = p.vl.seq[b];
+        if (nt * BN >= sq.w) return;     // a key tile past the sequence's keys: nothing to do
+        q0 = sq.x;
+        vSq = sq.y;
+        vSkv = sq.w;
+        bt = 0;
+        mq = static_cast<const CUtensorMap *>(p.vl.tm) + 4 * b;
+        mk = mq + 1;
+        mv = mq + 2;
+        mdo = mq + 3;
+    }
+    // the query / key counts of the edge tests (dense: read from p at each use, as before VL)
+    auto Sq = [&]() {
+        if constexpr (VL) return vSq;
+        else return p.Sq;
+    };
+    auto Skv = [&]() {
+        if constexpr (VL) return vSkv;
+        else return p.Skv;
+    };
     const int cnt = p.sk.cnt[row];
     const int *lst = p.sk.list + row * (long long)p.sk.stride;
     const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 7), 0), tid = threadIdx.x & 127;
@@ -97,29 +140,37 @@ __global__ void __launch_bounds__(384, 1)
                 const int s = it % ST;
                 hop::mbar_wait(empty + s, ((it / ST) & 1) ^ 1);
                 const int e = lst[it] >> 4, g = e / nqt, m = e % nqt, n = hk * p.G + g;
-                const long long rb = ((long long)b * p.N + n) * p.Sq;
+                long long rb;
+                if constexpr (VL) rb = (long long)n * p.vl.Tq + q0;  // [N][Tq] by packed token
+                else rb = ((long long)b * p.N + n) * p.Sq;
 #pragma unroll
                 for (int x = lane; x < 2 * BM; x += 32) {
                     const int i = m * BM + (x & 63);
-                    sLD[s * 2 * BM + x] = x < 64 ? (i < p.Sq ? p.lse2[rb + i] : INFINITY) : (i < p.Sq ? p.delta[rb + i] : 0.f);
+                    sLD[s * 2 * BM + x] = x < 64 ? (i < Sq() ? p.lse2[rb + i] : INFINITY) : (i < Sq() ? p.delta[rb + i] : 0.f);
                 }
                 hop::mbar_arrive(fullLD + s);
                 if (lane == 0) {
                     if (it == 0) {
-                        hop::tma_prefetch_desc(&tmq);
-                        hop::tma_prefetch_desc(&tmdo);
+                        if constexpr (VL) {  // maps written by the prep kernel
+                            bwd_tmap_acquire(mq);
+                            bwd_tmap_acquire(mdo);
+                            bwd_tmap_acquire(mk);
+                            bwd_tmap_acquire(mv);
+                        }
+                        hop::tma_prefetch_desc(mq);
+                        hop::tma_prefetch_desc(mdo);
                         hop::mbar_expect_tx(barKV, 2 * C::KV_BYTES);
 #pragma unroll
                         for (int x = 0; x < NBOX; x++) {
-                            hop::tma_load_4d(sK + x * BN * 128, &tmk, x * 64, nt * BN, hk, b, barKV);
-                            hop::tma_load_4d(sV + x * BN * 128, &tmv, x * 64, nt * BN, hk, b, barKV);
+                            hop::tma_load_4d(sK + x * BN * 128, mk, x * 64, nt * BN, hk, bt, barKV);
+                            hop::tma_load_4d(sV + x * BN * 128, mv, x * 64, nt * BN, hk, bt, barKV);
                         }
                     }
                     hop::mbar_expect_tx(full + s, 2 * C::T_BYTES);
 #pragma unroll
                     for (int x = 0; x < NBOX; x++) {
-                        hop::tma_load_4d(sQ + s * C::T_BYTES + x * BM * 128, &tmq, x * 64, m * BM, n, b, full + s);
-                        hop::tma_load_4d(sDO + s * C::T_BYTES + x * BM * 128, &tmdo, x * 64, m * BM, n, b, full + s);
+                        hop::tma_load_4d(sQ + s * C::T_BYTES + x * BM * 128, mq, x * 64, m * BM, n, bt, full + s);
+                        hop::tma_load_4d(sDO + s * C::T_BYTES + x * BM * 128, mdo, x * 64, m * BM, n, bt, full + s);
                     }
                 }
             }
@@ -127,7 +178,11 @@ __global__ void __launch_bounds__(384, 1)
             for (int it = 0; it < cnt; it++) {
                 const int buf = it & 1;
                 const int e = lst[it] >> 4, g = e / nqt, m = e % nqt, n = hk * p.G + g;
-                const long long tile = ((long long)b * p.N + n) * nqt + m;
+                const long long tile = ((long long)b * p.N + n) * nqt + m;  // schedule row
+                long long at;                                                  // accumulator tile
+                // VL: q0 read again per step (the writer runs on 24 registers: keeping it live spilled)
+                if constexpr (VL) at = (long long)n * p.vl.ntile + bsa_vl_qtile(p.vl.seq[b].x, b, m);
+                else at = tile;
                 int rank = 0;
                 if (det) {  // key tiles above nt in the query tile's list (ascending)
                     const int qc = p.sq.cnt[tile];
@@ -143,14 +198,14 @@ __global__ void __launch_bounds__(384, 1)
                 hop::mbar_wait(dqfull + buf, (it >> 1) & 1);
 #pragma unroll
                 for (int h = 0; h < NH; h++) {
-                    int *sp = sem + tile * NH + h;
+                    int *sp = sem + at * NH + h;
                     if (det) {
                         int v;
                         do {
                             asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(sp) : "memory");
                         } while (v != rank);
                     }
-                    float *dst = dqacc + (tile * NH + h) * (long long)(BM * 64);
+                    float *dst = dqacc + (at * NH + h) * (long long)(BM * 64);
                     asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
                                  "r"(hop::smem_u32(sDQ + (buf * NH + h) * BM * 64)), "r"(BM * 64 * 4)
                                  : "memory");
@@ -180,7 +235,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int key = key0 + 8 * r;
-        kcol[r] = key < p.Skv ? (long long)min(bsa_div(key, p.by, p.inv_by), p.nby - 1) * p.mask.s3 : -1;
+        kcol[r] = key < Skv() ? (long long)min(bsa_div(key, p.by, p.inv_by), p.nby - 1) * p.mask.s3 : -1;
     }
 
     float dk[DP / 2], dv[DP / 2], st[32], dpt[32];
@@ -231,7 +286,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
                     for (int r = 0; r < 2; r++) {
                         const int x = 4 * j + 2 * r + h;  // row kr + 8 r
-                        const bool ok = !part || (i < p.Sq && kcol[r] >= 0 && __ldg(mrow + kcol[r]));
+                        const bool ok = !part || (i < Sq() && kcol[r] >= 0 && __ldg(mrow + kcol[r]));
                         st[x] = ok ? bsa_exp2(st[x] * sl2 - L[8 * j + 2 * q4 + h]) : 0.f;
                     }
                 }
@@ -330,14 +385,16 @@ __global__ void __launch_bounds__(384, 1)
         }
     }
 
-    // dK (scaled) and dV of this thread's rows, once
+    // dK (scaled) and dV of this thread's rows, once (VL: the first key row read again here, not
+    // kept live through the loop)
     const float sc = p.scale;
+    if constexpr (VL) k0 = p.vl.seq[b].z;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int key = key0 + 8 * r;
-        if (key >= p.Skv) continue;
-        T *dkr = reinterpret_cast<T *>(p.dk.p) + (long long)b * p.dk.s0 + (long long)hk * p.dk.s1 + (long long)key * p.dk.s2;
-        T *dvr = reinterpret_cast<T *>(p.dv.p) + (long long)b * p.dv.s0 + (long long)hk * p.dv.s1 + (long long)key * p.dv.s2;
+        if (key >= Skv()) continue;
+        T *dkr = reinterpret_cast<T *>(p.dk.p) + (long long)bt * p.dk.s0 + (long long)hk * p.dk.s1 + (k0 + key) * p.dk.s2;
+        T *dvr = reinterpret_cast<T *>(p.dv.p) + (long long)bt * p.dv.s0 + (long long)hk * p.dv.s1 + (k0 + key) * p.dv.s2;
 #pragma unroll
         for (int j = 0; j < DP / 8; j++) {
             const int col = 8 * j + 2 * q4;
@@ -371,30 +428,78 @@ template <int DP, typename T> __global__ void bsa_dq_post_kernel(const bsa_param
     }
 }
 
-template <int DP, typename T>
+// VL: dq[0, n, t, d] = scale * accumulator for packed tokens t < cu_q[B] (sequence b of t by a
+// binary search over seq: the last b with seq[b].x <= t), then dK / dV rows [cu_kv[B], Tkv) = 0.
+// Nothing when the prefix sums are bad.
+template <int DP, typename T> __global__ void bsa_vl_post_kernel(const bsa_params p, const float *acc) {
+    constexpr int NH = DP / 64;
+    if (*p.vl.err != ~0ull) return;
+    const int4 last = p.vl.seq[p.B - 1];
+    const long long tq = (long long)last.x + last.y, tk = (long long)last.z + last.w;
+    const long long nq = tq * p.N * p.D, nk = (p.vl.Tkv - tk) * p.Nkv * p.D;
+    const long long step = (long long)gridDim.x * blockDim.x;
+    for (long long x = blockIdx.x * (long long)blockDim.x + threadIdx.x; x < nq; x += step) {
+        const int d = (int)(x % p.D);
+        const long long tn = x / p.D, t = tn / p.N;
+        const int n = (int)(tn % p.N);
+        int lo = 0, hi = p.B - 1;  // last b with seq[b].x <= t (seq[0].x = 0)
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) >> 1;
+            if (p.vl.seq[mid].x <= t) lo = mid;
+            else hi = mid - 1;
+        }
+        const long long q0 = p.vl.seq[lo].x, i = t - q0;  // i < Sq_lo: t < cu_q[lo + 1]
+        const int m = (int)(i / BM), r = (int)(i % BM), h = d >> 6, col = d & 63;
+        const long long at = (long long)n * p.vl.ntile + bsa_vl_qtile(q0, lo, m);
+        const float v = acc[((at * NH + h) * BM + r) * 64 + col] * p.scale;
+        reinterpret_cast<T *>(p.dq.p)[(long long)n * p.dq.s1 + t * p.dq.s2 + (long long)d * p.dq.s3] = bsa_t<T>::fromf(v);
+    }
+    for (long long x = blockIdx.x * (long long)blockDim.x + threadIdx.x; x < nk; x += step) {
+        const int d = (int)(x % p.D);
+        const long long tn = x / p.D, t = tk + tn / p.Nkv;
+        const int h = (int)(tn % p.Nkv);
+        reinterpret_cast<T *>(p.dk.p)[(long long)h * p.dk.s1 + t * p.dk.s2 + (long long)d * p.dk.s3] = bsa_t<T>::fromf(0.f);
+        reinterpret_cast<T *>(p.dv.p)[(long long)h * p.dv.s1 + t * p.dv.s2 + (long long)d * p.dv.s3] = bsa_t<T>::fromf(0.f);
+    }
+}
+
+template <int DP, typename T, bool VL>
 cudaError_t launch(const bsa_params &p, const bsa_bwd_tmaps &tm, float *dqacc, int *sem, int det, cudaStream_t st) {
     using C = BwdCfg<DP>;
     static unsigned long long done = 0;
-    cudaError_t e = hop::set_smem(bsa_bwd90_kernel<DP, T>, C::SMEM, &done);
+    cudaError_t e = hop::set_smem(bsa_bwd90_kernel<DP, T, VL>, C::SMEM, &done);
     if (e != cudaSuccess) return e;
     const long long ctas = (long long)p.B * p.Nkv * ((p.Skv + BN - 1) / BN);
-    bsa_bwd90_kernel<DP, T><<<(unsigned)ctas, 384, C::SMEM, st>>>(p, tm.q, tm.dout, tm.k, tm.v, dqacc, sem, det);
+    bsa_bwd90_kernel<DP, T, VL><<<(unsigned)ctas, 384, C::SMEM, st>>>(p, tm.q, tm.dout, tm.k, tm.v, dqacc, sem, det);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
-    const long long total = (long long)p.B * p.N * p.Sq * p.D;
+    const long long total = VL ? (long long)p.N * p.vl.Tq * p.D + (long long)p.Nkv * p.vl.Tkv * p.D
+                               : (long long)p.B * p.N * p.Sq * p.D;
     const long long blocks = (total + 255) / 256;
-    bsa_dq_post_kernel<DP, T><<<(unsigned)(blocks < 65536 ? (blocks < 1 ? 1 : blocks) : 65536), 256, 0, st>>>(p, dqacc);
+    const unsigned grid = (unsigned)(blocks < 65536 ? (blocks < 1 ? 1 : blocks) : 65536);
+    if constexpr (VL) bsa_vl_post_kernel<DP, T><<<grid, 256, 0, st>>>(p, dqacc);
+    else bsa_dq_post_kernel<DP, T><<<grid, 256, 0, st>>>(p, dqacc);
     return cudaGetLastError();
+}
+
+template <bool VL>
+cudaError_t launch_dt(const bsa_params &p, const bsa_bwd_tmaps &tm, int dp, int bf16, float *dqacc, int *sem, int det,
+                      cudaStream_t st) {
+    if (dp == 64) return bf16 ? launch<64, __nv_bfloat16, VL>(p, tm, dqacc, sem, det, st) : launch<64, __half, VL>(p, tm, dqacc, sem, det, st);
+    return bf16 ? launch<128, __nv_bfloat16, VL>(p, tm, dqacc, sem, det, st) : launch<128, __half, VL>(p, tm, dqacc, sem, det, st);
 }
 
 }  // namespace
 
+// tiles of the dQ accumulator: dense B * N * ceil(Sq / 64); varlen N * vl.ntile
+static long long acc_tiles(const bsa_params *p) {
+    if (p->vl.seq) return (long long)p->N * p->vl.ntile;
+    return (long long)p->B * p->N * ((p->Sq + BM - 1) / BM);
+}
 extern "C" size_t spattn_bsa_bwd90_acc_bytes(const bsa_params *p, int dp) {
-    const long long nqt = (p->Sq + BM - 1) / BM;
-    return (size_t)p->B * p->N * nqt * BM * dp * 4;
+    return (size_t)acc_tiles(p) * BM * dp * 4;
 }
 extern "C" size_t spattn_bsa_bwd90_sem_bytes(const bsa_params *p, int dp) {
-    const long long nqt = (p->Sq + BM - 1) / BM;
-    return (size_t)p->B * p->N * nqt * (dp / 64) * 4;
+    return (size_t)acc_tiles(p) * (dp / 64) * 4;
 }
 
 extern "C" cudaError_t spattn_bsa_launch_bwd90(const bsa_params *p, const bsa_bwd_tmaps *tm, int dp, int bf16, float *dqacc,
@@ -402,6 +507,6 @@ extern "C" cudaError_t spattn_bsa_launch_bwd90(const bsa_params *p, const bsa_bw
     cudaError_t e = cudaMemsetAsync(dqacc, 0, spattn_bsa_bwd90_acc_bytes(p, dp), st);
     if (e == cudaSuccess) e = cudaMemsetAsync(sem, 0, spattn_bsa_bwd90_sem_bytes(p, dp), st);
     if (e != cudaSuccess) return e;
-    if (dp == 64) return bf16 ? launch<64, __nv_bfloat16>(*p, *tm, dqacc, sem, det, st) : launch<64, __half>(*p, *tm, dqacc, sem, det, st);
-    return bf16 ? launch<128, __nv_bfloat16>(*p, *tm, dqacc, sem, det, st) : launch<128, __half>(*p, *tm, dqacc, sem, det, st);
+    return p->vl.seq ? launch_dt<true>(*p, *tm, dp, bf16, dqacc, sem, det, st)
+                     : launch_dt<false>(*p, *tm, dp, bf16, dqacc, sem, det, st);
 }

@@ -1,15 +1,32 @@
 // Preprocess of the block-sparse attention backward (bsa_bwd.cu):
 //   bsa_delta_kernel  Delta = rowsum(dO * O), lse2 = LSE * log2(e) (+inf on empty rows)
+//   VL (packed variable-length backward): rows (head n, packed token t) of [1, N, T, D] views,
+//   Delta / lse2 [N][Tq]; tokens past cu_q[B] (= seq[B-1].x + .y) are not read, nor is anything
+//   when the prefix sums are bad (*p.vl.err != ~0: the backward kernel then reads none of it).
 #include <math.h>
 
 #include "bsa_common.cuh"
 #include "bsa_launch.h"
 
-template <typename T> __global__ void bsa_delta_kernel(const bsa_params p, float *delta, float *lse2) {
+template <typename T, bool VL> __global__ void bsa_delta_kernel(const bsa_params p, float *delta, float *lse2) {
     const int lane = threadIdx.x & 31;
     const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= (long long)p.B * p.N * p.Sq) return;
-    const int i = (int)(row % p.Sq), bn = (int)(row / p.Sq), b = bn / p.N, n = bn % p.N;
+    int i, b, n;
+    if constexpr (VL) {  // row = n * Tq + t; batch index 0, token t
+        if (row >= (long long)p.N * p.vl.Tq || *p.vl.err != ~0ull) return;
+        const int4 last = p.vl.seq[p.B - 1];
+        const long long t = row % p.vl.Tq;
+        if (t >= (long long)last.x + last.y) return;  // past cu_q[B] (< 2^31)
+        i = (int)t;
+        n = (int)(row / p.vl.Tq);
+        b = 0;
+    } else {
+        if (row >= (long long)p.B * p.N * p.Sq) return;
+        const int bn = (int)(row / p.Sq);
+        i = (int)(row % p.Sq);
+        b = bn / p.N;
+        n = bn % p.N;
+    }
     const T *o = reinterpret_cast<const T *>(p.o.p) + b * p.o.s0 + n * p.o.s1 + i * p.o.s2;
     const T *d = reinterpret_cast<const T *>(p.dout.p) + b * p.dout.s0 + n * p.dout.s1 + i * p.dout.s2;
     float acc = 0.f;
@@ -26,11 +43,18 @@ template <typename T> __global__ void bsa_delta_kernel(const bsa_params p, float
 
 extern "C" cudaError_t spattn_bsa_launch_delta(const bsa_params *p, int bf16, float *delta, float *lse2,
                                                cudaStream_t st) {
-    const long long rows = (long long)p->B * p->N * p->Sq;
+    const bool vl = p->vl.seq != nullptr;
+    const long long rows = vl ? (long long)p->N * p->vl.Tq : (long long)p->B * p->N * p->Sq;
     const unsigned blocks = (unsigned)((rows + 7) / 8);
-    if (bf16)
-        bsa_delta_kernel<__nv_bfloat16><<<blocks, 256, 0, st>>>(*p, delta, lse2);
-    else
-        bsa_delta_kernel<__half><<<blocks, 256, 0, st>>>(*p, delta, lse2);
+    if (vl) {
+        if (bf16)
+            bsa_delta_kernel<__nv_bfloat16, true><<<blocks, 256, 0, st>>>(*p, delta, lse2);
+        else
+            bsa_delta_kernel<__half, true><<<blocks, 256, 0, st>>>(*p, delta, lse2);
+    } else if (bf16) {
+        bsa_delta_kernel<__nv_bfloat16, false><<<blocks, 256, 0, st>>>(*p, delta, lse2);
+    } else {
+        bsa_delta_kernel<__half, false><<<blocks, 256, 0, st>>>(*p, delta, lse2);
+    }
     return cudaGetLastError();
 }

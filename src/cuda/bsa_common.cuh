@@ -35,14 +35,23 @@ struct bsa_mask_view {
     long long s0, s1, s2, s3;
 };
 
-// Packed variable-length forward (spattn_bsa_fwd_varlen; bsa_vl_prep_kernel fills it): the
-// tensors are [1, H, T, D] views of the packed [T, H, D] ones, the mask keeps its batch index.
+// Packed variable-length forward / backward (spattn_bsa_fwd_varlen / spattn_bsa_bwd_varlen;
+// bsa_vl_prep_kernel fills it): the tensors are [1, H, T, D] views of the packed [T, H, D] ones,
+// the mask keeps its batch index.
 struct bsa_varlen {
     const int4 *seq;                // [B] {first query row, Sq_b, first key row, Skv_b}
-    const void *tm;                 // [B][3] CUtensorMap of q, k, v: base at the sequence's first
-                                    // row, rows = its length (TMA zero-fills past its end)
+    const void *tm;                 // [B][3] (forward: q, k, v) or [B][4] (backward: q, k, v, dO)
+                                    // CUtensorMap: base at the sequence's first row, rows = its
+                                    // length (TMA zero-fills past its end)
     const unsigned long long *err;  // ~0: prefix sums valid; else nothing may be written
+    long long Tq, Tkv;              // backward: packed token counts (Delta / lse2 are [N][Tq])
+    long long ntile;                // backward: dQ accumulator tiles per head (bsa_vl_qtile)
 };
+// Backward, varlen: the dQ accumulator tile of query tile m (64 rows) of a sequence starting at
+// packed row q0, per head: q0 / 64 + b + m.  Sequence b's tiles end at or before sequence
+// b + 1's first (floor((q0 + S) / 64) >= floor(q0 / 64) + floor(S / 64)), so no two sequences
+// share a tile, without a scan; Tq / 64 + B + 1 tiles per head cover every sequence.
+__host__ __device__ __forceinline__ long long bsa_vl_qtile(long long q0, int b, int m) { return q0 / 64 + b + m; }
 
 struct bsa_params {
     bsa_view q, k, v, o, dout, dq, dk, dv;

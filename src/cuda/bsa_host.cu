@@ -1,4 +1,6 @@
 // Host side of the block-sparse attention CUDA backend: shapes, workspace carving, launches.
+// Packed variable-length calls (sections at the end): the forward (Hopper forward or the
+// reference kernel) and the backward (Hopper backward only; other shapes NOT_SUPPORTED).
 // The host never reads the mask or any tensor data; schedules are built on the device
 // (bsa_sched.cu).  Fast path (Hopper forward bsa_fwd.cu, backward bsa_bwd.cu): fp16 / bf16
 // with D <= 128 (padded to 64 or 128) and views the TMA engine can read.  Other cases (fp32
@@ -368,7 +370,7 @@ spattn_tensor packed3(const spattn_tensor *t) {
 
 // The varlen problem as the dense kernels see it: 4-d views, B sequences of max_seqlen rows.
 struct VlViews {
-    spattn_tensor q, k, v, o, lse;
+    spattn_tensor q, k, v, o, lse, dout, dq, dk, dv;
     spattn_bsa_problem p;
 };
 void vl_views(const spattn_bsa_problem *pb, VlViews *w) {
@@ -388,6 +390,14 @@ void vl_views(const spattn_bsa_problem *pb, VlViews *w) {
         w->lse = packed3(pb->lse);
         w->p.lse = &w->lse;
     }
+    const spattn_tensor *const src[4] = {pb->dout, pb->dq, pb->dk, pb->dv};
+    spattn_tensor *const dst[4] = {&w->dout, &w->dq, &w->dk, &w->dv};
+    const spattn_tensor **const to[4] = {&w->p.dout, &w->p.dq, &w->p.dk, &w->p.dv};
+    for (int i = 0; i < 4; i++)
+        if (src[i]) {
+            *dst[i] = packed4(src[i]);
+            *to[i] = dst[i];
+        }
 }
 
 // Workspace: [0] the check word, [1] the sequence table, [2] the TMA maps, [3] schedule counts,
@@ -451,11 +461,47 @@ spattn_status vl_report(const spattn_bsa_problem *pb, unsigned long long key, cu
     }
 }
 
+// Backward workspace: [0] the check word, [1] the sequence table, [2] 4 TMA maps per sequence
+// (q, k, v, dO), [3] Delta, [4] lse2 ([N][Tq] fp32 each), [5] q-major counts, [6] lists (64 x 128
+// tiles, B sequences of max_seqlen), [7] key-major counts, [8] lists, [9] the dQ accumulator and
+// [10] its semaphores (N * vl_ntile tiles of 64 rows); + 256 bytes to align a caller's base.
+long long vl_ntile(const spattn_bsa_problem *vp) { return vp->seqs->Tq / 64 + vp->B + 1; }
+struct VlBwdLayout {
+    size_t off[11];
+    size_t total;
+};
+VlBwdLayout vl_bwd_layout(const spattn_bsa_problem *vp) {
+    VlBwdLayout L = {};
+    const int dp = bsa_dpad(vp->D);
+    const size_t nqt = (size_t)((vp->Sq + 63) / 64), nkt = (size_t)((vp->Skv + 127) / 128);
+    const size_t nq = (size_t)vp->B * vp->N * nqt, kr = (size_t)vp->B * vp->Nkv * nkt;
+    const size_t rows = (size_t)vp->N * vp->seqs->Tq, at = (size_t)vp->N * vl_ntile(vp);
+    const size_t sz[11] = {8,
+                           (size_t)vp->B * 16,
+                           (size_t)vp->B * 4 * sizeof(CUtensorMap),
+                           rows * 4,
+                           rows * 4,
+                           nq * 4,
+                           nq * nkt * 4,
+                           kr * 4,
+                           kr * (size_t)(vp->N / vp->Nkv) * nqt * 4,
+                           at * 64 * (size_t)dp * 4,
+                           at * (size_t)(dp / 64) * 4};
+    size_t o = 0;
+    for (int i = 0; i < 11; i++) {
+        L.off[i] = o;
+        o += up(sz[i]);
+    }
+    L.total = o + kAlign;
+    return L;
+}
+
 }  // namespace
 
-extern "C" size_t spattn_cuda_bsa_varlen_workspace(const spattn_bsa_problem *pb) {
+extern "C" size_t spattn_cuda_bsa_varlen_workspace(const spattn_bsa_problem *pb, int backward) {
     VlViews w;
     vl_views(pb, &w);
+    if (backward) return bwd90(&w.p, pb->dout != nullptr) ? vl_bwd_layout(&w.p).total : 0;
     return vl_layout(&w.p, fwd_fast(&w.p)).total;
 }
 
@@ -503,7 +549,9 @@ extern "C" spattn_status spattn_cuda_bsa_fwd_varlen(const spattn_bsa_problem *pb
     a.tm = tms;
     a.err = err;
     cudaError_t e = cudaMemsetAsync(err, 0xff, 8, st);
-    if (e == cudaSuccess) e = spattn_bsa_launch_vl_prep(&tm, &a, st);
+    const CUtensorMap tmpl[3] = {tm.q, tm.k, tm.v};
+    a.nmaps = 3;
+    if (e == cudaSuccess) e = spattn_bsa_launch_vl_prep(tmpl, &a, st);
     if (e != cudaSuccess) return fail(e, "varlen prefix-sum check");
     if (!fast) {
         s = spattn_cuda_ref_bsa_fwd_varlen(vp, ex, seq, err);
@@ -528,5 +576,101 @@ extern "C" spattn_status spattn_cuda_bsa_fwd_varlen(const spattn_bsa_problem *pb
     unsigned long long key = 0;
     if ((e = cudaMemcpyAsync(&key, err, 8, cudaMemcpyDeviceToHost, st)) == cudaSuccess) e = cudaStreamSynchronize(st);
     if (e != cudaSuccess) return fail(e, "varlen forward");
+    return vl_report(pb, key, st);
+}
+
+// ---- packed variable-length backward (spattn_bsa_bwd_varlen) ------------------------------------
+// As the forward: the packed tensors as [1, H, T, D] views, the lengths stay on the device.
+// bsa_vl_prep_kernel checks the prefix sums and writes the sequence table and 4 TMA maps per
+// sequence (q, k, v, dO: base at the sequence's first row, rows = its length); then Delta / lse2
+// by packed token, the two schedules (VL: per sequence), the Hopper backward (VL instantiation)
+// and its postprocess (dQ rows, dK / dV rows past cu_kv[B] zeroed); one synchronisation at the
+// end turns a bad prefix sum into the CPU's message (every kernel writes nothing then).  Shapes
+// without the Hopper backward (fp32, D > 128, views TMA cannot read) are refused before anything
+// runs: SPATTN_STATUS_NOT_SUPPORTED, naming the CPU backend.
+extern "C" spattn_status spattn_cuda_bsa_bwd_varlen(const spattn_bsa_problem *pb, const spattn_exec *ex) {
+    VlViews w;
+    vl_views(pb, &w);
+    const spattn_bsa_problem *vp = &w.p;
+    if (!bwd90(vp))
+        return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
+                                "bsa_bwd_varlen: the CUDA backend runs the packed variable-length backward for "
+                                "fp16 / bf16, D <= 128 and TMA-readable views (16-byte aligned, contiguous D, row "
+                                "strides multiple of 8) only; use CPU tensors (the CPU backend runs every form)");
+    const long long nqt = (vp->Sq + 63) / 64, nkt = (vp->Skv + 127) / 128;
+    if (vp->B * vp->N * nqt > 0x7fffffffll || vp->B * vp->Nkv * nkt > 0x7fffffffll ||
+        vp->N * vl_ntile(vp) > 0x7fffffffll || (vp->N / vp->Nkv) * nqt >= (1ll << 27))
+        return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
+                                "bsa_bwd_varlen: B * N * ceil(max_seqlen_q / 64), B * Nkv * ceil(max_seqlen_kv / "
+                                "128) and N * (Tq / 64 + B + 1) must be < 2^31 on CUDA; use CPU tensors");
+    const VlBwdLayout L = vl_bwd_layout(vp);
+    cuda_scratch ws;
+    spattn_status s = ws.get(ex, L.total, "bsa cuda");
+    if (s != SPATTN_STATUS_SUCCESS) return s;
+    cudaStream_t st = ws.st;
+    char *base = ws.base + ((kAlign - (uintptr_t)ws.base % kAlign) % kAlign);
+    unsigned long long *err = reinterpret_cast<unsigned long long *>(base + L.off[0]);
+    int4 *seq = reinterpret_cast<int4 *>(base + L.off[1]);
+    CUtensorMap *tms = reinterpret_cast<CUtensorMap *>(base + L.off[2]);
+    float *delta = reinterpret_cast<float *>(base + L.off[3]), *lse2 = reinterpret_cast<float *>(base + L.off[4]);
+    int *qcnt = reinterpret_cast<int *>(base + L.off[5]), *qlist = reinterpret_cast<int *>(base + L.off[6]);
+    int *kcnt = reinterpret_cast<int *>(base + L.off[7]), *klist = reinterpret_cast<int *>(base + L.off[8]);
+    float *acc = reinterpret_cast<float *>(base + L.off[9]);
+    int *sem = reinterpret_cast<int *>(base + L.off[10]);
+    const spattn_seqs *sq = pb->seqs;
+    const int dp = bsa_dpad(pb->D), bf16 = pb->dtype == SPATTN_DTYPE_BF16;
+    // templates of the per-sequence maps: q / dO boxes of 64 rows, k / v of 128 (as the dense call)
+    bsa_bwd_tmaps tm;
+    if (!make_tmap(&tm.q, vp->q, 64) || !make_tmap(&tm.dout, vp->dout, 64) || !make_tmap(&tm.k, vp->k, 128) ||
+        !make_tmap(&tm.v, vp->v, 128))
+        return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "bsa cuda: cuTensorMapEncodeTiled failed for q, dout, k or v");
+    bsa_vl_prep_args a = {};
+    a.cu_q = sq->cu_q;
+    a.cu_kv = sq->cu_kv;
+    a.st_q = sq->cu_q_st;
+    a.st_kv = sq->cu_kv_st;
+    a.B = sq->B;
+    a.Tq = sq->Tq;
+    a.Tkv = sq->Tkv;
+    a.max_q = sq->max_q;
+    a.max_kv = sq->max_kv;
+    const spattn_tensor *src[4] = {pb->q, pb->k, pb->v, pb->dout};
+    for (int i = 0; i < 4; i++) {
+        a.base[i] = static_cast<const char *>(src[i]->data);
+        a.row_bytes[i] = src[i]->strides[0] * (long long)spattn_dtype_size((spattn_dtype)src[i]->dtype);
+    }
+    a.nmaps = 4;
+    a.seq = seq;
+    a.tm = tms;
+    a.err = err;
+    const CUtensorMap tmpl[4] = {tm.q, tm.k, tm.v, tm.dout};
+    cudaError_t e = cudaMemsetAsync(err, 0xff, 8, st);
+    if (e == cudaSuccess) e = spattn_bsa_launch_vl_prep(tmpl, &a, st);
+    if (e != cudaSuccess) return fail(e, "varlen prefix-sum check");
+    bsa_params p = params(vp);
+    p.vl.seq = seq;
+    p.vl.tm = tms;
+    p.vl.err = err;
+    p.vl.Tq = sq->Tq;
+    p.vl.Tkv = sq->Tkv;
+    p.vl.ntile = vl_ntile(vp);
+    if ((e = spattn_bsa_launch_delta(&p, bf16, delta, lse2, st)) != cudaSuccess) return fail(e, "delta kernel");
+    p.lse2 = lse2;
+    p.delta = delta;
+    p.nqt = (int)nqt;
+    if ((e = spattn_bsa_launch_sched_q(&p, 64, 128, qcnt, qlist, st)) != cudaSuccess) return fail(e, "schedule");
+    p.sq.cnt = qcnt;
+    p.sq.list = qlist;
+    p.sq.stride = (int)nkt;
+    if ((e = spattn_bsa_launch_sched_k(&p, 64, 128, kcnt, klist, st)) != cudaSuccess) return fail(e, "schedule");
+    p.sk.cnt = kcnt;
+    p.sk.list = klist;
+    p.sk.stride = p.G * p.nqt;
+    if ((e = spattn_bsa_launch_bwd90(&p, &tm, dp, bf16, acc, sem, ex->deterministic != 0, st)) != cudaSuccess)
+        return fail(e, "backward kernel");
+    // the check's verdict (the kernels above wrote nothing if it failed)
+    unsigned long long key = 0;
+    if ((e = cudaMemcpyAsync(&key, err, 8, cudaMemcpyDeviceToHost, st)) == cudaSuccess) e = cudaStreamSynchronize(st);
+    if (e != cudaSuccess) return fail(e, "varlen backward");
     return vl_report(pb, key, st);
 }

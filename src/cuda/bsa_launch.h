@@ -13,6 +13,9 @@
 extern "C" {
 // Query-major schedule for row tiles of bm queries and key tiles of bn keys:
 // cnt [B*N*nqt], list [B*N*nqt][nkt].  Edge key tiles (past Skv) are marked partial.
+// Both backward schedules: with p->vl.seq set (varlen backward) per sequence b with its own Sq /
+// Skv (block rows / columns restart at its first token), tiles past its lengths empty, every row
+// empty unless *p->vl.err == ~0; B / Sq / Skv of p are the sequence count and max_seqlen.
 cudaError_t spattn_bsa_launch_sched_q(const bsa_params *p, int bm, int bn, int *cnt, int *list, cudaStream_t st);
 // Key-major schedule (for dK/dV): per (b, kv head, key tile of bn) the (group head, query tile
 // of bm) pairs e that hit it: cnt [B*Nkv*nkt], list [B*Nkv*nkt][G*nqt] of e * 16 + code1 * 4 +
@@ -29,22 +32,24 @@ cudaError_t spattn_bsa_launch_order(const int *cnt, long long rows, int per_tile
 struct bsa_tmaps {
     CUtensorMap q, k, v;
 };
-// Packed variable-length forward (bsa_sched.cu, bsa_vl_prep_kernel): checks the prefix sums
-// into *err (~0 before: the caller memsets it; see the kernel for the key), fills seq [B] and
-// the per-sequence TMA maps tm [B][3] (q, k, v) from the call's maps (over [1, H, T, D] views of
-// the packed tensors; base[i] / row_bytes[i]: data pointer and bytes between rows of q, k, v;
-// tm NULL: no maps, for the reference path).
+// Packed variable-length forward / backward (bsa_sched.cu, bsa_vl_prep_kernel): checks the
+// prefix sums into *err (~0 before: the caller memsets it; see the kernel for the key), fills
+// seq [B] and the per-sequence TMA maps tm [B][nmaps] (q, k, v and, nmaps = 4, dO) from the
+// call's maps tmpl[0 .. nmaps-1] (over [1, H, T, D] views of the packed tensors; base[i] /
+// row_bytes[i]: data pointer and bytes between rows of q, k, v, dO; tm NULL: no maps, for the
+// reference path).
 struct bsa_vl_prep_args {
     const int *cu_q, *cu_kv;
     long long st_q, st_kv;          // element strides of the prefix sums
     long long B, Tq, Tkv, max_q, max_kv;
-    const char *base[3];
-    long long row_bytes[3];
+    const char *base[4];
+    long long row_bytes[4];
+    int nmaps;                      // 3 (forward) or 4 (backward)
     int4 *seq;
     CUtensorMap *tm;
     unsigned long long *err;
 };
-cudaError_t spattn_bsa_launch_vl_prep(const bsa_tmaps *tm, const bsa_vl_prep_args *a, cudaStream_t st);
+cudaError_t spattn_bsa_launch_vl_prep(const CUtensorMap *tmpl, const bsa_vl_prep_args *a, cudaStream_t st);
 // Hopper forward (bsa_fwd.cu); p->sq is the query-major schedule of query tiles of
 // bsa_fwd90_tile_for(dp).bm rows and key chunks of `chunk` = bsa_fwd90_chunk(by) keys.
 // With p->vl.seq set (varlen): the same kernel per (sequence, head, query tile of max_seqlen_q)
@@ -61,6 +66,11 @@ struct bsa_bwd_tmaps {
 // dqacc: spattn_bsa_bwd90_acc_bytes, sem: spattn_bsa_bwd90_sem_bytes (both zeroed here).
 size_t spattn_bsa_bwd90_acc_bytes(const bsa_params *p, int dp);
 size_t spattn_bsa_bwd90_sem_bytes(const bsa_params *p, int dp);
+// With p->vl.seq set (varlen backward): CTAs (sequence b, kv head, key tile of max_seqlen_kv)
+// with b's lengths and TMA maps (p->vl.tm [B][4]: q, k, v, dO), Delta / lse2 [N][Tq], the dQ
+// accumulator and semaphores per head over p->vl.ntile tiles (bsa_vl_qtile); dK / dV rows
+// k0 + j (j < Skv_b), dQ rows q0 + i (i < Sq_b), dK / dV rows in [cu_kv[B], Tkv) zeroed; nothing
+// written unless *p->vl.err == ~0.
 cudaError_t spattn_bsa_launch_bwd90(const bsa_params *p, const bsa_bwd_tmaps *tm, int dp, int bf16, float *dqacc, int *sem,
                                     int det, cudaStream_t st);
 // Packed variable-length forward on the reference kernel (bsa_ref.cu; fp32, D > 128, views TMA
@@ -69,6 +79,8 @@ cudaError_t spattn_bsa_launch_bwd90(const bsa_params *p, const bsa_bwd_tmaps *tm
 spattn_status spattn_cuda_ref_bsa_fwd_varlen(const spattn_bsa_problem *p, const spattn_exec *ex, const int4 *seq,
                                              const unsigned long long *err);
 // Delta = rowsum(dO * O) and lse2 = lse * log2(e) (+inf on empty rows), both [B*N*Sq].
+// Varlen (p->vl.seq set): both [N][Tq] by packed token; tokens past cu_q[B] are not read (nor is
+// anything when *p->vl.err != ~0).
 cudaError_t spattn_bsa_launch_delta(const bsa_params *p, int bf16, float *delta, float *lse2, cudaStream_t st);
 }
 

@@ -21,21 +21,45 @@ __device__ __forceinline__ int bsa_classify(const bsa_mask_view &m, int b, int h
     return any ? (all ? 1 : 2) : 0;
 }
 
+template <bool VL>
 __global__ void bsa_sched_q_kernel(const bsa_params p, int bm, int bn, int nqt, int nkt, int *cnt, int *list) {
     const int lane = threadIdx.x & 31;
     const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= (long long)p.B * p.N * nqt) return;
     const int m = (int)(row % nqt), bn_ = (int)(row / nqt), b = bn_ / p.N, n = bn_ % p.N;
-    const int r0 = m * bm, r1 = min(p.Sq, r0 + bm) - 1;
+    int vSq = 0, vSkv = 0, vnk = 0;
+    if constexpr (VL) {  // sequence b's lengths; tiles past its queries and bad prefix sums: empty
+        const int4 sq = p.vl.seq[b];
+        vSq = sq.y;
+        vSkv = sq.w;
+        if (*p.vl.err != ~0ull || m * bm >= vSq) {
+            if (lane == 0) cnt[row] = 0;
+            return;
+        }
+        vnk = (vSkv + bn - 1) / bn;  // <= nkt: Skv_b <= max_seqlen_kv (checked)
+    }
+    const auto Sq = [&]() {
+        if constexpr (VL) return vSq;
+        else return p.Sq;
+    };
+    const auto Skv = [&]() {
+        if constexpr (VL) return vSkv;
+        else return p.Skv;
+    };
+    const auto nk = [&]() {
+        if constexpr (VL) return vnk;
+        else return nkt;
+    };
+    const int r0 = m * bm, r1 = min(Sq(), r0 + bm) - 1;
     int out = 0;
     int *dst = list + row * nkt;
-    for (int t0 = 0; t0 < nkt; t0 += 32) {
+    for (int t0 = 0; t0 < nk(); t0 += 32) {
         const int t = t0 + lane;
         int code = 0;
-        if (t < nkt) {
-            const int c0 = t * bn, c1 = min(p.Skv, c0 + bn) - 1;
+        if (t < nk()) {
+            const int c0 = t * bn, c1 = min(Skv(), c0 + bn) - 1;
             code = bsa_classify(p.mask, b, n, r0, r1, c0, c1, p.bx, p.by);
-            if (code == 1 && c0 + bn > p.Skv) code = 2;  // edge tile: keys past Skv are masked
+            if (code == 1 && c0 + bn > Skv()) code = 2;  // edge tile: keys past Skv are masked
         }
         const unsigned bal = __ballot_sync(0xffffffffu, code != 0);
         if (code) dst[out + __popc(bal & ((1u << lane) - 1))] = t * 2 + (code == 2);
@@ -48,12 +72,32 @@ __global__ void bsa_sched_q_kernel(const bsa_params p, int bm, int bn, int nqt, 
 // head, query tile) pairs e = hg * nqt + m that hit it, as e * 16 + code1 * 4 + code0 where
 // code_h (0 empty, 1 full, 2 partial) classifies the tile's key half h (bn / 2 keys each; one
 // consumer warpgroup per half, which skips an empty half's GEMMs).
+// VL: sequence b's lengths (key tiles past its keys and bad prefix sums: empty rows).
+template <bool VL>
 __global__ void bsa_sched_k_kernel(const bsa_params p, int bm, int bn, int nqt, int nkt, int *cnt, int *list) {
     const int lane = threadIdx.x & 31;
     const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= (long long)p.B * p.Nkv * nkt) return;
     const int t = (int)(row % nkt), bh = (int)(row / nkt), b = bh / p.Nkv, hk = bh % p.Nkv;
     const int hb = bn / 2, c0 = t * bn;
+    int vSq = 0, vSkv = 0;
+    if constexpr (VL) {
+        const int4 sq = p.vl.seq[b];
+        vSq = sq.y;
+        vSkv = sq.w;
+        if (*p.vl.err != ~0ull || c0 >= vSkv) {
+            if (lane == 0) cnt[row] = 0;
+            return;
+        }
+    }
+    const auto Sq = [&]() {
+        if constexpr (VL) return vSq;
+        else return p.Sq;
+    };
+    const auto Skv = [&]() {
+        if constexpr (VL) return vSkv;
+        else return p.Skv;
+    };
     const int total = p.G * nqt;
     int out = 0;
     int *dst = list + row * (long long)total;
@@ -62,12 +106,13 @@ __global__ void bsa_sched_k_kernel(const bsa_params p, int bm, int bn, int nqt, 
         int code = 0;
         if (e < total) {
             const int hg = e / nqt, m = e % nqt;
-            const int r0 = m * bm, r1 = min(p.Sq, r0 + bm) - 1;
+            const int r0 = m * bm, r1 = min(Sq(), r0 + bm) - 1;
             // rows past Sq carry lse2 = +inf (P = 0) and keys past Skv are never written: no edge marks
-            for (int h = 0; h < 2; h++) {
-                const int k0 = c0 + h * hb, k1 = min(p.Skv, k0 + hb) - 1;
-                if (k0 < p.Skv) code |= bsa_classify(p.mask, b, hk * p.G + hg, r0, r1, k0, k1, p.bx, p.by) << (2 * h);
-            }
+            if (!VL || r0 < Sq())  // VL: query tiles past the sequence hit nothing
+                for (int h = 0; h < 2; h++) {
+                    const int k0 = c0 + h * hb, k1 = min(Skv(), k0 + hb) - 1;
+                    if (k0 < Skv()) code |= bsa_classify(p.mask, b, hk * p.G + hg, r0, r1, k0, k1, p.bx, p.by) << (2 * h);
+                }
         }
         const unsigned bal = __ballot_sync(0xffffffffu, code != 0);
         if (code) dst[out + __popc(bal & ((1u << lane) - 1))] = e * 16 + code;
@@ -152,7 +197,7 @@ extern "C" cudaError_t spattn_bsa_launch_sched_fwd(const bsa_params *p, int bm, 
     return cudaGetLastError();
 }
 
-// ---- packed variable-length forward: prefix-sum checks, sequence table, per-sequence TMA maps
+// ---- packed variable-length forward / backward: prefix-sum checks, sequence table, per-sequence TMA maps
 // One kernel, before anything that reads the lengths:
 //   * the prefix sums against the CPU's rules (spattn_seqs_check_values: cu[0] = 0, non-
 //     decreasing, lengths <= max_seqlen, cu[B] <= T).  The first violation in the CPU's order is
@@ -170,9 +215,11 @@ extern "C" cudaError_t spattn_bsa_launch_sched_fwd(const bsa_params *p, int bm, 
 //     kernel acquires each map before its first TMA.
 constexpr int kPrepThreads = 256;
 
+// The backward (a.nmaps = 4) adds dO's map (with q's lengths): tm [B][4] = q, k, v, dO.
 __global__ void __launch_bounds__(kPrepThreads) bsa_vl_prep_kernel(const __grid_constant__ CUtensorMap tq,
                                                                    const __grid_constant__ CUtensorMap tk,
                                                                    const __grid_constant__ CUtensorMap tv,
+                                                                   const __grid_constant__ CUtensorMap tdo,
                                                                    const bsa_vl_prep_args a) {
     __shared__ alignas(128) CUtensorMap stage[kPrepThreads / 32];
     const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -202,16 +249,18 @@ __global__ void __launch_bounds__(kPrepThreads) bsa_vl_prep_kernel(const __grid_
     // one warp per (sequence, tensor); the condition is warp-uniform (the copy-out is .aligned)
     const long long w = tid >> 5;
     const int lane = threadIdx.x & 31;
-    if (!a.tm || w >= 3 * B) return;  // no maps for the reference path
-    const long long b = w / 3;
-    const int which = (int)(w % 3);
-    const CUtensorMap *tmpl = which == 0 ? &tq : which == 1 ? &tk : &tv;
+    const int nm = a.nmaps;
+    if (!a.tm || w >= nm * B) return;  // no maps for the reference path
+    const long long b = w / nm;
+    const int which = (int)(w % nm);
+    const CUtensorMap *tmpl = which == 0 ? &tq : which == 1 ? &tk : which == 2 ? &tv : &tdo;
     CUtensorMap *sm = &stage[threadIdx.x >> 5];
     if (lane < 16) reinterpret_cast<uint2 *>(sm)[lane] = reinterpret_cast<const uint2 *>(tmpl)[lane];
     __syncwarp();
     if (lane == 0) {
-        const int *cu = which == 0 ? a.cu_q : a.cu_kv;
-        const long long st = which == 0 ? a.st_q : a.st_kv;
+        const bool qside = which == 0 || which == 3;  // q and dO: query rows
+        const int *cu = qside ? a.cu_q : a.cu_kv;
+        const long long st = qside ? a.st_q : a.st_kv;
         const long long r0 = cu[b * st], len = (long long)cu[(b + 1) * st] - r0;
         // bad prefix sums give a meaningless map; nothing uses it then (*err gates every reader)
         const unsigned long long base = (unsigned long long)(a.base[which] + r0 * a.row_bytes[which]);
@@ -223,7 +272,7 @@ __global__ void __launch_bounds__(kPrepThreads) bsa_vl_prep_kernel(const __grid_
                      : "memory");
     }
     __syncwarp();
-    CUtensorMap *dst = a.tm + 3 * b + which;
+    CUtensorMap *dst = a.tm + nm * b + which;
     asm volatile(
         "tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu.sync.aligned [%0], [%1], 128;" ::"l"(
             dst),
@@ -231,11 +280,11 @@ __global__ void __launch_bounds__(kPrepThreads) bsa_vl_prep_kernel(const __grid_
         : "memory");
 }
 
-extern "C" cudaError_t spattn_bsa_launch_vl_prep(const bsa_tmaps *tm, const bsa_vl_prep_args *a, cudaStream_t st) {
-    // threads: one warp per map (3 B warps) and at least one per prefix-sum check (grid-stride)
-    const long long maps = (long long)a->B * 3 * 32, checks = 2 * ((long long)a->B + 2);
+extern "C" cudaError_t spattn_bsa_launch_vl_prep(const CUtensorMap *tmpl, const bsa_vl_prep_args *a, cudaStream_t st) {
+    // threads: one warp per map (nmaps * B warps) and at least one per prefix-sum check (grid-stride)
+    const long long maps = (long long)a->B * a->nmaps * 32, checks = 2 * ((long long)a->B + 2);
     const long long blocks = ((maps > checks ? maps : checks) + kPrepThreads - 1) / kPrepThreads;
-    bsa_vl_prep_kernel<<<(unsigned)blocks, kPrepThreads, 0, st>>>(tm->q, tm->k, tm->v, *a);
+    bsa_vl_prep_kernel<<<(unsigned)blocks, kPrepThreads, 0, st>>>(tmpl[0], tmpl[1], tmpl[2], tmpl[a->nmaps > 3 ? 3 : 0], *a);
     return cudaGetLastError();
 }
 
@@ -243,7 +292,8 @@ extern "C" cudaError_t spattn_bsa_launch_sched_q(const bsa_params *p, int bm, in
                                                  cudaStream_t st) {
     const int nqt = (p->Sq + bm - 1) / bm, nkt = (p->Skv + bn - 1) / bn;
     const long long rows = (long long)p->B * p->N * nqt;
-    bsa_sched_q_kernel<<<(unsigned)((rows + 3) / 4), 128, 0, st>>>(*p, bm, bn, nqt, nkt, cnt, list);
+    if (p->vl.seq) bsa_sched_q_kernel<true><<<(unsigned)((rows + 3) / 4), 128, 0, st>>>(*p, bm, bn, nqt, nkt, cnt, list);
+    else bsa_sched_q_kernel<false><<<(unsigned)((rows + 3) / 4), 128, 0, st>>>(*p, bm, bn, nqt, nkt, cnt, list);
     return cudaGetLastError();
 }
 
@@ -251,7 +301,8 @@ extern "C" cudaError_t spattn_bsa_launch_sched_k(const bsa_params *p, int bm, in
                                                  cudaStream_t st) {
     const int nqt = (p->Sq + bm - 1) / bm, nkt = (p->Skv + bn - 1) / bn;
     const long long rows = (long long)p->B * p->Nkv * nkt;
-    bsa_sched_k_kernel<<<(unsigned)((rows + 3) / 4), 128, 0, st>>>(*p, bm, bn, nqt, nkt, cnt, list);
+    if (p->vl.seq) bsa_sched_k_kernel<true><<<(unsigned)((rows + 3) / 4), 128, 0, st>>>(*p, bm, bn, nqt, nkt, cnt, list);
+    else bsa_sched_k_kernel<false><<<(unsigned)((rows + 3) / 4), 128, 0, st>>>(*p, bm, bn, nqt, nkt, cnt, list);
     return cudaGetLastError();
 }
 

@@ -1,6 +1,6 @@
-// GPU check of the packed variable-length bsa forward on CUDA (spattn_bsa_fwd_varlen with device
-// tensors) against the CPU path on the same inputs (run on a machine with a GPU; reports "skipped"
-// and exits 0 when none is visible).
+// GPU check of the packed variable-length bsa forward and backward on CUDA (spattn_bsa_fwd_varlen /
+// spattn_bsa_bwd_varlen with device tensors) against the CPU path on the same inputs (run on a
+// machine with a GPU; reports "skipped" and exits 0 when none is visible).
 //   * random batches: B 1..17, lengths with 0, 1 and the maximum forced in, key sides longer or
 //     shorter than the queries (and empty), bx / by 16 / 48 / 64 / 128 / odd (partial edge blocks,
 //     every chunk width of the Hopper forward and its per-token mask path), GQA, D 64 / 128 (and
@@ -17,8 +17,15 @@
 //   * NaN in one sequence's k and v: its neighbours (which a TMA box reaches) stay exact;
 //   * bad prefix sums (non-monotone, a length past max_seqlen, past T, cu[0] != 0, both sides):
 //     SPATTN_STATUS_BAD_INDEX with the CPU's message, o / lse untouched;
-//   * caller workspace (unaligned base, exact size) on a caller stream; the backward and paged
-//     keys answer SPATTN_STATUS_NOT_SUPPORTED.
+//   * caller workspace (unaligned base, exact size) on a caller stream; paged keys answer
+//     SPATTN_STATUS_NOT_SUPPORTED;
+//   * backward (every case; O / LSE from the CPU forward, dO NaN on rows past cu_q[B]): dQ, dK, dV
+//     against the CPU backward with the eco criterion (cases/README.md), in deterministic mode
+//     (5 runs bitwise equal) and fast mode; dQ rows past cu_q[B] and padding columns poison, dK /
+//     dV rows past cu_kv[B] zero (as the CPU); shapes the CUDA backward does not take (fp32, D 192,
+//     a row stride TMA cannot read) and bad prefix sums: the refusal (NOT_SUPPORTED naming the CPU
+//     backend; BAD_INDEX with the CPU's message) with dq / dk / dv untouched.  Cases add many short
+//     sequences, one long among short ones, empty sequences, GQA, bx != by, odd blocks.
 // Usage: bsa_varlen_cuda_check [quick]   (SPATTN_TEST_SEED replays the random draw)
 //        bsa_varlen_cuda_check selftest [quick]: the harness alone, every "cuda" call on the CPU
 //        (no GPU needed; checks the checker: poison bookkeeping, views, the sequence-alone calls)
@@ -70,6 +77,7 @@ struct Case {
     double density;
     int pad;           // elements added to the row stride of q / k / v / o (8: TMA-able, 4: not)
     int use_ws;        // caller workspace (unaligned) + caller stream
+    int longshort;     // sequence 0 has maxq queries, the others at most 40
 };
 
 // A packed batch on the host and its device copies.
@@ -80,8 +88,8 @@ struct Batch {
     long long maxq, maxkv;
     int nbx, nby;
     long long rsq, rskv;   // row strides (elements) of q / o and k / v
-    std::vector<uint8_t> hq, hk, hv, hmask;
-    void *dq = nullptr, *dk = nullptr, *dv = nullptr, *dm = nullptr, *dcq = nullptr, *dckv = nullptr;
+    std::vector<uint8_t> hq, hk, hv, hmask, hdo;
+    void *dq = nullptr, *dk = nullptr, *dv = nullptr, *dm = nullptr, *dcq = nullptr, *dckv = nullptr, *ddo = nullptr;
 };
 
 static void lengths(int B, int maxl, std::vector<int32_t> &cu, int force_max) {
@@ -98,6 +106,8 @@ static void lengths(int B, int maxl, std::vector<int32_t> &cu, int force_max) {
 static void make_batch(const Case &c, Batch &t) {
     t.c = c;
     lengths(c.B, c.maxq, t.cuq, 1);
+    if (c.longshort)
+        for (int b = 0; b < c.B; b++) t.cuq[b + 1] = t.cuq[b] + (b == 0 ? c.maxq : irand(0, std::min(40, c.maxq)));
     if (c.kvmode == 0) lengths(c.B, c.maxkv, t.cukv, 0);
     else {
         t.cukv.assign(c.B + 1, 0);
@@ -130,6 +140,10 @@ static void make_batch(const Case &c, Batch &t) {
             store_dt(t.hk.data(), (size_t)r * t.rskv + x, tail ? NAN : (float)nrand(), c.dt);
             store_dt(t.hv.data(), (size_t)r * t.rskv + x, tail ? NAN : (float)nrand(), c.dt);
         }
+    t.hdo.assign(t.hq.size(), 0);  // dO: rows past cu_q[B] NaN (never read)
+    for (int r = 0; r < t.Tq; r++)
+        for (int x = 0; x < c.N * c.D; x++)
+            store_dt(t.hdo.data(), (size_t)r * t.rsq + x, r >= t.cuq[c.B] ? NAN : (float)nrand(), c.dt);
     t.hmask.assign((size_t)c.B * c.N * t.nbx * t.nby, 0);
     for (int b = 0; b < c.B; b++) {
         const long long sq = t.cuq[b + 1] - t.cuq[b], skv = t.cukv[b + 1] - t.cukv[b], off = skv - sq;
@@ -151,6 +165,8 @@ static void make_batch(const Case &c, Batch &t) {
     CK(cudaMalloc(&t.dcq, (c.B + 1) * 4));
     CK(cudaMalloc(&t.dckv, (c.B + 1) * 4));
     CK(cudaMemcpy(t.dq, t.hq.data(), t.hq.size(), cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&t.ddo, t.hdo.size() + 256));
+    CK(cudaMemcpy(t.ddo, t.hdo.data(), t.hdo.size(), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(t.dk, t.hk.data(), t.hk.size(), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(t.dv, t.hv.data(), t.hv.size(), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(t.dm, t.hmask.data(), t.hmask.size(), cudaMemcpyHostToDevice));
@@ -165,6 +181,7 @@ static void free_batch(Batch &t) {
     cudaFree(t.dm);
     cudaFree(t.dcq);
     cudaFree(t.dckv);
+    cudaFree(t.ddo);
 }
 
 static spattn_tensor mk(void *p, int dt, int nd, const int64_t *sh, const int64_t *st, bool dev) {
@@ -323,6 +340,180 @@ static std::string ctx_of(const Batch &t) {
     return buf;
 }
 
+// ---- backward -----------------------------------------------------------------------------------
+// Gradients of one call: dq [Tcap rows of rsq], dk / dv [Tkv rows of rskv], host bytes (0xFF before).
+struct Grad {
+    std::vector<uint8_t> dq, dk, dv;
+    spattn_status st;
+    std::string msg;
+};
+
+// The CUDA backward takes fp16 / bf16, D <= 128 and TMA-readable rows (pad 0 or 8).
+static bool bwd_fast(const Case &c) { return c.dt != SPATTN_DTYPE_F32 && c.D <= 128 && c.pad % 8 == 0; }
+
+// One spattn_bsa_bwd_varlen call with o / lse of `fw` (a CPU forward of the batch), dO of the batch.
+static Grad run_bwd(const Batch &t, bool dev, const std::vector<int32_t> &cq, const std::vector<int32_t> &ckv,
+                    const Out &fw, int det) {
+    const Case &c = t.c;
+    const size_t es = esz(c.dt);
+    if (g_cpu_only) dev = false;
+    Grad r;
+    r.dq.assign((size_t)t.Tcap * t.rsq * es, 0xFF);
+    r.dk.assign((size_t)t.Tkv * t.rskv * es, 0xFF);
+    r.dv.assign(r.dk.size(), 0xFF);
+    void *q = dev ? t.dq : (void *)t.hq.data(), *k = dev ? t.dk : (void *)t.hk.data();
+    void *v = dev ? t.dv : (void *)t.hv.data(), *m = dev ? t.dm : (void *)t.hmask.data();
+    void *dO = dev ? t.ddo : (void *)t.hdo.data();
+    void *o = (void *)fw.o.data(), *l = (void *)fw.lse.data();
+    void *gq = r.dq.data(), *gk = r.dk.data(), *gv = r.dv.data();
+    void *cuq = (void *)cq.data(), *cukv = (void *)ckv.data();
+    if (dev) {
+        void **bufs[5] = {&o, &l, &gq, &gk, &gv};
+        const void *src[5] = {fw.o.data(), fw.lse.data(), r.dq.data(), r.dk.data(), r.dv.data()};
+        const size_t sz[5] = {fw.o.size(), fw.lse.size(), r.dq.size(), r.dk.size(), r.dv.size()};
+        for (int i = 0; i < 5; i++) {
+            CK(cudaMalloc(bufs[i], sz[i]));
+            CK(cudaMemcpy(*bufs[i], src[i], sz[i], cudaMemcpyHostToDevice));
+        }
+        CK(cudaMalloc(&cuq, cq.size() * 4));
+        CK(cudaMalloc(&cukv, ckv.size() * 4));
+        CK(cudaMemcpy(cuq, cq.data(), cq.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(cukv, ckv.data(), ckv.size() * 4, cudaMemcpyHostToDevice));
+    }
+    const int64_t shq[3] = {t.Tq, c.N, c.D}, stq[3] = {t.rsq, c.D, 1};
+    const int64_t shk[3] = {t.Tkv, c.Nkv, c.D}, stk[3] = {t.rskv, c.D, 1};
+    const int64_t shm[4] = {c.B, c.N, t.nbx, t.nby}, shl[2] = {t.Tq, c.N}, shc[1] = {(int64_t)cq.size()};
+    spattn_tensor tq = mk(q, c.dt, 3, shq, stq, dev), tdo = mk(dO, c.dt, 3, shq, stq, dev);
+    spattn_tensor tk = mk(k, c.dt, 3, shk, stk, dev), tv = mk(v, c.dt, 3, shk, stk, dev);
+    spattn_tensor tm = mk(m, SPATTN_DTYPE_U8, 4, shm, NULL, dev);
+    spattn_tensor to = mk(o, c.dt, 3, shq, stq, dev), tl = mk(l, SPATTN_DTYPE_F32, 2, shl, NULL, dev);
+    spattn_tensor tgq = mk(gq, c.dt, 3, shq, stq, dev), tgk = mk(gk, c.dt, 3, shk, stk, dev);
+    spattn_tensor tgv = mk(gv, c.dt, 3, shk, stk, dev);
+    spattn_tensor tcq = mk(cuq, SPATTN_DTYPE_I32, 1, shc, NULL, dev), tckv = mk(cukv, SPATTN_DTYPE_I32, 1, shc, NULL, dev);
+    spattn_varlen vl;
+    memset(&vl, 0, sizeof vl);
+    vl.cu_seqlens_q = &tcq;
+    vl.cu_seqlens_kv = &tckv;
+    vl.max_seqlen_q = t.maxq;
+    vl.max_seqlen_kv = t.maxkv;
+    spattn_options opt;
+    spattn_options_init(&opt);
+    opt.deterministic = det;
+    void *ws = nullptr;
+    cudaStream_t stream = nullptr;
+    if (dev && c.use_ws && bwd_fast(c)) {
+        size_t bytes = 0;
+        spattn_status s = spattn_bsa_varlen_workspace_size(&tq, &tk, &tv, &tm, c.bx, c.by, &vl, 1, &opt, &bytes);
+        check(s == SPATTN_STATUS_SUCCESS && bytes > 0, "backward workspace size", spattn_last_error());
+        CK(cudaMalloc(&ws, bytes + 16));
+        CK(cudaMemset(ws, 0x5A, bytes + 16));
+        opt.workspace = (char *)ws + 16 + 4;  // 4-byte aligned only
+        opt.workspace_size = bytes;
+        CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+        opt.cuda_stream = stream;
+    }
+    r.st = spattn_bsa_bwd_varlen(&tq, &tk, &tv, &to, &tdo, &tl, &tm, c.bx, c.by, 0.0, &vl, &tgq, &tgk, &tgv, &opt);
+    r.msg = r.st == SPATTN_STATUS_SUCCESS ? "" : spattn_last_error();
+    if (dev) {
+        if (stream) CK(cudaStreamSynchronize(stream));
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(r.dq.data(), gq, r.dq.size(), cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(r.dk.data(), gk, r.dk.size(), cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(r.dv.data(), gv, r.dv.size(), cudaMemcpyDeviceToHost));
+        void *fr[7] = {o, l, gq, gk, gv, cuq, cukv};
+        for (void *x : fr) cudaFree(x);
+        if (ws) cudaFree(ws);
+        if (stream) cudaStreamDestroy(stream);
+    }
+    return r;
+}
+
+// Eco criterion of one gradient tensor over rows [0, rows) of `cols` values (row stride rs);
+// padding columns of rows < rows and every byte of rows [rows, total_rows) must stay poison
+// when `tail_poison`.  Returns "" or the first problem.
+static std::string eco(const char *name, const std::vector<uint8_t> &g, const std::vector<uint8_t> &cpu, int rows,
+                       int total_rows, long long rs, int cols, int dt, bool tail_poison) {
+    const size_t es = esz(dt);
+    const double tol = dt == SPATTN_DTYPE_F16 ? 0x1p-9 : 0x1p-6, lim = dt == SPATTN_DTYPE_F16 ? 0.1 : 1.0;
+    long long n = 0, okc = 0;
+    double mx = 0;
+    char buf[256];
+    for (int r = 0; r < total_rows; r++) {
+        const uint8_t *row = &g[(size_t)r * rs * es];
+        if (r >= rows) {
+            if (tail_poison && !poison_bytes(row, (size_t)rs * es)) {
+                snprintf(buf, sizeof buf, "%s row %d (past the sequences) written", name, r);
+                return buf;
+            }
+            if (tail_poison) continue;
+        }
+        if (rs > cols && !poison_bytes(row + (size_t)cols * es, (size_t)(rs - cols) * es)) {
+            snprintf(buf, sizeof buf, "%s row %d: padding columns written", name, r);
+            return buf;
+        }
+        for (int x = 0; x < cols; x++) {
+            const float a = load_dt(g.data(), (size_t)r * rs + x, dt), b = load_dt(cpu.data(), (size_t)r * rs + x, dt);
+            n++;
+            if (isnan(b) || isnan(a)) {
+                if (isnan(a) && isnan(b)) okc++;
+                else mx = INFINITY;
+                continue;
+            }
+            const double d = fabs((double)a - b);
+            mx = std::max(mx, d);
+            okc += d <= tol + tol * fabs((double)b);
+        }
+    }
+    if (n && ((double)okc / n < 0.99 || !(mx <= lim))) {
+        snprintf(buf, sizeof buf, "%s: matched %.4f, max abs err %g", name, (double)okc / n, mx);
+        return buf;
+    }
+    return "";
+}
+
+static void check_bwd(const Batch &t, const Out &fw, const std::string &ctx) {
+    const Case &c = t.c;
+    const int endq = t.cuq[c.B];
+    Grad cpu = run_bwd(t, false, t.cuq, t.cukv, fw, 1);
+    check(cpu.st == SPATTN_STATUS_SUCCESS, "cpu backward", ctx + " " + cpu.msg);
+    if (cpu.st != SPATTN_STATUS_SUCCESS) return;
+    if (!bwd_fast(c) && !g_cpu_only) {  // refused before anything runs, nothing written
+        Grad g = run_bwd(t, true, t.cuq, t.cukv, fw, 1);
+        check(g.st == SPATTN_STATUS_NOT_SUPPORTED && g.msg.find("CPU") != std::string::npos,
+              "backward: NOT_SUPPORTED naming the CPU backend", ctx + " " + g.msg);
+        check(poison_bytes(g.dq.data(), g.dq.size()) && poison_bytes(g.dk.data(), g.dk.size()) &&
+                  poison_bytes(g.dv.data(), g.dv.size()),
+              "backward refusal: dq / dk / dv untouched", ctx);
+        return;
+    }
+    for (int det = 1; det >= 0; det--) {
+        Grad g = run_bwd(t, true, t.cuq, t.cukv, fw, det);
+        const char *mode = det ? " (deterministic)" : " (fast)";
+        check(g.st == SPATTN_STATUS_SUCCESS, "cuda backward", ctx + mode + " " + g.msg);
+        if (g.st != SPATTN_STATUS_SUCCESS) continue;
+        std::string d = eco("dq", g.dq, cpu.dq, endq, t.Tcap, t.rsq, c.N * c.D, c.dt, true);
+        if (d.empty()) d = eco("dk", g.dk, cpu.dk, t.Tkv, t.Tkv, t.rskv, c.Nkv * c.D, c.dt, false);
+        if (d.empty()) d = eco("dv", g.dv, cpu.dv, t.Tkv, t.Tkv, t.rskv, c.Nkv * c.D, c.dt, false);
+        check(d.empty(), det ? "backward vs cpu (deterministic)" : "backward vs cpu (fast)", ctx + ": " + d);
+        if (det) {  // dK / dV rows past cu_kv[B] are zero (bitwise, as the CPU writes them)
+            const size_t es = esz(c.dt), rb = (size_t)t.rskv * es;
+            bool z = true;
+            for (int r = t.cukv[c.B]; r < t.Tkv && z; r++)
+                for (int x = 0; x < c.Nkv * c.D; x++)
+                    z = z && load_dt(g.dk.data(), (size_t)r * t.rskv + x, c.dt) == 0.f &&
+                        load_dt(g.dv.data(), (size_t)r * t.rskv + x, c.dt) == 0.f;
+            (void)rb;
+            check(z, "dk / dv rows past cu_kv[B] zero", ctx);
+            bool same = true;
+            for (int rep = 0; rep < 4 && same; rep++) {
+                Grad h = run_bwd(t, true, t.cuq, t.cukv, fw, 1);
+                same = h.st == SPATTN_STATUS_SUCCESS && h.dq == g.dq && h.dk == g.dk && h.dv == g.dv;
+            }
+            check(same, "deterministic backward: 5 runs bitwise equal", ctx);
+        }
+    }
+}
+
 static void run_case(const Case &c, bool quick) {
     Batch t;
     make_batch(c, t);
@@ -340,6 +531,7 @@ static void run_case(const Case &c, bool quick) {
         check(g2.st == SPATTN_STATUS_SUCCESS && g2.o == g.o && poison_bytes(g2.lse.data(), g2.lse.size()),
               "no lse: same o bits, lse untouched", ctx);
     }
+    if (cpu.st == SPATTN_STATUS_SUCCESS) check_bwd(t, cpu, ctx);
     // each of a few sequences alone (others' query sides emptied): exactly its rows, same bits
     for (int pick = 0; pick < (quick ? 1 : 3) && g.st == SPATTN_STATUS_SUCCESS; pick++) {
         const int s = irand(0, c.B - 1);
@@ -393,7 +585,7 @@ static void run_case(const Case &c, bool quick) {
 
 // Bad prefix sums: the CUDA call must answer as the CPU does (status and message) and write nothing.
 static void bad_prefix_sums() {
-    Case c = {4, 2, 1, 64, 64, 64, SPATTN_DTYPE_F16, 100, 100, 0, 0, 0.5, 0, 0};
+    Case c = {4, 2, 1, 64, 64, 64, SPATTN_DTYPE_F16, 100, 100, 0, 0, 0.5, 0, 0, 0};
     for (int fast = 0; fast < 2; fast++) {
         c.dt = fast ? SPATTN_DTYPE_F16 : SPATTN_DTYPE_F32;  // Hopper forward and the reference path
         Batch t;
@@ -429,6 +621,16 @@ static void bad_prefix_sums() {
             check(g.st == cpu.st && g.msg == cpu.msg, "cuda: same status and message as the cpu", ctx);
             check(poison_bytes(g.o.data(), g.o.size()) && poison_bytes(g.lse.data(), g.lse.size()),
                   "cuda: o and lse untouched", ctx);
+            if (fast) {  // the backward (o / lse of a good CPU forward): same refusal, nothing written
+                Out fw = run(t, false, t.cuq, t.cukv, t.maxq, t.maxkv);
+                Grad gc = run_bwd(t, false, cq, ckv, fw, 1), gg = run_bwd(t, true, cq, ckv, fw, 1);
+                const std::string bctx = std::string(b.what) + " (backward): cpu \"" + gc.msg + "\" cuda \"" + gg.msg + "\"";
+                check(gc.st == SPATTN_STATUS_BAD_INDEX, "cpu backward refuses", bctx);
+                check(gg.st == gc.st && gg.msg == gc.msg, "cuda backward: same status and message as the cpu", bctx);
+                check(poison_bytes(gg.dq.data(), gg.dq.size()) && poison_bytes(gg.dk.data(), gg.dk.size()) &&
+                          poison_bytes(gg.dv.data(), gg.dv.size()),
+                      "cuda backward: dq / dk / dv untouched", bctx);
+            }
         }
         // and a good call right after (no state left behind)
         Out cpu = run(t, false, t.cuq, t.cukv, t.maxq, t.maxkv);
@@ -468,9 +670,12 @@ static void unsupported_forms() {
     vl.max_seqlen_kv = 8;
     spattn_tensor tg[3];  // dq, dk, dv: distinct buffers (aliasing is checked first)
     for (int i = 0; i < 3; i++) tg[i] = mk(g[i], SPATTN_DTYPE_F16, 3, shq, NULL, true);
-    spattn_status s = spattn_bsa_bwd_varlen(&tq, &tq, &tq, &to, &tq, &tl, &tm, 64, 64, 0.0, &vl, &tg[0], &tg[1], &tg[2], NULL);
-    check(s == SPATTN_STATUS_NOT_SUPPORTED, "cuda backward varlen: NOT_SUPPORTED", spattn_last_error());
+    (void)tg;
     vl.block_table = &tt;
+    spattn_tensor tgp[2];  // paged dk, dv (pages, as k)
+    for (int i = 0; i < 2; i++) tgp[i] = mk(g[i + 1], SPATTN_DTYPE_F16, 4, shp, NULL, true);
+    spattn_status s = spattn_bsa_bwd_varlen(&tq, &tp, &tp, &to, &tq, &tl, &tm, 64, 64, 0.0, &vl, &tg[0], &tgp[0], &tgp[1], NULL);
+    check(s == SPATTN_STATUS_NOT_SUPPORTED, "cuda paged backward: NOT_SUPPORTED", spattn_last_error());
     s = spattn_bsa_fwd_varlen(&tq, &tp, &tp, &tm, 64, 64, 0.0, &vl, &to, &tl, NULL);
     check(s == SPATTN_STATUS_NOT_SUPPORTED, "cuda paged forward: NOT_SUPPORTED", spattn_last_error());
     cudaFree(q);
@@ -497,27 +702,30 @@ int main(int argc, char **argv) {
     const int F16 = SPATTN_DTYPE_F16, BF = SPATTN_DTYPE_BF16, F32 = SPATTN_DTYPE_F32;
     std::vector<Case> v;
     //             B  N Nkv   D   bx   by  dt   maxq maxkv kv causal dens pad ws
-    v.push_back({3, 2, 1, 64, 64, 64, F16, 150, 150, 1, 1, 0.5, 0, 0});
-    v.push_back({5, 4, 2, 128, 48, 48, BF, 200, 260, 0, 0, 0.5, 8, 1});
+    v.push_back({3, 2, 1, 64, 64, 64, F16, 150, 150, 1, 1, 0.5, 0, 0, 0});
+    v.push_back({5, 4, 2, 128, 48, 48, BF, 200, 260, 0, 0, 0.5, 8, 1, 0});
     if (!quick) {
-        v.push_back({8, 4, 1, 128, 128, 128, F16, 300, 300, 2, 1, 0.5, 0, 0});  // cached prefix, causal
-        v.push_back({17, 2, 2, 64, 16, 16, BF, 90, 90, 0, 0, 0.3, 0, 0});      // 16-key chunks
-        v.push_back({6, 4, 4, 128, 64, 32, F16, 260, 400, 0, 0, 0.6, 0, 1});  // 32-key chunks
-        v.push_back({4, 2, 1, 64, 3, 48, F16, 200, 200, 1, 1, 0.5, 0, 0});    // bx < 5: per-token mask
-        v.push_back({4, 3, 1, 128, 48, 80, BF, 400, 400, 1, 1, 0.5, 8, 0});   // by 80: aligned 128-key tiles
-        v.push_back({2, 2, 1, 128, 1000, 1000, F16, 700, 700, 0, 0, 1.0, 0, 0});  // blocks > every sequence
-        v.push_back({3, 2, 2, 40, 16, 32, F16, 100, 120, 0, 0, 0.6, 0, 0});    // D 40 -> padded 64
-        v.push_back({3, 2, 1, 96, 24, 64, BF, 120, 140, 0, 0, 0.6, 0, 0});     // D 96 -> padded 128
-        v.push_back({3, 2, 1, 64, 16, 32, F32, 90, 90, 1, 1, 0.6, 0, 1});      // fp32: reference kernel
-        v.push_back({3, 2, 1, 192, 16, 16, F16, 70, 90, 0, 0, 0.6, 0, 0});     // D 192: reference kernel
-        v.push_back({3, 2, 1, 64, 64, 64, F16, 90, 90, 1, 1, 0.6, 4, 0});      // row stride TMA cannot read
-        v.push_back({2, 2, 1, 128, 128, 128, BF, 2000, 2000, 1, 1, 0.5, 0, 0}); // long sequences
+        v.push_back({8, 4, 1, 128, 128, 128, F16, 300, 300, 2, 1, 0.5, 0, 0, 0});  // cached prefix, causal
+        v.push_back({17, 2, 2, 64, 16, 16, BF, 90, 90, 0, 0, 0.3, 0, 0, 0});      // 16-key chunks
+        v.push_back({6, 4, 4, 128, 64, 32, F16, 260, 400, 0, 0, 0.6, 0, 1, 0});  // 32-key chunks
+        v.push_back({4, 2, 1, 64, 3, 48, F16, 200, 200, 1, 1, 0.5, 0, 0, 0});    // bx < 5: per-token mask
+        v.push_back({4, 3, 1, 128, 48, 80, BF, 400, 400, 1, 1, 0.5, 8, 0, 0});   // by 80: aligned 128-key tiles
+        v.push_back({2, 2, 1, 128, 1000, 1000, F16, 700, 700, 0, 0, 1.0, 0, 0, 0});  // blocks > every sequence
+        v.push_back({3, 2, 2, 40, 16, 32, F16, 100, 120, 0, 0, 0.6, 0, 0, 0});    // D 40 -> padded 64
+        v.push_back({3, 2, 1, 96, 24, 64, BF, 120, 140, 0, 0, 0.6, 0, 0, 0});     // D 96 -> padded 128
+        v.push_back({3, 2, 1, 64, 16, 32, F32, 90, 90, 1, 1, 0.6, 0, 1, 0});      // fp32: reference kernel
+        v.push_back({3, 2, 1, 192, 16, 16, F16, 70, 90, 0, 0, 0.6, 0, 0, 0});     // D 192: reference kernel
+        v.push_back({3, 2, 1, 64, 64, 64, F16, 90, 90, 1, 1, 0.6, 4, 0, 0});      // row stride TMA cannot read
+        v.push_back({2, 2, 1, 128, 128, 128, BF, 2000, 2000, 1, 1, 0.5, 0, 0, 0}); // long sequences
+        v.push_back({40, 2, 1, 64, 16, 32, F16, 30, 30, 1, 1, 0.5, 0, 0, 0});    // many short sequences
+        v.push_back({9, 4, 2, 128, 64, 64, BF, 700, 700, 1, 1, 0.5, 0, 1, 1}); // one long among short ones
+        v.push_back({6, 4, 1, 64, 7, 48, F16, 150, 200, 0, 0, 0.4, 8, 0, 0});    // odd bx != by, GQA 4/1
         const char *seed = getenv("SPATTN_TEST_SEED");
         g_rng = seed ? strtoull(seed, NULL, 0) : (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull + 1;
         printf("random batches: seed %llu (SPATTN_TEST_SEED replays)\n", (unsigned long long)g_rng);
         const int blocks[] = {16, 48, 64, 128, 32, 7, 80, 200};
         for (int i = 0; i < 20; i++) {
-            Case r;
+            Case r = {};
             r.B = irand(1, 12);
             r.Nkv = irand(1, 2);
             r.N = r.Nkv * irand(1, 3);
