@@ -103,14 +103,8 @@ __global__ void __launch_bounds__(384, 1)
         mdo = mq + 3;
     }
     // the query / key counts of the edge tests (dense: read from p at each use, as before VL)
-    auto Sq = [&]() {
-        if constexpr (VL) return vSq;
-        else return p.Sq;
-    };
-    auto Skv = [&]() {
-        if constexpr (VL) return vSkv;
-        else return p.Skv;
-    };
+    const auto Sq = [&]() { return bsa_len<VL>(vSq, p.Sq); };
+    const auto Skv = [&]() { return bsa_len<VL>(vSkv, p.Skv); };
     const int cnt = p.sk.cnt[row];
     const int *lst = p.sk.list + row * (long long)p.sk.stride;
     const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 7), 0), tid = threadIdx.x & 127;

@@ -47,6 +47,13 @@ struct bsa_varlen {
     long long Tq, Tkv;              // backward: packed token counts (Delta / lse2 are [N][Tq])
     long long ntile;                // backward: dQ accumulator tiles per head (bsa_vl_qtile)
 };
+
+// A count of the edge tests: the sequence's in a varlen instantiation, the call's in a dense one
+// (read from the parameters at each use there, as before the varlen forms: nothing kept live).
+template <bool VL> __device__ __forceinline__ int bsa_len(int seq_count, int call_count) {
+    if constexpr (VL) return seq_count;
+    else return call_count;
+}
 // Backward, varlen: the dQ accumulator tile of query tile m (64 rows) of a sequence starting at
 // packed row q0, per head: q0 / 64 + b + m.  Sequence b's tiles end at or before sequence
 // b + 1's first (floor((q0 + S) / 64) >= floor(q0 / 64) + floor(S / 64)), so no two sequences

@@ -86,14 +86,8 @@ __global__ void __launch_bounds__(384, 1)
         mv = mq + 2;
     }
     // the query / key counts of the edge tests (dense: read from p at each use, as before VL)
-    auto Sq = [&]() {
-        if constexpr (VL) return vSq;
-        else return p.Sq;
-    };
-    auto Skv = [&]() {
-        if constexpr (VL) return vSkv;
-        else return p.Skv;
-    };
+    const auto Sq = [&]() { return bsa_len<VL>(vSq, p.Sq); };
+    const auto Skv = [&]() { return bsa_len<VL>(vSkv, p.Skv); };
     const int cnt = p.sq.cnt[row_id];                 // attended key chunks of U = 2^lu keys
     // entries {chunk * 2 + partial, row bits} (bsa_sched_fwd_kernel)
     const int2 *lst = reinterpret_cast<const int2 *>(p.sq.list) + row_id * p.sq.stride;

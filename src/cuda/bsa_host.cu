@@ -465,6 +465,32 @@ spattn_status vl_report(const spattn_bsa_problem *pb, unsigned long long key, cu
 // (q, k, v, dO), [3] Delta, [4] lse2 ([N][Tq] fp32 each), [5] q-major counts, [6] lists (64 x 128
 // tiles, B sequences of max_seqlen), [7] key-major counts, [8] lists, [9] the dQ accumulator and
 // [10] its semaphores (N * vl_ntile tiles of 64 rows); + 256 bytes to align a caller's base.
+// The prefix-sum check word (~0: fine), the sequence table seq [B] and the per-sequence maps
+// tms [B][n] of the n tensors src (q, k, v and, for the backward, dO) from their templates.
+cudaError_t vl_prep(const spattn_seqs *sq, const spattn_tensor *const *src, const CUtensorMap *tmpl, int n, int4 *seq,
+                    CUtensorMap *tms, unsigned long long *err, cudaStream_t st) {
+    bsa_vl_prep_args a = {};
+    a.cu_q = sq->cu_q;
+    a.cu_kv = sq->cu_kv;
+    a.st_q = sq->cu_q_st;
+    a.st_kv = sq->cu_kv_st;
+    a.B = sq->B;
+    a.Tq = sq->Tq;
+    a.Tkv = sq->Tkv;
+    a.max_q = sq->max_q;
+    a.max_kv = sq->max_kv;
+    for (int i = 0; i < n; i++) {
+        a.base[i] = static_cast<const char *>(src[i]->data);
+        a.row_bytes[i] = src[i]->strides[0] * (long long)spattn_dtype_size((spattn_dtype)src[i]->dtype);
+    }
+    a.nmaps = n;
+    a.seq = seq;
+    a.tm = tms;
+    a.err = err;
+    const cudaError_t e = cudaMemsetAsync(err, 0xff, 8, st);
+    return e == cudaSuccess ? spattn_bsa_launch_vl_prep(tmpl, &a, st) : e;
+}
+
 long long vl_ntile(const spattn_bsa_problem *vp) { return vp->seqs->Tq / 64 + vp->B + 1; }
 struct VlBwdLayout {
     size_t off[11];
@@ -530,28 +556,9 @@ extern "C" spattn_status spattn_cuda_bsa_fwd_varlen(const spattn_bsa_problem *pb
     memset(&tm, 0, sizeof tm);  // the reference path passes unused maps
     if (fast && (!make_tmap(&tm.q, vp->q, t.bm) || !make_tmap(&tm.k, vp->k, u) || !make_tmap(&tm.v, vp->v, u)))
         return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "bsa cuda: cuTensorMapEncodeTiled failed for q, k or v");
-    bsa_vl_prep_args a = {};
-    a.cu_q = sq->cu_q;
-    a.cu_kv = sq->cu_kv;
-    a.st_q = sq->cu_q_st;
-    a.st_kv = sq->cu_kv_st;
-    a.B = sq->B;
-    a.Tq = sq->Tq;
-    a.Tkv = sq->Tkv;
-    a.max_q = sq->max_q;
-    a.max_kv = sq->max_kv;
-    const spattn_tensor *src[3] = {pb->q, pb->k, pb->v};
-    for (int i = 0; i < 3; i++) {
-        a.base[i] = static_cast<const char *>(src[i]->data);
-        a.row_bytes[i] = src[i]->strides[0] * (long long)spattn_dtype_size((spattn_dtype)src[i]->dtype);
-    }
-    a.seq = seq;
-    a.tm = tms;
-    a.err = err;
-    cudaError_t e = cudaMemsetAsync(err, 0xff, 8, st);
+    const spattn_tensor *const src[3] = {pb->q, pb->k, pb->v};
     const CUtensorMap tmpl[3] = {tm.q, tm.k, tm.v};
-    a.nmaps = 3;
-    if (e == cudaSuccess) e = spattn_bsa_launch_vl_prep(tmpl, &a, st);
+    cudaError_t e = vl_prep(sq, src, tmpl, 3, seq, tms, err, st);
     if (e != cudaSuccess) return fail(e, "varlen prefix-sum check");
     if (!fast) {
         s = spattn_cuda_ref_bsa_fwd_varlen(vp, ex, seq, err);
@@ -624,28 +631,9 @@ extern "C" spattn_status spattn_cuda_bsa_bwd_varlen(const spattn_bsa_problem *pb
     if (!make_tmap(&tm.q, vp->q, 64) || !make_tmap(&tm.dout, vp->dout, 64) || !make_tmap(&tm.k, vp->k, 128) ||
         !make_tmap(&tm.v, vp->v, 128))
         return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "bsa cuda: cuTensorMapEncodeTiled failed for q, dout, k or v");
-    bsa_vl_prep_args a = {};
-    a.cu_q = sq->cu_q;
-    a.cu_kv = sq->cu_kv;
-    a.st_q = sq->cu_q_st;
-    a.st_kv = sq->cu_kv_st;
-    a.B = sq->B;
-    a.Tq = sq->Tq;
-    a.Tkv = sq->Tkv;
-    a.max_q = sq->max_q;
-    a.max_kv = sq->max_kv;
-    const spattn_tensor *src[4] = {pb->q, pb->k, pb->v, pb->dout};
-    for (int i = 0; i < 4; i++) {
-        a.base[i] = static_cast<const char *>(src[i]->data);
-        a.row_bytes[i] = src[i]->strides[0] * (long long)spattn_dtype_size((spattn_dtype)src[i]->dtype);
-    }
-    a.nmaps = 4;
-    a.seq = seq;
-    a.tm = tms;
-    a.err = err;
+    const spattn_tensor *const src[4] = {pb->q, pb->k, pb->v, pb->dout};
     const CUtensorMap tmpl[4] = {tm.q, tm.k, tm.v, tm.dout};
-    cudaError_t e = cudaMemsetAsync(err, 0xff, 8, st);
-    if (e == cudaSuccess) e = spattn_bsa_launch_vl_prep(tmpl, &a, st);
+    cudaError_t e = vl_prep(sq, src, tmpl, 4, seq, tms, err, st);
     if (e != cudaSuccess) return fail(e, "varlen prefix-sum check");
     bsa_params p = params(vp);
     p.vl.seq = seq;

@@ -38,18 +38,9 @@ __global__ void bsa_sched_q_kernel(const bsa_params p, int bm, int bn, int nqt, 
         }
         vnk = (vSkv + bn - 1) / bn;  // <= nkt: Skv_b <= max_seqlen_kv (checked)
     }
-    const auto Sq = [&]() {
-        if constexpr (VL) return vSq;
-        else return p.Sq;
-    };
-    const auto Skv = [&]() {
-        if constexpr (VL) return vSkv;
-        else return p.Skv;
-    };
-    const auto nk = [&]() {
-        if constexpr (VL) return vnk;
-        else return nkt;
-    };
+    const auto Sq = [&]() { return bsa_len<VL>(vSq, p.Sq); };
+    const auto Skv = [&]() { return bsa_len<VL>(vSkv, p.Skv); };
+    const auto nk = [&]() { return bsa_len<VL>(vnk, nkt); };
     const int r0 = m * bm, r1 = min(Sq(), r0 + bm) - 1;
     int out = 0;
     int *dst = list + row * nkt;
@@ -90,14 +81,8 @@ __global__ void bsa_sched_k_kernel(const bsa_params p, int bm, int bn, int nqt, 
             return;
         }
     }
-    const auto Sq = [&]() {
-        if constexpr (VL) return vSq;
-        else return p.Sq;
-    };
-    const auto Skv = [&]() {
-        if constexpr (VL) return vSkv;
-        else return p.Skv;
-    };
+    const auto Sq = [&]() { return bsa_len<VL>(vSq, p.Sq); };
+    const auto Skv = [&]() { return bsa_len<VL>(vSkv, p.Skv); };
     const int total = p.G * nqt;
     int out = 0;
     int *dst = list + row * (long long)total;
@@ -147,18 +132,9 @@ __global__ void bsa_sched_fwd_kernel(const bsa_params p, int bm, int u, int nqt,
         vnk = (vSkv + u - 1) / u;  // <= nkt (the list stride): Skv <= max_seqlen_kv (checked)
     }
     // dense: p.Sq, p.Skv and nkt read at each use, as before VL
-    const auto Sq = [&]() {
-        if constexpr (VL) return vSq;
-        else return p.Sq;
-    };
-    const auto Skv = [&]() {
-        if constexpr (VL) return vSkv;
-        else return p.Skv;
-    };
-    const auto nk = [&]() {
-        if constexpr (VL) return vnk;
-        else return nkt;
-    };
+    const auto Sq = [&]() { return bsa_len<VL>(vSq, p.Sq); };
+    const auto Skv = [&]() { return bsa_len<VL>(vSkv, p.Skv); };
+    const auto nk = [&]() { return bsa_len<VL>(vnk, nkt); };
     const int r0 = m * bm, r1 = min(Sq(), r0 + bm) - 1, rb0 = r0 / p.bx, rb1 = r1 / p.bx;
     const unsigned all = rb1 - rb0 >= 31 ? 0xffffffffu : (2u << (rb1 - rb0)) - 1;
     const uint8_t *mb = p.mask.p + (long long)b * p.mask.s0 + (long long)n * p.mask.s1;

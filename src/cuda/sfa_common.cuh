@@ -146,4 +146,26 @@ __device__ __forceinline__ int next_tile(const Params &p, const int32_t *row, in
     return ntiles;
 }
 
+// The CTA's query token s1 (VL: the packed token, b = 0): the pre-pass's info tk (VL only),
+// the causal limit and the index row.  False for a VL token past cu_seqlens_q[B] (tk.x < 0):
+// the CTA has nothing to do.
+struct TokenRow {
+    int4 tk;
+    int lim;
+    const int32_t *irow;
+    int64_t si3;
+};
+template <bool VL>
+__device__ __forceinline__ bool token_row(const Params &p, int b, int n2, int s1, TokenRow &r) {
+    r.tk = make_int4(0, 0, 0, 0);
+    if constexpr (VL) {
+        r.tk = __ldg(p.vl.tok + s1);
+        if (r.tk.x < 0) return false;
+    }
+    r.lim = VL ? r.tk.w : p.mode == 3 ? p.S2 - p.S1 + s1 : p.S2 - 1;
+    r.irow = p.idx + b * p.sidx[0] + (int64_t)s1 * p.sidx[1] + n2 * p.sidx[2];
+    r.si3 = p.sidx[3];
+    return true;
+}
+
 }  // namespace sfa

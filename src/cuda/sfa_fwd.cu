@@ -67,14 +67,12 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
     const int b = blockIdx.y / p.N2, n2 = blockIdx.y % p.N2;
     const int head0 = n2 * p.H + g * BH, nh = min(BH, p.H - g * BH);
     // VL: s1 is the packed token (b = 0, batch strides 0); tokens past cu_seqlens_q[B] exit
-    int4 tk = make_int4(0, 0, 0, 0);
-    if constexpr (VL) {
-        tk = __ldg(p.vl.tok + s1);
-        if (tk.x < 0) return;
-    }
-    const int lim = VL ? tk.w : p.mode == 3 ? p.S2 - p.S1 + s1 : p.S2 - 1;
-    const int32_t *irow = p.idx + b * p.sidx[0] + (int64_t)s1 * p.sidx[1] + n2 * p.sidx[2];
-    const int64_t si3 = p.sidx[3];
+    sfa::TokenRow tr;
+    if (!sfa::token_row<VL>(p, b, n2, s1, tr)) return;
+    const int4 tk = tr.tk;
+    const int lim = tr.lim;
+    const int32_t *irow = tr.irow;
+    const int64_t si3 = tr.si3;
     const T *qb = static_cast<const T *>(p.q) + b * p.sq[0] + (int64_t)s1 * p.sq[1];
     const T *qrb = static_cast<const T *>(p.qr) + b * p.sqr[0] + (int64_t)s1 * p.sqr[1];
     // warp-uniform in the compiler's view (a shuffle), so wgmma is not in a divergent path
