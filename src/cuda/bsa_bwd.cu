@@ -49,12 +49,22 @@ template <int DP> struct BwdCfg {
     static constexpr int OFF_DS = OFF_DO + ST * T_BYTES;          // dS^T [BN keys][BM queries] bf16
     static constexpr int OFF_DQ = OFF_DS + BN * BM * 2;           // [2][NH][BM][64] fp32
     static constexpr int OFF_LD = OFF_DQ + 2 * NH * BM * 64 * 4;   // [ST][2][BM] fp32: LSE2, Delta
-    static constexpr int OFF_BAR = OFF_LD + ST * 2 * BM * 4;
+    static constexpr int OFF_MB = OFF_LD + ST * 2 * BM * 4;         // [ST][BM][2] u64: token mask bits
+    static constexpr int OFF_BAR = OFF_MB + ST * BM * 16;
     static constexpr int SMEM = OFF_BAR + (1 + 3 * ST + 4) * 8 + 1024;
     static_assert(SMEM <= 232448, "fits in 227 KB");
 };
 
 enum { NB_DS = 1, NB_DSE = 2 };
+
+// Position of element (row r, column col) of a 64 x 64 fp32 dQ half in the staging buffer and
+// the accumulator: the wgmma accumulator fragment order, so that each consumer thread stores its
+// 32 values as 8 float4 at (warp * 8 + j) * 32 + lane (rows warp * 16 + lane / 4 (+ 8), columns
+// 8 j + 2 (lane % 4) (+ 1)) without bank conflicts; the postprocess kernels read through it.
+__device__ __forceinline__ int dq_frag_off(int r, int col) {
+    const int rr = r & 15, lane = ((rr & 7) << 2) | ((col & 7) >> 1);
+    return (((r >> 4) * 8 + (col >> 3)) * 32 + lane) * 4 + ((rr >> 3) << 1) + (col & 1);
+}
 
 // VL: the per-sequence maps are written by bsa_vl_prep_kernel (generic proxy): acquire them for
 // the tensormap proxy before the first TMA that uses them.
@@ -76,6 +86,7 @@ __global__ void __launch_bounds__(384, 1)
     unsigned char *sDS = sm + C::OFF_DS;
     float *sDQ = reinterpret_cast<float *>(sm + C::OFF_DQ);
     float *sLD = reinterpret_cast<float *>(sm + C::OFF_LD);
+    uint64_t *sMB = reinterpret_cast<uint64_t *>(sm + C::OFF_MB);
     uint64_t *barKV = reinterpret_cast<uint64_t *>(sm + C::OFF_BAR), *full = barKV + 1, *empty = full + ST, *fullLD = empty + ST;
     uint64_t *dqfull = fullLD + ST, *dqempty = dqfull + 2;  // the two dQ staging buffers
 
@@ -108,6 +119,32 @@ __global__ void __launch_bounds__(384, 1)
     const int cnt = p.sk.cnt[row];
     const int *lst = p.sk.list + row * (long long)p.sk.stride;
     const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 7), 0), tid = threadIdx.x & 127;
+    // Token mask of a step with a partial half, as bits: word 2 r + h of dst covers keys
+    // [64 h, 64 h + 64) of the tile for query row r (bit = mask[i / bx][key / by], 0 for i >= Sq
+    // or key >= Skv).  Built by the producer warp (lane: rows lane, lane + 32), one mask byte per
+    // key block, so the consumers test one bit per element instead of dividing and loading.
+    auto mask_bits = [&](uint64_t *dst, int m, int n, int lane) {
+        const uint8_t *mb = p.mask.p + (long long)b * p.mask.s0 + (long long)n * p.mask.s1;
+        const int c0 = nt * BN, c1 = min(Skv(), c0 + BN);  // keys [c0, c1) exist
+        for (int r = lane; r < BM; r += 32) {
+            const int i = m * BM + r;
+            uint64_t w0 = 0, w1 = 0;
+            if (i < Sq() && c0 < c1) {
+                const uint8_t *mrow = mb + (long long)min(i / p.bx, p.nbx - 1) * p.mask.s2;
+                for (int kb = c0 / p.by; (long long)kb * p.by < c1; kb++) {
+                    if (!mrow[(long long)min(kb, p.nby - 1) * p.mask.s3]) continue;
+                    const int lo = max(kb * p.by, c0) - c0, hi = (int)min((long long)(kb + 1) * p.by, (long long)c1) - c0;
+                    // bits [lo, hi) of the 128-bit row
+                    const uint64_t a = lo < 64 ? ~0ull << lo : 0ull, bb = hi < 64 ? ~(~0ull << hi) : ~0ull;
+                    w0 |= a & bb;
+                    const int l1 = max(lo, 64) - 64, h1 = hi - 64;
+                    if (h1 > 0) w1 |= (~0ull << l1) & (h1 < 64 ? ~(~0ull << h1) : ~0ull);
+                }
+            }
+            dst[2 * r] = w0;
+            dst[2 * r + 1] = w1;
+        }
+    };
 
     if (threadIdx.x == 0) {
         hop::mbar_init(barKV, 1);
@@ -142,6 +179,7 @@ __global__ void __launch_bounds__(384, 1)
                     const int i = m * BM + (x & 63);
                     sLD[s * 2 * BM + x] = x < 64 ? (i < Sq() ? p.lse2[rb + i] : INFINITY) : (i < Sq() ? p.delta[rb + i] : 0.f);
                 }
+                if ((lst[it] & 0xa) != 0) mask_bits(sMB + s * BM * 2, m, n, lane);  // a partial half
                 hop::mbar_arrive(fullLD + s);
                 if (lane == 0) {
                     if (it == 0) {
@@ -224,16 +262,7 @@ __global__ void __launch_bounds__(384, 1)
     const int kr = warp * 16 + (lane >> 2);            // this thread's key rows kr, kr + 8 (of 64)
     const int key0 = nt * BN + c * 64 + kr;           // global key of row kr
     const float sl2 = p.scale_log2;
-    // mask column offsets of this thread's two keys (fixed for the CTA); -1: past Skv
-    long long kcol[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int key = key0 + 8 * r;
-        kcol[r] = key < Skv() ? (long long)min(bsa_div(key, p.by, p.inv_by), p.nby - 1) * p.mask.s3 : -1;
-    }
-
-    float dk[DP / 2], dv[DP / 2], st[32], dpt[32];
-    uint32_t pa[4][4], da[4][4];
+    float dk[DP / 2], dv[DP / 2];
 #pragma unroll
     for (int i = 0; i < DP / 2; i++) dk[i] = dv[i] = 0.f;
 
@@ -248,42 +277,59 @@ __global__ void __launch_bounds__(384, 1)
         const int s = it % ST;
         // list entry: pair e, then 2 bits per key half (0 empty, 1 full, 2 partial); broadcast so
         // that ptxas sees the branches around the wgmma below as warp-uniform
-        const int e2 = __shfl_sync(0xffffffffu, lst[it], 0), e = e2 >> 4, g = e / nqt, m = e % nqt, n = hk * p.G + g;
+        const int e2 = __shfl_sync(0xffffffffu, lst[it], 0);
         const int act0 = e2 & 3, act1 = (e2 >> 2) & 3, my = c ? act1 : act0, part = my == 2;
         const uint64_t dQk = hop::desc_sw128(sQ + s * C::T_BYTES, 16, 1024), dDOk = hop::desc_sw128(sDO + s * C::T_BYTES, 16, 1024);
         // MN-major views of the same tiles (B of dV / dK: k = query rows, n = head dim)
         const uint64_t dQn = hop::desc_sw128(sQ + s * C::T_BYTES, BM * 128, 1024);
         const uint64_t dDOn = hop::desc_sw128(sDO + s * C::T_BYTES, BM * 128, 1024);
+        // both warpgroups' dQ of the previous step has read sDS (each waited for its own)
+        hop::bar_sync(NB_DSE, 256);
         // an empty own half skips S, P, dV, dP, dS and dK (its dS rows are left out of dQ below)
         if (my) {
+            float st[32], dpt[32];
+            uint32_t pa[4][4], da[4][4];
             hop::mbar_wait(full + s, (it / ST) & 1);
 
-            // S^T = K Q^T (64 keys x 64 queries).  dP^T comes after P^T is packed: S^T, dP^T and the
-            // dK / dV accumulators do not fit in registers together at D = 128.
+            // S^T = K Q^T (64 keys x 64 queries).  dP^T follows once P^T is formed: S^T, dP^T and the
+            // dK / dV accumulators together do not fit in registers at D = 128 (ptxas serialises the
+            // wgmmas and spills S^T, measured with -Xptxas -v)
             hop::wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < DP / 16; kk++) hop::elt<T>::template ss64<0, 0>(st, kmaj(dK, BN, kk), kmaj(dQk, BM, kk), kk > 0);
             hop::wgmma_commit();
+            hop::mbar_wait(fullLD + s, (it / ST) & 1);
+            const float *L = sLD + s * 2 * BM, *Dl = L + BM;  // per query column of the tile
             hop::wgmma_wait<0>();
             hop::reg_fence(st);
 
-            // P^T; partial tiles: keys past Skv and the token mask (mask[i / bx][j / by])
-            hop::mbar_wait(fullLD + s, (it / ST) & 1);
-            const float *L = sLD + s * 2 * BM, *Dl = L + BM;  // per query column of the tile
-            const uint8_t *mb = p.mask.p + (long long)b * p.mask.s0 + (long long)n * p.mask.s1;
+            // P^T = exp2(S^T scale_log2 - LSE2); partial halves: the token mask bits of the step
+            // (keys past Skv and queries past Sq are 0 there; a full half needs no test: rows past Sq
+            // have LSE2 = +inf and keys past Skv read as zero rows, never written)
+            if (part) {
+                const uint64_t *mbits = sMB + s * BM * 2 + c;
 #pragma unroll
-            for (int j = 0; j < 8; j++)
+                for (int j = 0; j < 8; j++)
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int i = m * BM + 8 * j + 2 * q4 + h;  // query column of accumulators 4 j + 2 r + h
-                    const uint8_t *mrow = mb + (long long)min(bsa_div(i, p.bx, p.inv_bx), p.nbx - 1) * p.mask.s2;
+                    for (int h = 0; h < 2; h++) {
+                        const int col = 8 * j + 2 * q4 + h;  // query column of accumulators 4 j + 2 r + h
+                        const uint64_t w = mbits[2 * col] >> kr;
 #pragma unroll
-                    for (int r = 0; r < 2; r++) {
-                        const int x = 4 * j + 2 * r + h;  // row kr + 8 r
-                        const bool ok = !part || (i < Sq() && kcol[r] >= 0 && __ldg(mrow + kcol[r]));
-                        st[x] = ok ? bsa_exp2(st[x] * sl2 - L[8 * j + 2 * q4 + h]) : 0.f;
+                        for (int r = 0; r < 2; r++) {
+                            const int x = 4 * j + 2 * r + h;  // row kr + 8 r
+                            st[x] = (w >> (8 * r)) & 1 ? bsa_exp2(st[x] * sl2 - L[col]) : 0.f;
+                        }
                     }
-                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int col = 8 * j + 2 * q4 + h;
+#pragma unroll
+                        for (int r = 0; r < 2; r++) st[4 * j + 2 * r + h] = bsa_exp2(st[4 * j + 2 * r + h] * sl2 - L[col]);
+                    }
+            }
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
                 pa[kk][0] = hop::elt<T>::pack(st[8 * kk], st[8 * kk + 1]);
@@ -291,19 +337,20 @@ __global__ void __launch_bounds__(384, 1)
                 pa[kk][2] = hop::elt<T>::pack(st[8 * kk + 4], st[8 * kk + 5]);
                 pa[kk][3] = hop::elt<T>::pack(st[8 * kk + 6], st[8 * kk + 7]);
             }
-            // dV += P^T dO (A from registers, B MN-major: 16 query rows per k-step); dP^T = V dO^T
+            // dP^T = V dO^T, then dV += P^T dO (A from registers, B MN-major: 16 query rows per
+            // k-step), still in flight while dS^T is formed
             hop::wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < DP / 16; kk++) hop::elt<T>::template ss64<0, 0>(dpt, kmaj(dV, BN, kk), kmaj(dDOk, BM, kk), kk > 0);
+            hop::wgmma_commit();
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
                 if constexpr (DP == 128) hop::elt<T>::template rs128<1>(dv, pa[kk], hop::desc_add(dDOn, kk * 2048), 1);
                 else hop::elt<T>::template rs64<1>(dv, pa[kk], hop::desc_add(dDOn, kk * 2048), 1);
             }
-#pragma unroll
-            for (int kk = 0; kk < DP / 16; kk++) hop::elt<T>::template ss64<0, 0>(dpt, kmaj(dV, BN, kk), kmaj(dDOk, BM, kk), kk > 0);
             hop::wgmma_commit();
-            hop::wgmma_wait<0>();
+            hop::wgmma_wait<1>();  // dP^T (dV may still run)
             hop::reg_fence(dpt);
-            hop::reg_fence(dv);
             // dS^T = P^T (dP^T - Delta) with P^T as packed (its rounding is of the order of dS^T's own,
             // which the dK / dQ GEMMs see anyway)
 #pragma unroll
@@ -322,11 +369,8 @@ __global__ void __launch_bounds__(384, 1)
                 else hop::elt<T>::template rs64<1>(dk, da[kk], hop::desc_add(dQn, kk * 2048), 1);
             }
             hop::wgmma_commit();
-        }
-
-        // dS^T to shared memory ([128 keys][64 queries], swizzled) once the previous dQ read it
-        hop::bar_sync(NB_DSE, 256);
-        if (my) {
+            // dS^T to shared memory ([128 keys][64 queries], swizzled) for dQ, while dV / dK run (the
+            // previous step's dQ has read it: barrier NB_DSE at the top of the step)
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
                 const int R = c * 64 + kr;
@@ -337,6 +381,7 @@ __global__ void __launch_bounds__(384, 1)
             }
             hop::fence_proxy_async();
         }
+
         // dV / dK done before dQ is issued: with all three in flight the accumulators do not fit
         // (ptxas serialises / spills at D = 128)
         hop::wgmma_wait<0>();
@@ -368,12 +413,10 @@ __global__ void __launch_bounds__(384, 1)
             // ago has read the buffer; the writer adds it
             const int buf = it & 1;
             hop::mbar_wait(dqempty + buf, ((it >> 1) & 1) ^ 1);
-            float *sq = sDQ + (buf * NH + c) * BM * 64;
+            // in fragment order (dq_frag_off): one conflict-free 16-byte store per thread and j
+            float4 *sq = reinterpret_cast<float4 *>(sDQ + (buf * NH + c) * BM * 64);
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
-                *reinterpret_cast<float2 *>(sq + kr * 64 + 8 * j + 2 * q4) = make_float2(dq[4 * j], dq[4 * j + 1]);
-                *reinterpret_cast<float2 *>(sq + (kr + 8) * 64 + 8 * j + 2 * q4) = make_float2(dq[4 * j + 2], dq[4 * j + 3]);
-            }
+            for (int j = 0; j < 8; j++) sq[(warp * 8 + j) * 32 + lane] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
             hop::fence_proxy_async();
             hop::mbar_arrive(dqfull + buf);
         }
@@ -416,7 +459,7 @@ template <int DP, typename T> __global__ void bsa_dq_post_kernel(const bsa_param
         const long long bn = t / p.Sq;
         const int b = (int)(bn / p.N), n = (int)(bn % p.N);
         const int m = i / BM, r = i % BM, h = d >> 6, col = d & 63;
-        const float v = acc[(((bn * p.nqt + m) * NH + h) * BM + r) * 64 + col] * p.scale;
+        const float v = acc[((bn * p.nqt + m) * NH + h) * (BM * 64) + dq_frag_off(r, col)] * p.scale;
         reinterpret_cast<T *>(p.dq.p)[(long long)b * p.dq.s0 + (long long)n * p.dq.s1 + (long long)i * p.dq.s2 + (long long)d * p.dq.s3] =
             bsa_t<T>::fromf(v);
     }
@@ -445,7 +488,7 @@ template <int DP, typename T> __global__ void bsa_vl_post_kernel(const bsa_param
         const long long q0 = p.vl.seq[lo].x, i = t - q0;  // i < Sq_lo: t < cu_q[lo + 1]
         const int m = (int)(i / BM), r = (int)(i % BM), h = d >> 6, col = d & 63;
         const long long at = (long long)n * p.vl.ntile + bsa_vl_qtile(q0, lo, m);
-        const float v = acc[((at * NH + h) * BM + r) * 64 + col] * p.scale;
+        const float v = acc[(at * NH + h) * (BM * 64) + dq_frag_off(r, col)] * p.scale;
         reinterpret_cast<T *>(p.dq.p)[(long long)n * p.dq.s1 + t * p.dq.s2 + (long long)d * p.dq.s3] = bsa_t<T>::fromf(v);
     }
     for (long long x = blockIdx.x * (long long)blockDim.x + threadIdx.x; x < nk; x += step) {
