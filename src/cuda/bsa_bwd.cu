@@ -13,11 +13,12 @@
 //   - dS^T is also written to shared memory for dQ = dS K (A read MN-major); warpgroup c computes
 //     dQ columns [64 c, 64 c + 64) (D = 64: warpgroup 0 only) and stages the fp32 partial in one
 //     of two shared buffers; the writer warp adds it to an fp32 accumulator with one bulk
-//     reduction per half (cp.reduce.async.bulk), so the consumers go on with the next tile;
-//   - deterministic mode: the adds into one (query tile, 64-column half) happen in descending
-//     key-tile order: a semaphore per (b, head, query tile, half) counts them; the writer waits
+//     reduction per step (cp.reduce.async.bulk), so the consumers go on with the next tile;
+//   - deterministic mode: the adds into one query tile happen in descending key-tile order: a
+//     semaphore per (b, head, query tile) counts them; the writer waits
 //     until it equals its rank (the number of key tiles above its own in the query tile's
-//     q-major list), adds, waits for the add to land, increments.  Descending matches the walk:
+//     q-major list), adds both halves with one bulk reduction, frees the staging buffer once it
+//     is read, waits for the add to land, increments.  Descending matches the walk:
 //     a CTA visits its query tiles in ascending order, so for causal and banded masks the CTAs
 //     of higher key tiles reach a shared query tile first.  CTAs are launched key tile
 //     descending, so every wait is on a CTA launched earlier (no deadlock).
@@ -228,28 +229,26 @@ __global__ void __launch_bounds__(384, 1)
                     rank = qc - lo;
                 }
                 hop::mbar_wait(dqfull + buf, (it >> 1) & 1);
-#pragma unroll
-                for (int h = 0; h < NH; h++) {
-                    int *sp = sem + at * NH + h;
-                    if (det) {
-                        int v;
-                        do {
-                            asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(sp) : "memory");
-                        } while (v != rank);
-                    }
-                    float *dst = dqacc + (at * NH + h) * (long long)(BM * 64);
-                    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
-                                 "r"(hop::smem_u32(sDQ + (buf * NH + h) * BM * 64)), "r"(BM * 64 * 4)
-                                 : "memory");
-                    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-                    if (det) {
-                        asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the add has landed
-                        __threadfence();
-                        atomicAdd(sp, 1);
-                    }
+                int *sp = sem + at;
+                if (det) {
+                    int v;
+                    do {
+                        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(sp) : "memory");
+                    } while (v != rank);
                 }
+                // the tile's NH halves are contiguous in the buffer and in the accumulator: one add
+                asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
+                                 dqacc + at * NH * (long long)(BM * 64)),
+                             "r"(hop::smem_u32(sDQ + buf * NH * BM * 64)), "r"(NH * BM * 64 * 4)
+                             : "memory");
+                asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
                 asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the buffer is read
                 hop::mbar_arrive(dqempty + buf);
+                if (det) {
+                    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the add has landed
+                    // a release add (no full fence: membar.sc cost ~1 us per link of the chain)
+                    asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(sp) : "memory");
+                }
             }
             asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
         }
@@ -536,7 +535,8 @@ extern "C" size_t spattn_bsa_bwd90_acc_bytes(const bsa_params *p, int dp) {
     return (size_t)acc_tiles(p) * BM * dp * 4;
 }
 extern "C" size_t spattn_bsa_bwd90_sem_bytes(const bsa_params *p, int dp) {
-    return (size_t)acc_tiles(p) * (dp / 64) * 4;
+    (void)dp;
+    return (size_t)acc_tiles(p) * 4;  // one semaphore per query tile (both halves are added at once)
 }
 
 extern "C" cudaError_t spattn_bsa_launch_bwd90(const bsa_params *p, const bsa_bwd_tmaps *tm, int dp, int bf16, float *dqacc,

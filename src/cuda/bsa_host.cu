@@ -134,7 +134,7 @@ Layout layout(const spattn_bsa_problem *p, int kind) {
             sz[5] = kr * (size_t)(p->N / p->Nkv) * nqt * 4;  // key-major lists
         }
         sz[6] = nq * 64 * (size_t)dp * 4;              // dQ accumulator (fp32)
-        sz[7] = nq * (size_t)(dp / 64) * 4;            // dQ semaphores
+        sz[7] = nq * 4;                                // dQ semaphores (one per query tile)
     } else if (backward || !fwd_fast(p)) {  // the simple kernels (and a conversion)
         if (!backward) {
             sz[0] = rows * p->D * 4;  // o fp32
@@ -512,7 +512,7 @@ VlBwdLayout vl_bwd_layout(const spattn_bsa_problem *vp) {
                            kr * 4,
                            kr * (size_t)(vp->N / vp->Nkv) * nqt * 4,
                            at * 64 * (size_t)dp * 4,
-                           at * (size_t)(dp / 64) * 4};
+                           at * 4};  // one dQ semaphore per accumulator tile
     size_t o = 0;
     for (int i = 0; i < 11; i++) {
         L.off[i] = o;
