@@ -431,6 +431,17 @@ __global__ void __launch_bounds__(384, 1)
         if (key >= Skv()) continue;
         T *dkr = reinterpret_cast<T *>(p.dk.p) + (long long)bt * p.dk.s0 + (long long)hk * p.dk.s1 + (k0 + key) * p.dk.s2;
         T *dvr = reinterpret_cast<T *>(p.dv.p) + (long long)bt * p.dv.s0 + (long long)hk * p.dv.s1 + (k0 + key) * p.dv.s2;
+        // contiguous, even D, 4-byte aligned rows (the usual case): one 4-byte store per pair
+        if (p.dk.s3 == 1 && p.dv.s3 == 1 && !(p.D & 1) && !((reinterpret_cast<uintptr_t>(dkr) | reinterpret_cast<uintptr_t>(dvr)) & 3)) {
+#pragma unroll
+            for (int j = 0; j < DP / 8; j++) {
+                const int col = 8 * j + 2 * q4;
+                if (col >= p.D) continue;
+                *reinterpret_cast<uint32_t *>(dkr + col) = bsa_t<T>::pack(dk[4 * j + 2 * r] * sc, dk[4 * j + 2 * r + 1] * sc);
+                *reinterpret_cast<uint32_t *>(dvr + col) = bsa_t<T>::pack(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+            }
+            continue;
+        }
 #pragma unroll
         for (int j = 0; j < DP / 8; j++) {
             const int col = 8 * j + 2 * q4;
@@ -447,49 +458,77 @@ __global__ void __launch_bounds__(384, 1)
     }
 }
 
-// dq[b, n, i, d] = scale * accumulator (layout [B*N][nqt][NH][BM][64]).
+// Row r, columns [c, c + 8) of a 64 x 64 accumulator half (c a multiple of 8), scaled, to 8
+// elements of the dq row `dst` (columns c + k < D; stride s3): four float2 at dq_frag_off(r, c +
+// 2 k), one 16-byte store when the row is contiguous and aligned.
+template <typename T>
+__device__ __forceinline__ void dq_store8(const float *half, int r, int c, float scale, T *dst, long long s3, int D) {
+    const float *src = half + dq_frag_off(r, c);
+    float v[8];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float2 x = *reinterpret_cast<const float2 *>(src + 4 * k);
+        v[2 * k] = x.x * scale;
+        v[2 * k + 1] = x.y * scale;
+    }
+    if (s3 == 1 && c + 8 <= D && !(reinterpret_cast<uintptr_t>(dst + c) & 15)) {
+        uint4 w;
+        w.x = bsa_t<T>::pack(v[0], v[1]);
+        w.y = bsa_t<T>::pack(v[2], v[3]);
+        w.z = bsa_t<T>::pack(v[4], v[5]);
+        w.w = bsa_t<T>::pack(v[6], v[7]);
+        *reinterpret_cast<uint4 *>(dst + c) = w;
+        return;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        if (c + k < D) dst[(long long)(c + k) * s3] = bsa_t<T>::fromf(v[k]);
+}
+
+// dq[b, n, i, :] = scale * accumulator (layout [B*N][nqt][NH][64 x 64 in fragment order]); a
+// thread per 8 columns of a row.
 template <int DP, typename T> __global__ void bsa_dq_post_kernel(const bsa_params p, const float *acc) {
-    constexpr int NH = DP / 64;
-    const long long total = (long long)p.B * p.N * p.Sq * p.D;
-    for (long long x = blockIdx.x * (long long)blockDim.x + threadIdx.x; x < total; x += (long long)gridDim.x * blockDim.x) {
-        const int d = (int)(x % p.D);
-        const long long t = x / p.D;
-        const int i = (int)(t % p.Sq);
-        const long long bn = t / p.Sq;
-        const int b = (int)(bn / p.N), n = (int)(bn % p.N);
-        const int m = i / BM, r = i % BM, h = d >> 6, col = d & 63;
-        const float v = acc[((bn * p.nqt + m) * NH + h) * (BM * 64) + dq_frag_off(r, col)] * p.scale;
-        reinterpret_cast<T *>(p.dq.p)[(long long)b * p.dq.s0 + (long long)n * p.dq.s1 + (long long)i * p.dq.s2 + (long long)d * p.dq.s3] =
-            bsa_t<T>::fromf(v);
+    constexpr int NH = DP / 64, CPR = DP / 8;
+    const int g = threadIdx.x % CPR, c = (g * 8) & 63, h = g >> 3;
+    if (g * 8 >= p.D) return;
+    const long long rows = (long long)p.B * p.N * p.Sq, rstep = (long long)gridDim.x * (blockDim.x / CPR);
+    for (long long x = blockIdx.x * (long long)(blockDim.x / CPR) + threadIdx.x / CPR; x < rows; x += rstep) {
+        const long long bn = x / p.Sq;
+        const int i = (int)(x - bn * p.Sq), b = (int)(bn / p.N), n = (int)(bn - (long long)b * p.N);
+        const float *half = acc + ((bn * p.nqt + (i >> 6)) * NH + h) * (BM * 64);
+        T *dst = reinterpret_cast<T *>(p.dq.p) + (long long)b * p.dq.s0 + (long long)n * p.dq.s1 + (long long)i * p.dq.s2;
+        dq_store8<T>(half, i & 63, c, p.scale, dst + (long long)h * 64 * p.dq.s3, p.dq.s3, p.D - h * 64);
     }
 }
 
-// VL: dq[0, n, t, d] = scale * accumulator for packed tokens t < cu_q[B] (sequence b of t by a
+// VL: dq[0, n, t, :] = scale * accumulator for packed tokens t < cu_q[B] (sequence b of t by a
 // binary search over seq: the last b with seq[b].x <= t), then dK / dV rows [cu_kv[B], Tkv) = 0.
 // Nothing when the prefix sums are bad.
 template <int DP, typename T> __global__ void bsa_vl_post_kernel(const bsa_params p, const float *acc) {
-    constexpr int NH = DP / 64;
+    constexpr int NH = DP / 64, CPR = DP / 8;
     if (*p.vl.err != ~0ull) return;
     const int4 last = p.vl.seq[p.B - 1];
     const long long tq = (long long)last.x + last.y, tk = (long long)last.z + last.w;
-    const long long nq = tq * p.N * p.D, nk = (p.vl.Tkv - tk) * p.Nkv * p.D;
+    const long long nk = (p.vl.Tkv - tk) * p.Nkv * p.D;
     const long long step = (long long)gridDim.x * blockDim.x;
-    for (long long x = blockIdx.x * (long long)blockDim.x + threadIdx.x; x < nq; x += step) {
-        const int d = (int)(x % p.D);
-        const long long tn = x / p.D, t = tn / p.N;
-        const int n = (int)(tn % p.N);
-        int lo = 0, hi = p.B - 1;  // last b with seq[b].x <= t (seq[0].x = 0)
-        while (lo < hi) {
-            const int mid = (lo + hi + 1) >> 1;
-            if (p.vl.seq[mid].x <= t) lo = mid;
-            else hi = mid - 1;
+    const int g = threadIdx.x % CPR, c = (g * 8) & 63, h = g >> 3;
+    const long long rows = tq * p.N, rstep = (long long)gridDim.x * (blockDim.x / CPR);
+    if (g * 8 < p.D)
+        for (long long x = blockIdx.x * (long long)(blockDim.x / CPR) + threadIdx.x / CPR; x < rows; x += rstep) {
+            const long long t = x / p.N;
+            const int n = (int)(x - t * p.N);
+            int lo = 0, hi = p.B - 1;  // last b with seq[b].x <= t (seq[0].x = 0)
+            while (lo < hi) {
+                const int mid = (lo + hi + 1) >> 1;
+                if (p.vl.seq[mid].x <= t) lo = mid;
+                else hi = mid - 1;
+            }
+            const long long q0 = p.vl.seq[lo].x, i = t - q0;  // i < Sq_lo: t < cu_q[lo + 1]
+            const long long at = (long long)n * p.vl.ntile + bsa_vl_qtile(q0, lo, (int)(i / BM));
+            T *dst = reinterpret_cast<T *>(p.dq.p) + (long long)n * p.dq.s1 + t * p.dq.s2;
+            dq_store8<T>(acc + (at * NH + h) * (BM * 64), (int)(i % BM), c, p.scale, dst + (long long)h * 64 * p.dq.s3, p.dq.s3,
+                         p.D - h * 64);
         }
-        const long long q0 = p.vl.seq[lo].x, i = t - q0;  // i < Sq_lo: t < cu_q[lo + 1]
-        const int m = (int)(i / BM), r = (int)(i % BM), h = d >> 6, col = d & 63;
-        const long long at = (long long)n * p.vl.ntile + bsa_vl_qtile(q0, lo, m);
-        const float v = acc[(at * NH + h) * (BM * 64) + dq_frag_off(r, col)] * p.scale;
-        reinterpret_cast<T *>(p.dq.p)[(long long)n * p.dq.s1 + t * p.dq.s2 + (long long)d * p.dq.s3] = bsa_t<T>::fromf(v);
-    }
     for (long long x = blockIdx.x * (long long)blockDim.x + threadIdx.x; x < nk; x += step) {
         const int d = (int)(x % p.D);
         const long long tn = x / p.D, t = tk + tn / p.Nkv;
@@ -510,7 +549,7 @@ cudaError_t launch(const bsa_params &p, const bsa_bwd_tmaps &tm, float *dqacc, i
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     const long long total = VL ? (long long)p.N * p.vl.Tq * p.D + (long long)p.Nkv * p.vl.Tkv * p.D
                                : (long long)p.B * p.N * p.Sq * p.D;
-    const long long blocks = (total + 255) / 256;
+    const long long blocks = (total + 2047) / 2048;  // 8 columns per thread (grid-stride loops)
     const unsigned grid = (unsigned)(blocks < 65536 ? (blocks < 1 ? 1 : blocks) : 65536);
     if constexpr (VL) bsa_vl_post_kernel<DP, T><<<grid, 256, 0, st>>>(p, dqacc);
     else bsa_dq_post_kernel<DP, T><<<grid, 256, 0, st>>>(p, dqacc);
@@ -541,9 +580,6 @@ extern "C" size_t spattn_bsa_bwd90_sem_bytes(const bsa_params *p, int dp) {
 
 extern "C" cudaError_t spattn_bsa_launch_bwd90(const bsa_params *p, const bsa_bwd_tmaps *tm, int dp, int bf16, float *dqacc,
                                                int *sem, int det, cudaStream_t st) {
-    cudaError_t e = cudaMemsetAsync(dqacc, 0, spattn_bsa_bwd90_acc_bytes(p, dp), st);
-    if (e == cudaSuccess) e = cudaMemsetAsync(sem, 0, spattn_bsa_bwd90_sem_bytes(p, dp), st);
-    if (e != cudaSuccess) return e;
     return p->vl.seq ? launch_dt<true>(*p, *tm, dp, bf16, dqacc, sem, det, st)
                      : launch_dt<false>(*p, *tm, dp, bf16, dqacc, sem, det, st);
 }

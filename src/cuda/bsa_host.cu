@@ -284,7 +284,8 @@ static spattn_status bwd90_run(const spattn_bsa_problem *pb, const spattn_exec *
     int *kcnt = reinterpret_cast<int *>(ws.base + L.off[4]), *klist = reinterpret_cast<int *>(ws.base + L.off[5]);
     float *acc = reinterpret_cast<float *>(ws.base + L.off[6]);
     int *sem = reinterpret_cast<int *>(ws.base + L.off[7]);
-    if ((e = spattn_bsa_launch_delta(&p, bf16, delta, lse2, st)) != cudaSuccess) return fail(e, "delta kernel");
+    const size_t zb = (size_t)(reinterpret_cast<char *>(sem) - reinterpret_cast<char *>(acc)) + spattn_bsa_bwd90_sem_bytes(&p, dp);
+    if ((e = spattn_bsa_launch_delta(&p, bf16, delta, lse2, acc, zb, st)) != cudaSuccess) return fail(e, "delta kernel");
     p.lse2 = lse2;
     p.delta = delta;
     p.nqt = (p.Sq + 63) / 64;
@@ -642,7 +643,8 @@ extern "C" spattn_status spattn_cuda_bsa_bwd_varlen(const spattn_bsa_problem *pb
     p.vl.Tq = sq->Tq;
     p.vl.Tkv = sq->Tkv;
     p.vl.ntile = vl_ntile(vp);
-    if ((e = spattn_bsa_launch_delta(&p, bf16, delta, lse2, st)) != cudaSuccess) return fail(e, "delta kernel");
+    const size_t zb = (size_t)(reinterpret_cast<char *>(sem) - reinterpret_cast<char *>(acc)) + spattn_bsa_bwd90_sem_bytes(&p, dp);
+    if ((e = spattn_bsa_launch_delta(&p, bf16, delta, lse2, acc, zb, st)) != cudaSuccess) return fail(e, "delta kernel");
     p.lse2 = lse2;
     p.delta = delta;
     p.nqt = (int)nqt;

@@ -63,7 +63,8 @@ struct bsa_bwd_tmaps {
 // Hopper backward (bsa_bwd.cu): p->sk is the key-major schedule at query tiles of 64 rows and
 // key tiles of 128 keys (p->nqt = ceil(Sq / 64)), p->sq the query-major one at the same tiles
 // (the ranks of the deterministic dQ order); p->lse2 / p->delta from spattn_bsa_launch_delta.
-// dqacc: spattn_bsa_bwd90_acc_bytes, sem: spattn_bsa_bwd90_sem_bytes (both zeroed here).
+// dqacc: spattn_bsa_bwd90_acc_bytes, sem: spattn_bsa_bwd90_sem_bytes, both zeroed beforehand
+// (by spattn_bsa_launch_delta).
 size_t spattn_bsa_bwd90_acc_bytes(const bsa_params *p, int dp);
 size_t spattn_bsa_bwd90_sem_bytes(const bsa_params *p, int dp);
 // With p->vl.seq set (varlen backward): CTAs (sequence b, kv head, key tile of max_seqlen_kv)
@@ -81,7 +82,10 @@ spattn_status spattn_cuda_ref_bsa_fwd_varlen(const spattn_bsa_problem *p, const 
 // Delta = rowsum(dO * O) and lse2 = lse * log2(e) (+inf on empty rows), both [B*N*Sq].
 // Varlen (p->vl.seq set): both [N][Tq] by packed token; tokens past cu_q[B] are not read (nor is
 // anything when *p->vl.err != ~0).
-cudaError_t spattn_bsa_launch_delta(const bsa_params *p, int bf16, float *delta, float *lse2, cudaStream_t st);
+// zero / zero_bytes: memory the kernel also sets to 0 (the dQ accumulator and semaphores of
+// spattn_bsa_launch_bwd90: one region from the accumulator to the end of the semaphores).
+cudaError_t spattn_bsa_launch_delta(const bsa_params *p, int bf16, float *delta, float *lse2, void *zero, size_t zero_bytes,
+                                    cudaStream_t st);
 }
 
 #endif
