@@ -20,7 +20,8 @@
 //   * caller workspace (unaligned base, exact size) on a caller stream;
 //   * paged keys (case field `page`: k / v as pages [num_pages, page_size, Nkv, D] through a
 //     shuffled block table with 1-3 spare pages, garbage in every unused slot, NaN in every page
-//     row no sequence owns, optionally a padded page stride): the CUDA forward against the CPU's
+//     row no sequence owns, optionally a padded page stride, sometimes a page shared by two
+//     sequences): the CUDA forward against the CPU's
 //     paged forward, and BITWISE against the CUDA packed forward on the same values (same kernel,
 //     same tiles: rows past a sequence's end read as 0 on both); page sizes 16 / 24 / 32 / 48 /
 //     64 / 80 / 128 / 256 (Hopper forward, slabs of 8..128 rows) and 5 / 12 (not multiples of 8:
@@ -151,6 +152,21 @@ static void make_pages(Batch &t) {
             const int g = irand(0, 4);  // unused slots: anything, never read
             t.tab[(size_t)b * t.maxp + j] = j < nb ? perm[next++]
                                             : g == 0 ? -1 : g == 1 ? t.np : g == 2 ? 0x7fffffff : g == 3 ? perm[0] : -12345;
+        }
+    }
+    // sometimes a shared prompt: a later sequence's first page is an earlier one's (same packed rows)
+    if (c.B >= 2 && irand(0, 1)) {
+        int b1 = -1, b2 = -1;
+        for (int b = 0; b < c.B && b2 < 0; b++)
+            if (t.cukv[b + 1] - t.cukv[b] >= ps) {
+                if (b1 < 0) b1 = b;
+                else b2 = b;
+            }
+        if (b2 >= 0) {
+            const size_t rb = (size_t)t.rskv * esz(c.dt);
+            memcpy(&t.hk[(size_t)t.cukv[b2] * rb], &t.hk[(size_t)t.cukv[b1] * rb], ps * rb);
+            memcpy(&t.hv[(size_t)t.cukv[b2] * rb], &t.hv[(size_t)t.cukv[b1] * rb], ps * rb);
+            t.tab[(size_t)b2 * t.maxp] = t.tab[(size_t)b1 * t.maxp];  // b2's own first page: unused (NaN)
         }
     }
     t.pgs = (long long)ps * t.rskv + (irand(0, 2) == 0 ? 64 : 0);  // sometimes a padded page stride
