@@ -92,6 +92,7 @@ __global__ void __launch_bounds__(384, 1)
     bsa_fwd90_kernel(const bsa_params p, const __grid_constant__ CUtensorMap tmq,
                      const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv, const int lu) {
     using C = FwdCfg<DP>;
+    static_assert(VL || !PG, "paged K / V come with a varlen batch only");
     constexpr int BM = C::BM, BN = C::BN, ST = C::ST, NBOX = C::NBOX;
     extern __shared__ unsigned char smem_raw[];
     unsigned char *sm = hop::align1024(smem_raw);
@@ -110,7 +111,7 @@ __global__ void __launch_bounds__(384, 1)
     long long q0 = 0;
     const CUtensorMap *mq = &tmq, *mk = &tmk, *mv = &tmv;  // PG: mk / mv are the last-page maps
     if constexpr (VL) {
-        if (*p.vl.err != ~0ull) return;  // bad prefix sums: nothing is written (the host reports it)
+        if (*p.vl.err != ~0ull) return;  // bad prefix sums / table: nothing is written (the host reports it)
         const int4 sq = p.vl.seq[b];
         if (m * BM >= sq.y) return;      // a tile past the sequence's queries: nothing to do
         q0 = sq.x;
