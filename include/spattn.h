@@ -190,10 +190,11 @@ SPATTN_API void spattn_options_init(spattn_options *opt);
  * Backends: the CPU; on CUDA the sfa forward and backward (spattn_sfa_fwd_varlen /
  * spattn_sfa_bwd_varlen: the lengths, the table and the indices are checked on the device, where
  * they stay; one synchronisation per call, as the dense sfa calls; the backward for the Hopper
- * kernels' shapes only) and the packed bsa forward and backward (spattn_bsa_fwd_varlen /
- * spattn_bsa_bwd_varlen without a block table: the prefix sums are checked on the device; one
- * synchronisation per call; the backward for fp16 / bf16, D <= 128 and TMA-readable views only).
- * Every other varlen call on CUDA tensors gives SPATTN_STATUS_NOT_SUPPORTED for now.
+ * kernels' shapes only), the bsa forward packed and paged (spattn_bsa_fwd_varlen: the prefix sums
+ * and the table are checked on the device; one synchronisation per call) and the packed bsa
+ * backward (spattn_bsa_bwd_varlen without a block table, for fp16 / bf16, D <= 128 and
+ * TMA-readable views only).  The paged bsa backward on CUDA tensors (and the shapes named
+ * above) gives SPATTN_STATUS_NOT_SUPPORTED for now.
  */
 typedef struct spattn_varlen {
     const spattn_tensor *cu_seqlens_q;
@@ -316,10 +317,12 @@ SPATTN_API spattn_status spattn_bsa_plan_workspace_size(const spattn_bsa_plan *p
  * order: deterministic).  opt: as in the _ex calls (NULL = defaults); a caller workspace needs
  * spattn_bsa_varlen_workspace_size bytes (the paged backward's includes one fp32 row per
  * key-side row and head for shared pages, 2 * num_pages * page_size * Nkv * D floats).
- * CUDA tensors: the packed forward and backward run on the GPU (the prefix sums are checked
- * there before any write; one synchronisation per call; the backward takes fp16 / bf16, D <= 128
- * and views the TMA engine can read: 16-byte aligned, contiguous D, row / head strides multiples
- * of 8 elements; other shapes and paged k / v give SPATTN_STATUS_NOT_SUPPORTED for now).
+ * CUDA tensors: the forward (packed and paged) and the packed backward run on the GPU (the
+ * prefix sums and the block table are checked there before any write; one synchronisation per
+ * call; the backward takes fp16 / bf16, D <= 128 and views the TMA engine can read: 16-byte
+ * aligned, contiguous D, row / head strides multiples of 8 elements; other shapes and the paged
+ * backward give SPATTN_STATUS_NOT_SUPPORTED for now).  The paged forward's fast kernel takes
+ * page sizes that are multiples of 8; other page sizes run a slower reference kernel.
  */
 SPATTN_API spattn_status spattn_bsa_fwd_varlen(const spattn_tensor *q, const spattn_tensor *k,
                                                const spattn_tensor *v,

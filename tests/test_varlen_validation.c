@@ -5,7 +5,7 @@
  * their poison after each refusal).  Also: the unused parts (rows past cu[B], unused table
  * slots) are never read, and CUDA tensors are refused as SPATTN_STATUS_NOT_SUPPORTED (or
  * BACKEND_UNAVAILABLE in a build without CUDA), the paged bsa backward included (the sfa forward
- * and the packed bsa forward, which run on a GPU, only where no GPU is usable).
+ * and the packed and paged bsa forward, which run on a GPU, only where no GPU is usable).
  */
 #include "varlen_testkit.h"
 
@@ -235,9 +235,11 @@ int main(void) {
      * it on a GPU).  The sfa backward runs on the GPU for the Hopper kernels' shapes only (D 512,
      * Dr 64): with D = 8 here it is refused there too, before anything is read. */
     for (int op = 0; op < OP_N; op++) {
-        /* the packed bsa forward runs on CUDA too: checked on the GPU by
-         * tests/cuda/bsa_varlen_cuda_check.cu */
-        if ((op == OP_SFA_FWD || op == OP_SFA_FWD_PAGED || op == OP_BSA_FWD) && spattn_cuda_available()) continue;
+        /* the packed and paged bsa forward run on CUDA too (the paged one on the reference kernel
+         * for these fp32 pages of 4 rows): checked on the GPU by tests/cuda/bsa_varlen_cuda_check.cu */
+        if ((op == OP_SFA_FWD || op == OP_SFA_FWD_PAGED || op == OP_BSA_FWD || op == OP_BSA_FWD_PAGED) &&
+            spattn_cuda_available())
+            continue;
         fx f;
         fx_init(&f, &r);
         spattn_tensor *ts[] = {&f.q.t, &f.k.t, &f.v.t, &f.m.t, &f.kp.t, &f.vp.t, &f.idx.t, &f.o.t,

@@ -1,9 +1,10 @@
 /*
  * Packed variable-length block-sparse attention entry points (spattn_bsa_*_varlen): every
  * argument, the prefix sums and the block table validated before any output is written, then
- * the CPU backend, or CUDA for the packed forward and backward (the prefix sums are checked there
- * on the device, before any write; the CUDA backward takes fp16 / bf16, D <= 128, TMA-readable
- * views and refuses other shapes; the paged forms refuse CUDA tensors for now).
+ * the CPU backend, or CUDA for the packed forward and backward and the paged forward (the prefix
+ * sums and the block table are checked there on the device, before any write; the CUDA backward
+ * takes fp16 / bf16, D <= 128, TMA-readable views and refuses other shapes; the paged backward
+ * refuses CUDA tensors for now).
  */
 #include <math.h>
 
@@ -121,13 +122,13 @@ static spattn_status check_lse(const spattn_tensor *t, const spattn_bsa_problem 
     return spattn_check_same_device("lse", t, "q", p->q);
 }
 
-/* CUDA runs the packed forms only: the paged forward and backward are refused. */
+/* CUDA runs the packed forms and the paged forward: the paged backward is refused. */
 static spattn_status cuda_form_ok(const spattn_bsa_problem *p, int backward, const char *op) {
-    if (p->seqs->table)
+    if (p->seqs->table && backward)
         return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
-                                "%s: the CUDA backend has no paged bsa %s (vl.block_table) yet (the "
-                                "packed forms run on CUDA); use packed k / v or CPU tensors", op,
-                                backward ? "backward" : "forward");
+                                "%s: the CUDA backend has no paged bsa backward (vl.block_table) yet (the "
+                                "packed backward and the paged forward run on CUDA); use packed k / v or "
+                                "CPU tensors", op);
     return SPATTN_STATUS_SUCCESS;
 }
 

@@ -46,6 +46,13 @@ struct bsa_varlen {
     const unsigned long long *err;  // ~0: prefix sums valid; else nothing may be written
     long long Tq, Tkv;              // backward: packed token counts (Delta / lse2 are [N][Tq])
     long long ntile;                // backward: dQ accumulator tiles per head (bsa_vl_qtile)
+    // paged K / V (forward; table NULL: packed): key j of sequence b is row j % page_size of page
+    // table[b * tab_s0 + (j / page_size) * tab_s1]; the kernel's maps of k / v are the page pool
+    // (D, Nkv, page_size, num_pages) in boxes of 2^lr rows, tm [B][3] holds q and, for k and v,
+    // the pool with the rows of a page cut to those of the sequence's last page
+    const int *table;
+    long long tab_s0, tab_s1;
+    int page_size, lr;
 };
 
 // A count of the edge tests: the sequence's in a varlen instantiation, the call's in a dense one

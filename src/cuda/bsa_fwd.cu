@@ -21,7 +21,18 @@
 //     query tile) with b's own Sq / Skv in every edge test, TMA maps whose base is b's first row
 //     and whose row count is its length (rows past its end read as 0, as past S in a dense
 //     call), O / LSE rows offset by b's first query row, and the mask at batch index b.  Only
-//     the per-CTA setup and the edge bounds differ; the dense instantiations are unchanged.
+//     the per-CTA setup and the edge bounds differ; the dense instantiations are unchanged;
+//   - PG (paged K / V, VL only): K / V chunks are loaded per page, in slabs of R = 2^lr rows
+//     (8 <= R <= U, R divides page_size, so a slab never crosses a page): slab at sequence-local
+//     key j0 -> page table[b, j0 / page_size], rows j0 % page_size.., through the pool's map (D,
+//     Nkv, page_size, num_pages); each slab lands at its rows of the 128-byte-swizzled tile
+//     (R * 128 contiguous bytes per 64-column box, R a multiple of the 8-row swizzle atom), so
+//     the consumers see the layout of one U-row box.  Rows past Skv read as 0, as in the packed
+//     path: the sequence's last page goes through its own copy of the map whose page has only
+//     the rows up to Skv (written by the prep kernel; TMA zero-fills the rest), and a slab that
+//     starts at or past Skv reads rows page_size.. (outside every page: all zero) without
+//     touching the table.  So no row a sequence does not own (NaN in the tests) reaches a
+//     product, not even as 0 * v, and no table slot past the sequence's pages is read.
 // The online softmax runs in base 2 with fp32 accumulation; rows that attend nothing get O = 0
 // and LSE = -inf.  Non-finite inputs follow spattn.h: a NaN (or +inf) score makes the row sum
 // NaN, hence O (NaN * 0) and LSE NaN; the running max ignores NaN (fmaxf), which is harmless
@@ -51,11 +62,37 @@ template <int DP> struct FwdCfg {
     static constexpr int SMEM = OFF_BAR + (1 + 4 * ST) * 8 + 1024;  // + alignment slack
 };
 
-template <int DP, typename T, bool VL>
+// Paged K / V: the U / R slabs of the chunk at sequence-local key `key` into dst (one U-row chunk
+// slot of a K or V stage: box x at dst + x * BN * 128), completing on bar.  pool: the page pool's
+// map; tail: the same with the page cut to the rows of the sequence's last page; trow: the
+// sequence's table row (slots < ceil(skv / ps) only are read: the table was checked, so their ids
+// are in range).
+template <int NBOX, int BN>
+__device__ __forceinline__ void bsa_load_paged(unsigned char *dst, const CUtensorMap *pool, const CUtensorMap *tail,
+                                               int key, int U, int lr, int hk, const int *trow, long long ts1, int ps,
+                                               int skv, uint64_t *bar) {
+    for (int sl = 0; sl < (U >> lr); sl++) {
+        const int j0 = key + (sl << lr);  // no overflow: key + U <= 2^31 (key < skv, U | 2^31)
+        const int slot = j0 / ps;
+        int row = j0 - slot * ps, pg = 0;
+        const CUtensorMap *m = pool;
+        if (j0 >= skv) {
+            row = ps;  // outside every page: the box is zero-filled
+        } else {
+            pg = trow[slot * ts1];
+            if (skv - (j0 - row) <= ps) m = tail;  // the sequence's last page
+        }
+#pragma unroll
+        for (int x = 0; x < NBOX; x++) hop::tma_load_4d(dst + x * BN * 128 + (sl << lr) * 128, m, x * 64, hk, row, pg, bar);
+    }
+}
+
+template <int DP, typename T, bool VL, bool PG = false>
 __global__ void __launch_bounds__(384, 1)
     bsa_fwd90_kernel(const bsa_params p, const __grid_constant__ CUtensorMap tmq,
                      const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv, const int lu) {
     using C = FwdCfg<DP>;
+    static_assert(VL || !PG, "paged K / V come with a varlen batch only");
     constexpr int BM = C::BM, BN = C::BN, ST = C::ST, NBOX = C::NBOX;
     extern __shared__ unsigned char smem_raw[];
     unsigned char *sm = hop::align1024(smem_raw);
@@ -72,9 +109,9 @@ __global__ void __launch_bounds__(384, 1)
     // rows offset by q0), the mask keeps b
     int vSq = 0, vSkv = 0, bt = b;
     long long q0 = 0;
-    const CUtensorMap *mq = &tmq, *mk = &tmk, *mv = &tmv;
+    const CUtensorMap *mq = &tmq, *mk = &tmk, *mv = &tmv;  // PG: mk / mv are the last-page maps
     if constexpr (VL) {
-        if (*p.vl.err != ~0ull) return;  // bad prefix sums: nothing is written (the host reports it)
+        if (*p.vl.err != ~0ull) return;  // bad prefix sums / table: nothing is written (the host reports it)
         const int4 sq = p.vl.seq[b];
         if (m * BM >= sq.y) return;      // a tile past the sequence's queries: nothing to do
         q0 = sq.x;
@@ -120,6 +157,10 @@ __global__ void __launch_bounds__(384, 1)
             hop::tma_prefetch_desc(mq);
             hop::tma_prefetch_desc(mk);
             hop::tma_prefetch_desc(mv);
+            if constexpr (PG) {
+                hop::tma_prefetch_desc(&tmk);
+                hop::tma_prefetch_desc(&tmv);
+            }
             hop::mbar_expect_tx(barQ, C::Q_BYTES);
 #pragma unroll
             for (int x = 0; x < NBOX; x++) hop::tma_load_4d(sQ + x * BM * 128, mq, x * 64, r0, n, bt, barQ);
@@ -130,19 +171,31 @@ __global__ void __launch_bounds__(384, 1)
                 hop::mbar_expect_tx(fullK + s, C::KV_BYTES);
                 for (int gi = 0; gi < G; gi++) {  // padding slots repeat the last chunk (masked)
                     const int key = (lst[min(it * G + gi, cnt - 1)].x >> 1) << lu;
+                    if constexpr (PG) {
+                        bsa_load_paged<NBOX, BN>(sK + s * C::KV_BYTES + gi * U * 128, &tmk, mk, key, U, p.vl.lr, hk,
+                                                 p.vl.table + b * p.vl.tab_s0, p.vl.tab_s1, p.vl.page_size, vSkv,
+                                                 fullK + s);
+                    } else {
 #pragma unroll
-                    for (int x = 0; x < NBOX; x++)
-                        hop::tma_load_4d(sK + s * C::KV_BYTES + x * BN * 128 + gi * U * 128, mk, x * 64, key, hk, bt,
-                                         fullK + s);
+                        for (int x = 0; x < NBOX; x++)
+                            hop::tma_load_4d(sK + s * C::KV_BYTES + x * BN * 128 + gi * U * 128, mk, x * 64, key, hk,
+                                             bt, fullK + s);
+                    }
                 }
                 hop::mbar_wait(emptyV + s, par);
                 hop::mbar_expect_tx(fullV + s, C::KV_BYTES);
                 for (int gi = 0; gi < G; gi++) {
                     const int key = (lst[min(it * G + gi, cnt - 1)].x >> 1) << lu;
+                    if constexpr (PG) {
+                        bsa_load_paged<NBOX, BN>(sV + s * C::KV_BYTES + gi * U * 128, &tmv, mv, key, U, p.vl.lr, hk,
+                                                 p.vl.table + b * p.vl.tab_s0, p.vl.tab_s1, p.vl.page_size, vSkv,
+                                                 fullV + s);
+                    } else {
 #pragma unroll
-                    for (int x = 0; x < NBOX; x++)
-                        hop::tma_load_4d(sV + s * C::KV_BYTES + x * BN * 128 + gi * U * 128, mv, x * 64, key, hk, bt,
-                                         fullV + s);
+                        for (int x = 0; x < NBOX; x++)
+                            hop::tma_load_4d(sV + s * C::KV_BYTES + x * BN * 128 + gi * U * 128, mv, x * 64, key, hk,
+                                             bt, fullV + s);
+                    }
                 }
             }
         }
@@ -368,20 +421,22 @@ __global__ void __launch_bounds__(384, 1)
     }
 }
 
-template <int DP, typename T, bool VL>
+template <int DP, typename T, bool VL, bool PG>
 cudaError_t launch(const bsa_params &p, const bsa_tmaps &tm, int lu, cudaStream_t st) {
     using C = FwdCfg<DP>;
     static unsigned long long done = 0;
-    cudaError_t e = hop::set_smem(bsa_fwd90_kernel<DP, T, VL>, C::SMEM, &done);
+    cudaError_t e = hop::set_smem(bsa_fwd90_kernel<DP, T, VL, PG>, C::SMEM, &done);
     if (e != cudaSuccess) return e;
     dim3 grid((unsigned)((long long)((p.Sq + C::BM - 1) / C::BM) * p.N * p.B));
-    bsa_fwd90_kernel<DP, T, VL><<<grid, 384, C::SMEM, st>>>(p, tm.q, tm.k, tm.v, lu);
+    bsa_fwd90_kernel<DP, T, VL, PG><<<grid, 384, C::SMEM, st>>>(p, tm.q, tm.k, tm.v, lu);
     return cudaGetLastError();
 }
 
-template <bool VL> cudaError_t launch_dt(const bsa_params &p, const bsa_tmaps &tm, int dp, int bf16, int lu, cudaStream_t st) {
-    if (dp == 64) return bf16 ? launch<64, __nv_bfloat16, VL>(p, tm, lu, st) : launch<64, __half, VL>(p, tm, lu, st);
-    return bf16 ? launch<128, __nv_bfloat16, VL>(p, tm, lu, st) : launch<128, __half, VL>(p, tm, lu, st);
+template <bool VL, bool PG = false>
+cudaError_t launch_dt(const bsa_params &p, const bsa_tmaps &tm, int dp, int bf16, int lu, cudaStream_t st) {
+    if (dp == 64)
+        return bf16 ? launch<64, __nv_bfloat16, VL, PG>(p, tm, lu, st) : launch<64, __half, VL, PG>(p, tm, lu, st);
+    return bf16 ? launch<128, __nv_bfloat16, VL, PG>(p, tm, lu, st) : launch<128, __half, VL, PG>(p, tm, lu, st);
 }
 
 }  // namespace
@@ -389,5 +444,6 @@ template <bool VL> cudaError_t launch_dt(const bsa_params &p, const bsa_tmaps &t
 extern "C" cudaError_t spattn_bsa_launch_fwd(const bsa_params *p, const bsa_tmaps *tm, int dp, int bf16, int chunk,
                                              cudaStream_t st) {
     const int lu = chunk == 16 ? 4 : chunk == 32 ? 5 : chunk == 64 ? 6 : 7;
-    return p->vl.seq ? launch_dt<true>(*p, *tm, dp, bf16, lu, st) : launch_dt<false>(*p, *tm, dp, bf16, lu, st);
+    if (!p->vl.seq) return launch_dt<false>(*p, *tm, dp, bf16, lu, st);
+    return p->vl.table ? launch_dt<true, true>(*p, *tm, dp, bf16, lu, st) : launch_dt<true>(*p, *tm, dp, bf16, lu, st);
 }

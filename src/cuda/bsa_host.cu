@@ -69,7 +69,10 @@ encode_fn tensor_map_encoder() {
 }
 // 4-d map over [B, H, S, D] (innermost first: D, S, H, B) with boxes of 64 columns x `rows`
 // rows and the 128-byte swizzle the wgmma descriptors expect; out-of-range elements read as 0.
-bool make_tmap(CUtensorMap *m, const spattn_tensor *t, int rows) {
+// rows_dim: the map dimension (innermost first) the box's rows run along: 1 for [B, H, S, D];
+// 2 for pages [num_pages, page_size, Nkv, D] (map (D, Nkv, page_size, num_pages), boxes of 64
+// columns x 1 head x `rows` rows x 1 page: the same R * 128 bytes in shared memory).
+bool make_tmap(CUtensorMap *m, const spattn_tensor *t, int rows, int rows_dim = 1) {
     encode_fn enc = tensor_map_encoder();
     if (!enc) return false;
     const cuuint64_t dims[4] = {(cuuint64_t)t->shape[3], (cuuint64_t)t->shape[2], (cuuint64_t)t->shape[1],
@@ -82,7 +85,9 @@ bool make_tmap(CUtensorMap *m, const spattn_tensor *t, int rows) {
         str[i] = (cuuint64_t)sv * 2;
         prev = sv * t->shape[d];
     }
-    const cuuint32_t box[4] = {64, (cuuint32_t)rows, 1, 1}, es[4] = {1, 1, 1, 1};
+    cuuint32_t box[4] = {64, 1, 1, 1};
+    const cuuint32_t es[4] = {1, 1, 1, 1};
+    box[rows_dim] = (cuuint32_t)rows;
     return enc(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, t->data, dims, str, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
@@ -340,6 +345,11 @@ extern "C" spattn_status spattn_cuda_bsa_bwd(const spattn_bsa_problem *pb, const
 // bsa_fwd.cu, VL instantiations), one synchronisation at the end reports bad prefix sums.  Shapes
 // without a Hopper forward (fp32, D > 128, views TMA cannot read) run the reference kernel
 // (bsa_ref.cu) per (sequence, head, row), straight into o / lse.
+// Paged K / V (vl.block_table): the same kernels (PG instantiations of the Hopper forward: K / V
+// per page through maps over the page pool, bsa_fwd.cu), the block table checked on the device
+// into the same word (bsa_vl_table_kernel) and reported with the CPU's message; page sizes that
+// are not a multiple of 8 (and fp32 / D > 128 / pages TMA cannot read) take the reference kernel,
+// which reads key rows through the table.
 namespace {
 
 // [T, H, D] as [1, H, T, D] (batch stride 0).
@@ -369,15 +379,17 @@ spattn_tensor packed3(const spattn_tensor *t) {
     return v;
 }
 
-// The varlen problem as the dense kernels see it: 4-d views, B sequences of max_seqlen rows.
+// The varlen problem as the dense kernels see it: 4-d views, B sequences of max_seqlen rows
+// (paged k / v stay the page tensors [num_pages, page_size, Nkv, D]).
 struct VlViews {
     spattn_tensor q, k, v, o, lse, dout, dq, dk, dv;
     spattn_bsa_problem p;
 };
 void vl_views(const spattn_bsa_problem *pb, VlViews *w) {
+    const bool paged = pb->seqs->table != nullptr;
     w->q = packed4(pb->q);
-    w->k = packed4(pb->k);
-    w->v = packed4(pb->v);
+    w->k = paged ? *pb->k : packed4(pb->k);
+    w->v = paged ? *pb->v : packed4(pb->v);
     w->p = *pb;
     w->p.q = &w->q;
     w->p.k = &w->k;
@@ -391,7 +403,7 @@ void vl_views(const spattn_bsa_problem *pb, VlViews *w) {
         w->lse = packed3(pb->lse);
         w->p.lse = &w->lse;
     }
-    const spattn_tensor *const src[4] = {pb->dout, pb->dq, pb->dk, pb->dv};
+    const spattn_tensor *const src[4] = {pb->dout, pb->dq, pb->dk, pb->dv};  // (paged: forward only)
     spattn_tensor *const dst[4] = {&w->dout, &w->dq, &w->dk, &w->dv};
     const spattn_tensor **const to[4] = {&w->p.dout, &w->p.dq, &w->p.dk, &w->p.dv};
     for (int i = 0; i < 4; i++)
@@ -401,12 +413,29 @@ void vl_views(const spattn_bsa_problem *pb, VlViews *w) {
         }
 }
 
+// The varlen forward's Hopper kernel: the dense conditions on the views; paged K / V besides need
+// a page size that is a multiple of 8 (slabs of whole 8-row swizzle atoms, bsa_fwd.cu); the page
+// tensors themselves must be TMA-readable (tma_view_ok on [num_pages, page_size, Nkv, D]).
+bool vl_fast(const spattn_bsa_problem *vp) {
+    return fwd_fast(vp) && (!vp->seqs->table || vp->seqs->page_size % 8 == 0);
+}
+// Paged forward: log2 of the slab rows R, the largest power of two dividing both the chunk u
+// and page_size (8 <= R <= u when page_size % 8 == 0).
+int vl_slab_log2(int u, long long page_size) {
+    const long long low = page_size & -page_size;
+    const long long r = low < u ? low : u;
+    int lr = 0;
+    while ((1ll << lr) < r) lr++;
+    return lr;
+}
+
 // Workspace: [0] the check word, [1] the sequence table, [2] the TMA maps, [3] schedule counts,
 // [4] lists, [5] launch order (2-5: Hopper forward only); + 256 bytes to align a caller's base.
 struct VlLayout {
     size_t off[6];
     size_t total;
 };
+// (Paged: the same; the 3 maps per sequence are q and the last-page maps of k and v.)
 VlLayout vl_layout(const spattn_bsa_problem *vp, bool fast) {
     VlLayout L = {};
     size_t sz[6] = {8, (size_t)vp->B * 16, 0, 0, 0, 0};
@@ -430,9 +459,11 @@ VlLayout vl_layout(const spattn_bsa_problem *vp, bool fast) {
 
 // Status of the prefix-sum check: the CPU's message for the first violation (bsa_vl_prep_kernel
 // encodes it; the offending values are read back only then).
+spattn_status vl_report_table(const spattn_seqs *s, unsigned long long key, cudaStream_t st);
 spattn_status vl_report(const spattn_bsa_problem *pb, unsigned long long key, cudaStream_t st) {
     if (key == ~0ull) return SPATTN_STATUS_SUCCESS;
     const spattn_seqs *s = pb->seqs;
+    if (key >= BSA_VL_TAB_KEY) return vl_report_table(s, key, st);
     const long long P = s->B + 2, x = (long long)(key >> 2), pos = x % P;
     const int side = (int)(x / P), kind = (int)(key & 3);
     const int32_t *cu = side ? s->cu_kv : s->cu_q;
@@ -462,12 +493,39 @@ spattn_status vl_report(const spattn_bsa_problem *pb, unsigned long long key, cu
     }
 }
 
+// A block-table failure (bsa_vl_table_kernel's key): the CPU's message, the offending entries read back.
+spattn_status vl_report_table(const spattn_seqs *s, unsigned long long key, cudaStream_t st) {
+    const unsigned long long W = 2ull * (unsigned long long)s->max_pages + 3, low = key - BSA_VL_TAB_KEY;
+    const long long r = (long long)(low / W), code = (long long)(low % W);
+    int32_t v[2] = {0, 0};
+    cudaError_t e;
+    if (code == 0) {
+        e = cudaMemcpyAsync(&v[0], s->cu_kv + r * s->cu_kv_st, 4, cudaMemcpyDeviceToHost, st);
+        if (e == cudaSuccess) e = cudaMemcpyAsync(&v[1], s->cu_kv + (r + 1) * s->cu_kv_st, 4, cudaMemcpyDeviceToHost, st);
+    } else {
+        e = cudaMemcpyAsync(&v[0], s->table + r * s->tab_s0 + (code / 2 - 1) * s->tab_s1, 4, cudaMemcpyDeviceToHost, st);
+    }
+    if (e == cudaSuccess) e = cudaStreamSynchronize(st);
+    if (e != cudaSuccess) return fail(e, "reading back a bad block-table entry");
+    if (code == 0)
+        return spattn_set_error(SPATTN_STATUS_BAD_INDEX,
+                                "block_table: sequence %lld has %lld keys, more than max_pages * page_size = %lld * %lld",
+                                r, (long long)v[1] - v[0], (long long)s->max_pages, (long long)s->page_size);
+    if (code & 1)
+        return spattn_set_error(SPATTN_STATUS_BAD_INDEX, "block_table: page %d appears twice in row %lld", v[0], r);
+    return spattn_set_error(SPATTN_STATUS_BAD_INDEX,
+                            "block_table: [%lld, %lld] must be a page id in [0, %lld) (pages of k), got %d", r,
+                            code / 2 - 1, (long long)s->num_pages, v[0]);
+}
+
 // Backward workspace: [0] the check word, [1] the sequence table, [2] 4 TMA maps per sequence
 // (q, k, v, dO), [3] Delta, [4] lse2 ([N][Tq] fp32 each), [5] q-major counts, [6] lists (64 x 128
 // tiles, B sequences of max_seqlen), [7] key-major counts, [8] lists, [9] the dQ accumulator and
 // [10] its semaphores (N * vl_ntile tiles of 64 rows); + 256 bytes to align a caller's base.
 // The prefix-sum check word (~0: fine), the sequence table seq [B] and the per-sequence maps
 // tms [B][n] of the n tensors src (q, k, v and, for the backward, dO) from their templates.
+// Paged (forward): k / v keep the pool's base, their maps get the rows of the sequence's last page,
+// and the block table is checked into the same word (bsa_vl_table_kernel) before anything reads it.
 cudaError_t vl_prep(const spattn_seqs *sq, const spattn_tensor *const *src, const CUtensorMap *tmpl, int n, int4 *seq,
                     CUtensorMap *tms, unsigned long long *err, cudaStream_t st) {
     bsa_vl_prep_args a = {};
@@ -488,8 +546,22 @@ cudaError_t vl_prep(const spattn_seqs *sq, const spattn_tensor *const *src, cons
     a.seq = seq;
     a.tm = tms;
     a.err = err;
-    const cudaError_t e = cudaMemsetAsync(err, 0xff, 8, st);
-    return e == cudaSuccess ? spattn_bsa_launch_vl_prep(tmpl, &a, st) : e;
+    a.page_size = sq->table ? sq->page_size : 0;
+    cudaError_t e = cudaMemsetAsync(err, 0xff, 8, st);
+    if (e == cudaSuccess) e = spattn_bsa_launch_vl_prep(tmpl, &a, st);
+    if (e != cudaSuccess || !sq->table) return e;
+    bsa_vl_table_args ta = {};
+    ta.cu_kv = sq->cu_kv;
+    ta.st_kv = sq->cu_kv_st;
+    ta.B = sq->B;
+    ta.table = sq->table;
+    ta.tab_s0 = sq->tab_s0;
+    ta.tab_s1 = sq->tab_s1;
+    ta.max_pages = sq->max_pages;
+    ta.page_size = sq->page_size;
+    ta.num_pages = sq->num_pages;
+    ta.err = err;
+    return spattn_bsa_launch_vl_table(&ta, st);
 }
 
 long long vl_ntile(const spattn_bsa_problem *vp) { return vp->seqs->Tq / 64 + vp->B + 1; }
@@ -529,14 +601,19 @@ extern "C" size_t spattn_cuda_bsa_varlen_workspace(const spattn_bsa_problem *pb,
     VlViews w;
     vl_views(pb, &w);
     if (backward) return bwd90(&w.p, pb->dout != nullptr) ? vl_bwd_layout(&w.p).total : 0;
-    return vl_layout(&w.p, fwd_fast(&w.p)).total;
+    return vl_layout(&w.p, vl_fast(&w.p)).total;
 }
 
 extern "C" spattn_status spattn_cuda_bsa_fwd_varlen(const spattn_bsa_problem *pb, const spattn_exec *ex) {
     VlViews w;
     vl_views(pb, &w);
     const spattn_bsa_problem *vp = &w.p;
-    const bool fast = fwd_fast(vp);
+    const bool fast = vl_fast(vp);
+    const spattn_seqs *sq = pb->seqs;
+    if (sq->table && (double)sq->B * (2.0 * (double)sq->max_pages + 3.0) >= 0x1p61)
+        return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
+                                "bsa_fwd_varlen: B * (2 max_pages + 3) must stay below 2^61 on CUDA (the device "
+                                "block-table check); use CPU tensors");
     const VlLayout L = vl_layout(vp, fast);
     cuda_scratch ws;
     spattn_status s = ws.get(ex, L.total, "bsa cuda");
@@ -546,7 +623,6 @@ extern "C" spattn_status spattn_cuda_bsa_fwd_varlen(const spattn_bsa_problem *pb
     unsigned long long *err = reinterpret_cast<unsigned long long *>(base + L.off[0]);
     int4 *seq = reinterpret_cast<int4 *>(base + L.off[1]);
     CUtensorMap *tms = fast ? reinterpret_cast<CUtensorMap *>(base + L.off[2]) : nullptr;
-    const spattn_seqs *sq = pb->seqs;
     const int dp = bsa_dpad(pb->D), bf16 = pb->dtype == SPATTN_DTYPE_BF16;
     const bsa_fwd90_tile t = bsa_fwd90_tile_for(dp ? dp : 128);
     const int u = bsa_fwd90_chunk(vp->by);
@@ -555,7 +631,11 @@ extern "C" spattn_status spattn_cuda_bsa_fwd_varlen(const spattn_bsa_problem *pb
                                 "bsa cuda: B * N * ceil(max_seqlen_q / %d) must be < 2^31", t.bm);
     bsa_tmaps tm;
     memset(&tm, 0, sizeof tm);  // the reference path passes unused maps
-    if (fast && (!make_tmap(&tm.q, vp->q, t.bm) || !make_tmap(&tm.k, vp->k, u) || !make_tmap(&tm.v, vp->v, u)))
+    // paged: k / v maps over the page pool in slabs of 2^lr rows (the per-sequence copies cut the last page)
+    const int lr = sq->table ? vl_slab_log2(u, sq->page_size) : 0;
+    const int kv_rows = sq->table ? 1 << lr : u, kv_dim = sq->table ? 2 : 1;
+    if (fast && (!make_tmap(&tm.q, vp->q, t.bm) || !make_tmap(&tm.k, vp->k, kv_rows, kv_dim) ||
+                 !make_tmap(&tm.v, vp->v, kv_rows, kv_dim)))
         return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "bsa cuda: cuTensorMapEncodeTiled failed for q, k or v");
     const spattn_tensor *const src[3] = {pb->q, pb->k, pb->v};
     const CUtensorMap tmpl[3] = {tm.q, tm.k, tm.v};
@@ -568,6 +648,13 @@ extern "C" spattn_status spattn_cuda_bsa_fwd_varlen(const spattn_bsa_problem *pb
         p.vl.seq = seq;
         p.vl.tm = tms;
         p.vl.err = err;
+        if (sq->table) {
+            p.vl.table = sq->table;
+            p.vl.tab_s0 = sq->tab_s0;
+            p.vl.tab_s1 = sq->tab_s1;
+            p.vl.page_size = (int)sq->page_size;
+            p.vl.lr = lr;
+        }
         int *cnt = reinterpret_cast<int *>(base + L.off[3]), *order = reinterpret_cast<int *>(base + L.off[5]);
         int2 *list = reinterpret_cast<int2 *>(base + L.off[4]);
         const long long rows = (long long)p.B * p.N * ((p.Sq + t.bm - 1) / t.bm);

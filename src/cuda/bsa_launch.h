@@ -48,12 +48,33 @@ struct bsa_vl_prep_args {
     int4 *seq;
     CUtensorMap *tm;
     unsigned long long *err;
+    // paged forward (> 0; 0: packed): k / v maps are over the page pool (D, Nkv, page_size,
+    // num_pages); their copies keep the base and get the rows of the sequence's last page as the
+    // size of dimension 2 (rows past its last key zero-filled); Tkv is not a bound then
+    long long page_size;
 };
 cudaError_t spattn_bsa_launch_vl_prep(const CUtensorMap *tmpl, const bsa_vl_prep_args *a, cudaStream_t st);
+// Paged forward: the block table against the CPU's rules (spattn_seqs_check_values: per row the
+// capacity, then slot by slot a page id in [0, num_pages) and no id twice in the row), one CTA
+// per row, into the same check word as the prefix sums: key BSA_VL_TAB_KEY + r * (2 max_pages +
+// 3) + code, code 0 capacity, 2 (j + 1) slot j out of range, 2 (j + 1) + 1 slot j repeats an
+// earlier slot (the prefix-sum keys are all smaller: the CPU checks those first).  Run after
+// spattn_bsa_launch_vl_prep, before any kernel that reads the table.
+#define BSA_VL_TAB_KEY (1ull << 62)
+struct bsa_vl_table_args {
+    const int *cu_kv;
+    long long st_kv, B;
+    const int *table;
+    long long tab_s0, tab_s1, max_pages, page_size, num_pages;
+    unsigned long long *err;
+};
+cudaError_t spattn_bsa_launch_vl_table(const bsa_vl_table_args *a, cudaStream_t st);
 // Hopper forward (bsa_fwd.cu); p->sq is the query-major schedule of query tiles of
 // bsa_fwd90_tile_for(dp).bm rows and key chunks of `chunk` = bsa_fwd90_chunk(by) keys.
 // With p->vl.seq set (varlen): the same kernel per (sequence, head, query tile of max_seqlen_q)
 // with the sequence's lengths and TMA maps (p->vl), nothing written unless *p->vl.err == ~0.
+// With p->vl.table set too (paged K / V): tm->k / tm->v are the page-pool maps (boxes of
+// 2^p->vl.lr rows, 8 <= 2^lr <= chunk, 2^lr dividing page_size).
 cudaError_t spattn_bsa_launch_fwd(const bsa_params *p, const bsa_tmaps *tm, int dp, int bf16, int chunk,
                                   cudaStream_t st);
 // TMA descriptors of the Hopper backward: Q and dO in boxes of 64 rows, K and V of 128 rows.
@@ -77,6 +98,8 @@ cudaError_t spattn_bsa_launch_bwd90(const bsa_params *p, const bsa_bwd_tmaps *tm
 // Packed variable-length forward on the reference kernel (bsa_ref.cu; fp32, D > 128, views TMA
 // cannot read): p is the varlen problem over [1, H, T, D] views (lse [1, N, T]), seq / err from
 // spattn_bsa_launch_vl_prep; writes o / lse directly (nothing unless *err == ~0); synchronises.
+// Paged K / V (p->seqs->table): k / v are the page tensors [num_pages, page_size, Nkv, D] as
+// given, key rows read through the table (every page size; the table checked before).
 spattn_status spattn_cuda_ref_bsa_fwd_varlen(const spattn_bsa_problem *p, const spattn_exec *ex, const int4 *seq,
                                              const unsigned long long *err);
 // Delta = rowsum(dO * O) and lse2 = lse * log2(e) (+inf on empty rows), both [B*N*Sq].

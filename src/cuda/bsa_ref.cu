@@ -8,6 +8,9 @@
 #include <math.h>
 
 #include "../core/internal.h"
+extern "C" {
+#include "../core/seqs.h"
+}
 
 namespace {
 
@@ -15,6 +18,11 @@ struct RefT {  // a strided [B, H, S, D] tensor of any float dtype
     const void *p;
     long long s0, s1, s2, s3;
     int dtype;
+    // paged K / V (varlen forward; NULL otherwise): row s is row s % ps (stride s2) of page
+    // tab[(s / ps) * tab_s1] (stride pg); the batch index then does not move the base (s0 = 0)
+    const int32_t *tab;
+    long long tab_s1, pg;
+    int ps;
 };
 
 struct RefP {
@@ -26,7 +34,9 @@ struct RefP {
 };
 
 __device__ float ld(const RefT &t, int b, int h, int s, int d) {
-    long long off = (long long)b * t.s0 + (long long)h * t.s1 + (long long)s * t.s2 + (long long)d * t.s3;
+    long long off = (long long)b * t.s0 + (long long)h * t.s1 + (long long)d * t.s3;
+    if (t.tab) off += (long long)t.tab[(long long)(s / t.ps) * t.tab_s1] * t.pg + (long long)(s % t.ps) * t.s2;
+    else off += (long long)s * t.s2;
     if (t.dtype == SPATTN_DTYPE_F16) return __half2float(reinterpret_cast<const __half *>(t.p)[off]);
     if (t.dtype == SPATTN_DTYPE_BF16) return __bfloat162float(reinterpret_cast<const __nv_bfloat16 *>(t.p)[off]);
     return reinterpret_cast<const float *>(t.p)[off];
@@ -117,7 +127,9 @@ __global__ void ref_fwd_kernel(RefP p, float *o, float *lse) {
 // Packed variable-length forward: one CTA per (row i of max_seqlen_q, head n, sequence b).  The
 // sequence's q / k / v rows as dense views (base moved to its first row; the [1, H, T, D] views
 // have batch stride 0, so any b indexes them), its own lengths, the mask at batch b; O and LSE go
-// straight into the caller's tensors (`out`: [1, N, T, D] and [1, N, T] views).
+// straight into the caller's tensors (`out`: [1, N, T, D] and [1, N, T] views).  Paged K / V
+// (tab != NULL): k / v keep the pool's base and index rows through the sequence's table row
+// (keys < Skv_b only, whose slots the table check has validated).
 struct RefOut {
     void *o;
     long long s1, s2, s3;
@@ -131,7 +143,8 @@ __device__ const void *rows_from(const RefT &t, long long r) {
     return static_cast<const char *>(t.p) + r * t.s2 * es;
 }
 
-__global__ void ref_fwd_varlen_kernel(RefP p, RefOut out, const int4 *seq, const unsigned long long *err) {
+__global__ void ref_fwd_varlen_kernel(RefP p, RefOut out, const int4 *seq, const unsigned long long *err,
+                                      const int32_t *tab, long long tab_s0) {
     extern __shared__ float sp[];
     __shared__ float red[4];
     const int i = blockIdx.x, n = blockIdx.y, b = blockIdx.z;
@@ -139,8 +152,13 @@ __global__ void ref_fwd_varlen_kernel(RefP p, RefOut out, const int4 *seq, const
     const int4 sq = seq[b];
     if (i >= sq.y) return;
     p.q.p = rows_from(p.q, sq.x);
-    p.k.p = rows_from(p.k, sq.z);
-    p.v.p = rows_from(p.v, sq.z);
+    if (tab) {
+        p.k.tab = tab + (long long)b * tab_s0;
+        p.v.tab = p.k.tab;
+    } else {
+        p.k.p = rows_from(p.k, sq.z);
+        p.v.p = rows_from(p.v, sq.z);
+    }
     p.Sq = sq.y;
     p.Skv = sq.w;
     const long long row = (long long)sq.x + i;
@@ -250,6 +268,21 @@ RefT view(const spattn_tensor *t) {
     r.s2 = t->strides[2];
     r.s3 = t->strides[3];
     r.dtype = t->dtype;
+    r.tab = nullptr;
+    r.tab_s1 = r.pg = 0;
+    r.ps = 1;
+    return r;
+}
+// Pages [num_pages, page_size, H, D] as a paged RefT (the table row is set per sequence).
+RefT paged_view(const spattn_tensor *t, long long tab_s1, long long ps) {
+    RefT r = view(t);
+    r.s0 = 0;
+    r.s1 = t->strides[2];
+    r.s2 = t->strides[1];
+    r.s3 = t->strides[3];
+    r.pg = t->strides[0];
+    r.tab_s1 = tab_s1;
+    r.ps = (int)ps;
     return r;
 }
 
@@ -315,6 +348,11 @@ extern "C" spattn_status spattn_cuda_ref_bsa_fwd_varlen(const spattn_bsa_problem
         return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
                                 "bsa cuda ref: B=%d sequences / N=%d heads exceed the reference's grid (65535)", p.B,
                                 p.N);
+    const spattn_seqs *sq = pb->seqs;
+    if (sq->table) {  // k / v are the page tensors (the views keep them)
+        p.k = paged_view(pb->k, sq->tab_s1, sq->page_size);
+        p.v = paged_view(pb->v, sq->tab_s1, sq->page_size);
+    }
     RefOut out = {};
     out.o = pb->o->data;
     out.s1 = pb->o->strides[1];
@@ -329,7 +367,8 @@ extern "C" spattn_status spattn_cuda_ref_bsa_fwd_varlen(const spattn_bsa_problem
     cudaError_t e =
         cudaFuncSetAttribute(ref_fwd_varlen_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kMaxSmem);
     if (e != cudaSuccess) return cuda_fail(e, "cudaFuncSetAttribute");
-    ref_fwd_varlen_kernel<<<dim3(p.Sq, p.N, p.B), kThreads, smem, st>>>(p, out, seq, err);
+    ref_fwd_varlen_kernel<<<dim3(p.Sq, p.N, p.B), kThreads, smem, st>>>(p, out, seq, err, sq->table,
+                                                                          sq->table ? sq->tab_s0 : 0);
     if ((e = cudaGetLastError()) != cudaSuccess) return cuda_fail(e, "ref_fwd_varlen_kernel launch");
     if ((e = cudaStreamSynchronize(st)) != cudaSuccess) return cuda_fail(e, "ref_fwd_varlen_kernel");
     return SPATTN_STATUS_SUCCESS;

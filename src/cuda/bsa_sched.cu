@@ -2,6 +2,8 @@
 // mask (no token-level mask is ever materialized).  One warp per row of the schedule; each
 // lane classifies one tile (empty / full / partial) by reading the mask blocks the tile
 // overlaps, and a ballot compacts the non-empty tiles in order.
+#include <limits.h>
+
 #include <cub/block/block_scan.cuh>
 
 #include "bsa_launch.h"
@@ -213,7 +215,7 @@ __global__ void __launch_bounds__(kPrepThreads) bsa_vl_prep_kernel(const __grid_
             const long long s = cu[(pos - 1) * st], e = cu[pos * st];
             if (e < s) kind = 1;
             else if (e - s > (side ? a.max_kv : a.max_q)) kind = 2;
-        } else if (cu[B * st] > (side ? a.Tkv : a.Tq)) {
+        } else if ((side == 0 || a.page_size == 0) && cu[B * st] > (side ? a.Tkv : a.Tq)) {  // pages: no bound
             kind = 3;
         }
         if (kind >= 0) atomicMin(a.err, (unsigned long long)(((side * P + pos) << 2) | kind));
@@ -238,14 +240,24 @@ __global__ void __launch_bounds__(kPrepThreads) bsa_vl_prep_kernel(const __grid_
         const int *cu = qside ? a.cu_q : a.cu_kv;
         const long long st = qside ? a.st_q : a.st_kv;
         const long long r0 = cu[b * st], len = (long long)cu[(b + 1) * st] - r0;
-        // bad prefix sums give a meaningless map; nothing uses it then (*err gates every reader)
-        const unsigned long long base = (unsigned long long)(a.base[which] + r0 * a.row_bytes[which]);
-        const unsigned rows = (unsigned)(len < 1 ? 1 : len > 0x7fffffff ? 0x7fffffff : len);  // dims >= 1
         const uint32_t s = (uint32_t)__cvta_generic_to_shared(sm);
-        asm volatile("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;" ::"r"(s), "l"(base)
-                     : "memory");
-        asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 1, %1;" ::"r"(s), "r"(rows)
-                     : "memory");
+        // bad prefix sums give a meaningless map; nothing uses it then (*err gates every reader)
+        if (a.page_size > 0 && !qside) {
+            // paged k / v: the pool's map (base kept) with dimension 2, the rows of a page, cut to
+            // the rows of the sequence's last page: the forward loads that page's boxes through this
+            // map, so rows past the sequence's last key (which may hold anything) read as 0
+            const long long ps = a.page_size;
+            const unsigned rows = (unsigned)(len < 1 ? 1 : len - (len - 1) / ps * ps);  // 1 .. page_size
+            asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 2, %1;" ::"r"(s), "r"(rows)
+                         : "memory");
+        } else {
+            const unsigned long long base = (unsigned long long)(a.base[which] + r0 * a.row_bytes[which]);
+            const unsigned rows = (unsigned)(len < 1 ? 1 : len > 0x7fffffff ? 0x7fffffff : len);  // dims >= 1
+            asm volatile("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;" ::"r"(s), "l"(base)
+                         : "memory");
+            asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 1, %1;" ::"r"(s), "r"(rows)
+                         : "memory");
+        }
     }
     __syncwarp();
     CUtensorMap *dst = a.tm + nm * b + which;
@@ -261,6 +273,81 @@ extern "C" cudaError_t spattn_bsa_launch_vl_prep(const CUtensorMap *tmpl, const 
     const long long maps = (long long)a->B * a->nmaps * 32, checks = 2 * ((long long)a->B + 2);
     const long long blocks = ((maps > checks ? maps : checks) + kPrepThreads - 1) / kPrepThreads;
     bsa_vl_prep_kernel<<<(unsigned)blocks, kPrepThreads, 0, st>>>(tmpl[0], tmpl[1], tmpl[2], tmpl[a->nmaps > 3 ? 3 : 0], *a);
+    return cudaGetLastError();
+}
+
+// ---- paged forward: the block table (spattn_bsa_launch_vl_table in bsa_launch.h) -----------------
+// One CTA per table row (grid-stride over rows; uniform per CTA, so the barriers are safe).  The
+// row's used slots are those of ceil(Skv_b / page_size) pages; capacity first (a row needing more
+// than max_pages slots is not read), then each slot's id range, then repeats: a bitmap of the
+// row's id range [lo, hi] in shared memory, kVlTabBits ids per round (one round unless the ids
+// spread over more than 2^18 pages); only when a repeat exists is the first repeating slot
+// searched (O(need^2), refused calls only), so the key names the slot the CPU names.  Lengths
+// from bad prefix sums give any row any verdict: the prefix-sum key is smaller and wins.
+constexpr int kVlTabBits = 8 * 32768;  // ids per round (32 KB of dynamic shared memory)
+constexpr int kVlTabThreads = 256;
+
+__global__ void __launch_bounds__(kVlTabThreads) bsa_vl_table_kernel(const bsa_vl_table_args a) {
+    extern __shared__ unsigned tab_bits[];
+    __shared__ int s_lo, s_hi;
+    const unsigned long long W = 2ull * (unsigned long long)a.max_pages + 3;
+    for (long long r = blockIdx.x; r < a.B; r += gridDim.x) {
+        const unsigned long long rk = BSA_VL_TAB_KEY + (unsigned long long)r * W;
+        const long long len = (long long)a.cu_kv[(r + 1) * a.st_kv] - a.cu_kv[r * a.st_kv];
+        const long long need = len > 0 ? (len + a.page_size - 1) / a.page_size : 0;
+        if (need > a.max_pages) {
+            if (threadIdx.x == 0) atomicMin(a.err, rk);
+            continue;
+        }
+        const int *row = a.table + r * a.tab_s0;
+        if (threadIdx.x == 0) {
+            s_lo = INT_MAX;
+            s_hi = -1;
+        }
+        __syncthreads();
+        for (long long j = threadIdx.x; j < need; j += blockDim.x) {
+            const int pg = row[j * a.tab_s1];
+            if (pg < 0 || pg >= a.num_pages) {
+                atomicMin(a.err, rk + (unsigned long long)(j + 1) * 2);
+            } else {
+                atomicMin(&s_lo, pg);
+                atomicMax(&s_hi, pg);
+            }
+        }
+        __syncthreads();
+        const long long lo = s_lo, hi = s_hi;
+        int dup = 0;
+        for (long long base = lo; base <= hi && !dup; base += kVlTabBits) {
+            for (int i = threadIdx.x; i < kVlTabBits / 32; i += blockDim.x) tab_bits[i] = 0u;
+            __syncthreads();
+            int mine = 0;
+            for (long long j = threadIdx.x; j < need; j += blockDim.x) {
+                const long long pg = row[j * a.tab_s1];
+                if (pg >= base && pg < base + kVlTabBits && pg <= hi) {  // in range: lo >= 0, hi < num_pages
+                    const unsigned off = (unsigned)(pg - base), m = 1u << (off & 31);
+                    if (atomicOr(&tab_bits[off >> 5], m) & m) mine = 1;
+                }
+            }
+            dup = __syncthreads_or(mine);
+        }
+        if (dup)
+            for (long long j = threadIdx.x; j < need; j += blockDim.x) {
+                const int pg = row[j * a.tab_s1];
+                if (pg < 0 || pg >= a.num_pages) continue;
+                for (long long j2 = 0; j2 < j; j2++)
+                    if (row[j2 * a.tab_s1] == pg) {
+                        atomicMin(a.err, rk + (unsigned long long)(j + 1) * 2 + 1);
+                        break;
+                    }
+            }
+        __syncthreads();  // s_lo, s_hi and the bitmap are reused by the next row
+    }
+}
+
+extern "C" cudaError_t spattn_bsa_launch_vl_table(const bsa_vl_table_args *a, cudaStream_t st) {
+    if (a->B <= 0) return cudaSuccess;
+    const long long g = a->B < 1024 ? a->B : 1024;
+    bsa_vl_table_kernel<<<(unsigned)g, kVlTabThreads, kVlTabBits / 8, st>>>(*a);
     return cudaGetLastError();
 }
 

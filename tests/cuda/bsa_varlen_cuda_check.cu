@@ -17,8 +17,18 @@
 //   * NaN in one sequence's k and v: its neighbours (which a TMA box reaches) stay exact;
 //   * bad prefix sums (non-monotone, a length past max_seqlen, past T, cu[0] != 0, both sides):
 //     SPATTN_STATUS_BAD_INDEX with the CPU's message, o / lse untouched;
-//   * caller workspace (unaligned base, exact size) on a caller stream; paged keys answer
-//     SPATTN_STATUS_NOT_SUPPORTED;
+//   * caller workspace (unaligned base, exact size) on a caller stream;
+//   * paged keys (case field `page`: k / v as pages [num_pages, page_size, Nkv, D] through a
+//     shuffled block table with 1-3 spare pages, garbage in every unused slot, NaN in every page
+//     row no sequence owns, optionally a padded page stride, sometimes a page shared by two
+//     sequences): the CUDA forward against the CPU's
+//     paged forward, and BITWISE against the CUDA packed forward on the same values (same kernel,
+//     same tiles: rows past a sequence's end read as 0 on both); page sizes 16 / 24 / 32 / 48 /
+//     64 / 80 / 128 / 256 (Hopper forward, slabs of 8..128 rows) and 5 / 12 (not multiples of 8:
+//     the reference kernel), fp32 / D 192 on the reference kernel; sequence-alone calls; NaN in
+//     one sequence's pages; bad tables (a page id = num_pages or -1, a page twice in a row, a row
+//     too short for its sequence, and a bad prefix sum beside a bad table) give the CPU's status
+//     and message with o / lse untouched; the paged backward answers NOT_SUPPORTED;
 //   * backward (every case; O / LSE from the CPU forward, dO NaN on rows past cu_q[B]): dQ, dK, dV
 //     against the CPU backward with the eco criterion (cases/README.md), in deterministic mode
 //     (5 runs bitwise equal) and fast mode; dQ rows past cu_q[B] and padding columns poison, dK /
@@ -78,6 +88,7 @@ struct Case {
     int pad;           // elements added to the row stride of q / k / v / o (8: TMA-able, 4: not)
     int use_ws;        // caller workspace (unaligned) + caller stream
     int longshort;     // sequence 0 has maxq queries, the others at most 40
+    int page = 0;      // > 0: k / v as pages of this many rows (the packed copy is the reference)
 };
 
 // A packed batch on the host and its device copies.
@@ -90,7 +101,77 @@ struct Batch {
     long long rsq, rskv;   // row strides (elements) of q / o and k / v
     std::vector<uint8_t> hq, hk, hv, hmask, hdo;
     void *dq = nullptr, *dk = nullptr, *dv = nullptr, *dm = nullptr, *dcq = nullptr, *dckv = nullptr, *ddo = nullptr;
+    // paged keys (c.page > 0): pages [np, page, Nkv, D] with page stride pgs (elements), table
+    // [B, maxp] (unused slots garbage), page rows no sequence owns NaN
+    int np = 0, maxp = 0;
+    long long pgs = 0;
+    std::vector<int32_t> tab;
+    std::vector<uint8_t> hkp, hvp;
+    void *dkp = nullptr, *dvp = nullptr;
 };
+
+// The pages of k / v from the packed rows hk / hv (row j of sequence b -> page tab[b][j / ps], row
+// j % ps); every other page row NaN.
+static void fill_pages(Batch &t, const std::vector<uint8_t> &hk, const std::vector<uint8_t> &hv) {
+    const Case &c = t.c;
+    const int ps = c.page, dt = c.dt;
+    const size_t n = (size_t)t.np * t.pgs;
+    t.hkp.assign(n * esz(dt), 0);
+    t.hvp.assign(n * esz(dt), 0);
+    for (size_t i = 0; i < n; i++) {
+        store_dt(t.hkp.data(), i, NAN, dt);
+        store_dt(t.hvp.data(), i, NAN, dt);
+    }
+    for (int b = 0; b < c.B; b++)
+        for (int j = 0; j < t.cukv[b + 1] - t.cukv[b]; j++) {
+            const size_t dst = (size_t)t.tab[(size_t)b * t.maxp + j / ps] * t.pgs + (size_t)(j % ps) * t.rskv;
+            const size_t src = (size_t)(t.cukv[b] + j) * t.rskv;
+            for (int x = 0; x < c.Nkv * c.D; x++) {
+                store_dt(t.hkp.data(), dst + x, load_dt(hk.data(), src + x, dt), dt);
+                store_dt(t.hvp.data(), dst + x, load_dt(hv.data(), src + x, dt), dt);
+            }
+        }
+}
+
+// A shuffled block table with 1-3 spare pages and garbage in the unused slots, and the pages.
+static void make_pages(Batch &t) {
+    const Case &c = t.c;
+    const int ps = c.page;
+    int need = 0;
+    t.maxp = (int)((t.maxkv + ps - 1) / ps) + irand(0, 2);
+    for (int b = 0; b < c.B; b++) need += (t.cukv[b + 1] - t.cukv[b] + ps - 1) / ps;
+    t.np = need + irand(1, 3);
+    std::vector<int32_t> perm(t.np);
+    for (int i = 0; i < t.np; i++) perm[i] = i;
+    for (int i = t.np - 1; i > 0; i--) std::swap(perm[i], perm[irand(0, i)]);
+    t.tab.assign((size_t)c.B * t.maxp, 0);
+    int next = 0;
+    for (int b = 0; b < c.B; b++) {
+        const int nb = (t.cukv[b + 1] - t.cukv[b] + ps - 1) / ps;
+        for (int j = 0; j < t.maxp; j++) {
+            const int g = irand(0, 4);  // unused slots: anything, never read
+            t.tab[(size_t)b * t.maxp + j] = j < nb ? perm[next++]
+                                            : g == 0 ? -1 : g == 1 ? t.np : g == 2 ? 0x7fffffff : g == 3 ? perm[0] : -12345;
+        }
+    }
+    // sometimes a shared prompt: a later sequence's first page is an earlier one's (same packed rows)
+    if (c.B >= 2 && irand(0, 1)) {
+        int b1 = -1, b2 = -1;
+        for (int b = 0; b < c.B && b2 < 0; b++)
+            if (t.cukv[b + 1] - t.cukv[b] >= ps) {
+                if (b1 < 0) b1 = b;
+                else b2 = b;
+            }
+        if (b2 >= 0) {
+            const size_t rb = (size_t)t.rskv * esz(c.dt);
+            memcpy(&t.hk[(size_t)t.cukv[b2] * rb], &t.hk[(size_t)t.cukv[b1] * rb], ps * rb);
+            memcpy(&t.hv[(size_t)t.cukv[b2] * rb], &t.hv[(size_t)t.cukv[b1] * rb], ps * rb);
+            t.tab[(size_t)b2 * t.maxp] = t.tab[(size_t)b1 * t.maxp];  // b2's own first page: unused (NaN)
+        }
+    }
+    t.pgs = (long long)ps * t.rskv + (irand(0, 2) == 0 ? 64 : 0);  // sometimes a padded page stride
+    fill_pages(t, t.hk, t.hv);
+}
 
 static void lengths(int B, int maxl, std::vector<int32_t> &cu, int force_max) {
     cu.assign(B + 1, 0);
@@ -144,6 +225,7 @@ static void make_batch(const Case &c, Batch &t) {
     for (int r = 0; r < t.Tq; r++)
         for (int x = 0; x < c.N * c.D; x++)
             store_dt(t.hdo.data(), (size_t)r * t.rsq + x, r >= t.cuq[c.B] ? NAN : (float)nrand(), c.dt);
+    if (c.page) make_pages(t);
     t.hmask.assign((size_t)c.B * c.N * t.nbx * t.nby, 0);
     for (int b = 0; b < c.B; b++) {
         const long long sq = t.cuq[b + 1] - t.cuq[b], skv = t.cukv[b + 1] - t.cukv[b], off = skv - sq;
@@ -172,9 +254,17 @@ static void make_batch(const Case &c, Batch &t) {
     CK(cudaMemcpy(t.dm, t.hmask.data(), t.hmask.size(), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(t.dcq, t.cuq.data(), (c.B + 1) * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(t.dckv, t.cukv.data(), (c.B + 1) * 4, cudaMemcpyHostToDevice));
+    if (c.page) {
+        CK(cudaMalloc(&t.dkp, t.hkp.size() + 256));
+        CK(cudaMalloc(&t.dvp, t.hvp.size() + 256));
+        CK(cudaMemcpy(t.dkp, t.hkp.data(), t.hkp.size(), cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(t.dvp, t.hvp.data(), t.hvp.size(), cudaMemcpyHostToDevice));
+    }
 }
 static void free_batch(Batch &t) {
     if (g_cpu_only) return;
+    cudaFree(t.dkp);
+    cudaFree(t.dvp);
     cudaFree(t.dq);
     cudaFree(t.dk);
     cudaFree(t.dv);
@@ -202,8 +292,10 @@ struct Out {
 
 // One spattn_bsa_fwd_varlen call.  q / o start at row `row0` of their buffers with Tq - row0 rows
 // and the prefix sums cq / ckv (host vectors copied to the device for dev calls).  dev: CUDA.
+// tab: paged keys (the batch's pages) through this table of `maxp` columns (row stride t.maxp).
 static Out run(const Batch &t, bool dev, const std::vector<int32_t> &cq, const std::vector<int32_t> &ckv,
-               long long maxq, long long maxkv, int row0 = 0, bool with_lse = true) {
+               long long maxq, long long maxkv, int row0 = 0, bool with_lse = true,
+               const std::vector<int32_t> *tab = nullptr, int maxp = 0) {
     const Case &c = t.c;
     const size_t es = esz(c.dt);
     const int Tq = t.Tq - row0;
@@ -214,7 +306,16 @@ static Out run(const Batch &t, bool dev, const std::vector<int32_t> &cq, const s
     void *q = dev ? t.dq : (void *)t.hq.data(), *k = dev ? t.dk : (void *)t.hk.data();
     void *v = dev ? t.dv : (void *)t.hv.data(), *m = dev ? t.dm : (void *)t.hmask.data();
     void *o = r.o.data(), *l = r.lse.data(), *cuq = (void *)cq.data(), *cukv = (void *)ckv.data();
+    void *dtab = tab ? (void *)tab->data() : nullptr;
+    if (tab) {
+        k = dev ? t.dkp : (void *)t.hkp.data();
+        v = dev ? t.dvp : (void *)t.hvp.data();
+    }
     if (dev) {
+        if (tab) {
+            CK(cudaMalloc(&dtab, tab->size() * 4));
+            CK(cudaMemcpy(dtab, tab->data(), tab->size() * 4, cudaMemcpyHostToDevice));
+        }
         CK(cudaMalloc(&o, r.o.size()));
         CK(cudaMalloc(&l, r.lse.size()));
         CK(cudaMemcpy(o, r.o.data(), r.o.size(), cudaMemcpyHostToDevice));
@@ -229,6 +330,13 @@ static Out run(const Batch &t, bool dev, const std::vector<int32_t> &cq, const s
     const int64_t shm[4] = {c.B, c.N, t.nbx, t.nby}, shl[2] = {Tq, c.N}, shc[1] = {(int64_t)cq.size()};
     spattn_tensor tq = mk((char *)q + (size_t)row0 * t.rsq * es, c.dt, 3, shq, stq, dev);
     spattn_tensor tk = mk(k, c.dt, 3, shk, stk, dev), tv = mk(v, c.dt, 3, shk, stk, dev);
+    const int64_t shp[4] = {t.np, c.page, c.Nkv, c.D}, stp[4] = {t.pgs, t.rskv, c.D, 1};
+    const int64_t sht[2] = {c.B, maxp}, stt[2] = {t.maxp, 1};
+    spattn_tensor tt = mk(dtab, SPATTN_DTYPE_I32, 2, sht, stt, dev);
+    if (tab) {
+        tk = mk(k, c.dt, 4, shp, stp, dev);
+        tv = mk(v, c.dt, 4, shp, stp, dev);
+    }
     spattn_tensor tm = mk(m, SPATTN_DTYPE_U8, 4, shm, NULL, dev);
     spattn_tensor to = mk((char *)o + (size_t)row0 * t.rsq * es, c.dt, 3, shq, stq, dev);
     spattn_tensor tl = mk((float *)l + (size_t)row0 * c.N, SPATTN_DTYPE_F32, 2, shl, NULL, dev);
@@ -239,6 +347,7 @@ static Out run(const Batch &t, bool dev, const std::vector<int32_t> &cq, const s
     vl.cu_seqlens_kv = &tckv;
     vl.max_seqlen_q = maxq;
     vl.max_seqlen_kv = maxkv;
+    if (tab) vl.block_table = &tt;
     spattn_options opt;
     spattn_options_init(&opt);
     void *ws = nullptr;
@@ -265,6 +374,7 @@ static Out run(const Batch &t, bool dev, const std::vector<int32_t> &cq, const s
         cudaFree(l);
         cudaFree(cuq);
         cudaFree(cukv);
+        if (tab) cudaFree(dtab);
         if (ws) cudaFree(ws);
         if (stream) cudaStreamDestroy(stream);
     }
@@ -331,9 +441,12 @@ static std::string compare(const Batch &t, const Out &g, const Out &cpu, int r0,
 static std::string ctx_of(const Batch &t) {
     const Case &c = t.c;
     char buf[512];
-    int n = snprintf(buf, sizeof buf, "B=%d N=%d Nkv=%d D=%d bx=%d by=%d %s %s pad=%d ws=%d maxq=%lld maxkv=%lld cu_q=",
+    int n = snprintf(buf, sizeof buf, "B=%d N=%d Nkv=%d D=%d bx=%d by=%d %s %s pad=%d ws=%d maxq=%lld maxkv=%lld ",
                      c.B, c.N, c.Nkv, c.D, c.bx, c.by, dtn(c.dt), c.causal ? "causal" : "random", c.pad, c.use_ws,
                      t.maxq, t.maxkv);
+    if (c.page)
+        n += snprintf(buf + n, sizeof buf - n, "page=%d np=%d maxp=%d pgs=%lld ", c.page, t.np, t.maxp, t.pgs);
+    n += snprintf(buf + n, sizeof buf - n, "cu_q=");
     for (int b = 0; b <= c.B && n < 400; b++) n += snprintf(buf + n, sizeof buf - n, "%d%s", t.cuq[b], b < c.B ? "," : "");
     n += snprintf(buf + n, sizeof buf - n, " cu_kv=");
     for (int b = 0; b <= c.B && n < 480; b++) n += snprintf(buf + n, sizeof buf - n, "%d%s", t.cukv[b], b < c.B ? "," : "");
@@ -583,6 +696,152 @@ static void run_case(const Case &c, bool quick) {
     free_batch(t);
 }
 
+// The Hopper forward's shapes (fp16 / bf16, D <= 128, TMA-readable rows); paged besides: a page
+// size that is a multiple of 8.  Elsewhere the reference kernel runs.
+static bool hopper_shape(const Case &c) { return c.dt != SPATTN_DTYPE_F32 && c.D <= 128 && c.pad % 8 == 0; }
+
+// A paged batch: CUDA against the CPU's paged forward, and against the CUDA packed forward on the
+// same values (bitwise when both take the same kernel); sequence-alone calls; NaN in one
+// sequence's pages.  The backward stays packed-only on CUDA (unsupported_forms).
+static void run_case_paged(const Case &c, bool quick) {
+    Batch t;
+    make_batch(c, t);
+    const std::string ctx = ctx_of(t);
+    const int end = t.cuq[c.B];
+    Out cpu = run(t, false, t.cuq, t.cukv, t.maxq, t.maxkv, 0, true, &t.tab, t.maxp);
+    check(cpu.st == SPATTN_STATUS_SUCCESS, "cpu paged call", ctx + " " + cpu.msg);
+    Out g = run(t, true, t.cuq, t.cukv, t.maxq, t.maxkv, 0, true, &t.tab, t.maxp);
+    check(g.st == SPATTN_STATUS_SUCCESS, "cuda paged call", ctx + " " + g.msg);
+    if (g.st == SPATTN_STATUS_SUCCESS && cpu.st == SPATTN_STATUS_SUCCESS) {
+        std::string d = compare(t, g, cpu, 0, end, true);
+        check(d.empty(), "paged batch vs cpu", ctx + ": " + d);
+        Out gp = run(t, true, t.cuq, t.cukv, t.maxq, t.maxkv);  // packed keys, same values
+        const bool same_kernel = c.page % 8 == 0 || !hopper_shape(c);
+        if (gp.st != SPATTN_STATUS_SUCCESS) d = "packed call: " + gp.msg;
+        else if (same_kernel) d = gp.o == g.o && gp.lse == g.lse ? "" : "bits differ: " + compare(t, g, gp, 0, end, true);
+        else d = compare(t, g, gp, 0, end, true);
+        check(d.empty(), same_kernel ? "paged = packed (cuda), bitwise" : "paged (reference) vs packed (Hopper)",
+              ctx + ": " + d);
+        Out g2 = run(t, true, t.cuq, t.cukv, t.maxq, t.maxkv, 0, false, &t.tab, t.maxp);
+        check(g2.st == SPATTN_STATUS_SUCCESS && g2.o == g.o && poison_bytes(g2.lse.data(), g2.lse.size()),
+              "paged, no lse: same o bits, lse untouched", ctx);
+    }
+    for (int pick = 0; pick < (quick ? 1 : 3) && g.st == SPATTN_STATUS_SUCCESS; pick++) {
+        const int s = irand(0, c.B - 1);
+        const int q0 = t.cuq[s], lq = t.cuq[s + 1] - q0;
+        std::vector<int32_t> cq(c.B + 1, 0);
+        for (int b = 0; b < c.B; b++) cq[b + 1] = cq[b] + (b == s ? lq : 0);
+        Out one = run(t, true, cq, t.cukv, t.maxq, t.maxkv, q0, true, &t.tab, t.maxp);
+        char w[96];
+        snprintf(w, sizeof w, "paged: sequence %d alone (rows [%d, %d))", s, q0, q0 + lq);
+        bool ok = one.st == SPATTN_STATUS_SUCCESS;
+        std::string d = ok ? compare(t, one, g, q0, q0 + lq, true) : one.msg;
+        const size_t es = esz(c.dt), ob = (size_t)t.rsq * es;
+        if (ok && d.empty() && memcmp(&one.o[q0 * ob], &g.o[q0 * ob], lq * ob) != 0) d = "o rows differ in bits";
+        if (ok && d.empty() && memcmp(&one.lse[(size_t)q0 * c.N * 4], &g.lse[(size_t)q0 * c.N * 4], (size_t)lq * c.N * 4))
+            d = "lse rows differ in bits";
+        check(ok && d.empty(), w, ctx + ": " + d);
+    }
+    if (!quick && c.B > 1) {  // NaN in one sequence's pages: the others must not see it
+        const int s = irand(0, c.B - 1);
+        if (t.cukv[s + 1] > t.cukv[s]) {
+            Batch u = t;  // host copies; the device pages are shared, restored below
+            for (int r = t.cukv[s]; r < t.cukv[s + 1]; r++)
+                for (int x = 0; x < c.Nkv * c.D; x++) {
+                    store_dt(u.hk.data(), (size_t)r * t.rskv + x, NAN, c.dt);
+                    store_dt(u.hv.data(), (size_t)r * t.rskv + x, NAN, c.dt);
+                }
+            fill_pages(u, u.hk, u.hv);
+            if (!g_cpu_only) {
+                CK(cudaMemcpy(t.dkp, u.hkp.data(), u.hkp.size(), cudaMemcpyHostToDevice));
+                CK(cudaMemcpy(t.dvp, u.hvp.data(), u.hvp.size(), cudaMemcpyHostToDevice));
+            }
+            Out cn = run(u, false, t.cuq, t.cukv, t.maxq, t.maxkv, 0, true, &t.tab, t.maxp);
+            Out gn = run(u, true, t.cuq, t.cukv, t.maxq, t.maxkv, 0, true, &t.tab, t.maxp);
+            std::string d = gn.st == SPATTN_STATUS_SUCCESS
+                                ? compare(t, gn, cn, 0, end, true, t.cuq[s], t.cuq[s + 1])
+                                : gn.msg;
+            char w[64];
+            snprintf(w, sizeof w, "paged: NaN pages of sequence %d only", s);
+            check(gn.st == SPATTN_STATUS_SUCCESS && d.empty(), w, ctx + ": " + d);
+            if (!g_cpu_only) {
+                CK(cudaMemcpy(t.dkp, t.hkp.data(), t.hkp.size(), cudaMemcpyHostToDevice));
+                CK(cudaMemcpy(t.dvp, t.hvp.data(), t.hvp.size(), cudaMemcpyHostToDevice));
+            }
+        }
+    }
+    printf("  %-4s %s\n", g_fail ? "..." : "ok", ctx.c_str());
+    free_batch(t);
+}
+
+// Bad block tables (and a bad prefix sum beside one): the CUDA paged forward answers as the CPU
+// (status and message) and writes nothing; a good call afterwards passes.
+static void bad_tables() {
+    for (int fast = 0; fast < 2; fast++) {
+        //       B  N Nkv  D  bx  by  dt                                             maxq maxkv kv causal dens pad ws ls page
+        Case c = {5, 2, 1, 64, 64, 64, fast ? SPATTN_DTYPE_F16 : SPATTN_DTYPE_F32, 100, 100, 1, 0, 0.5, 0, 0, 1, 16};
+        Batch t;
+        make_batch(c, t);  // long-short, kv = q: sequence 0 has 100 keys (7 pages), the others <= 40
+        const int B = c.B, r = 0, mp = t.maxp;
+        int first = -1, last = -1;  // the first and last rows with pages
+        for (int b = 0; b < B; b++)
+            if (t.cukv[b + 1] > t.cukv[b]) {
+                if (first < 0) first = b;
+                last = b;
+            }
+        auto slot = [&](std::vector<int32_t> &tb, int b, int j) -> int32_t & { return tb[(size_t)b * mp + j]; };
+        struct Bad {
+            std::string what;
+            std::vector<int32_t> tab, cq;
+            int maxp;
+        };
+        std::vector<Bad> bads;
+        auto add = [&](const std::string &w) { bads.push_back({w, t.tab, t.cuq, mp}); return &bads.back(); };
+        slot(add("page id = num_pages")->tab, r, 1) = t.np;
+        slot(add("page id -1")->tab, r, 0) = -1;
+        {
+            Bad *b = add("a page twice in a row");
+            slot(b->tab, r, 3) = slot(b->tab, r, 1);
+        }
+        {
+            Bad *b = add("a repeat at slot 2 before an id out of range at slot 4");
+            slot(b->tab, r, 2) = slot(b->tab, r, 0);
+            slot(b->tab, r, 4) = t.np + 7;
+        }
+        {
+            Bad *b = add("an id out of range at slot 1 before a repeat at slot 5");
+            slot(b->tab, r, 5) = slot(b->tab, r, 0);
+            slot(b->tab, r, 1) = -3;
+        }
+        if (first >= 0 && last > first) {
+            Bad *b = add("bad ids in two rows (the first row's named)");
+            slot(b->tab, last, 0) = t.np;
+            slot(b->tab, first, 0) = -1;
+        }
+        add("a row too short for its sequence (max_pages 6 < 7 pages)")->maxp = (100 + 15) / 16 - 1;
+        {
+            Bad *b = add("cu_seqlens_q[0] != 0 beside a bad page id (the prefix sum named)");
+            slot(b->tab, r, 1) = t.np;
+            b->cq[0] = 1;
+        }
+        for (const Bad &b : bads) {
+            Out cpu = run(t, false, b.cq, t.cukv, t.maxq, t.maxkv, 0, true, &b.tab, b.maxp);
+            Out g = run(t, true, b.cq, t.cukv, t.maxq, t.maxkv, 0, true, &b.tab, b.maxp);
+            const std::string ctx = b.what + (fast ? " (Hopper)" : " (reference)") + ": cpu \"" + cpu.msg +
+                                    "\" cuda \"" + g.msg + "\"";
+            check(cpu.st == SPATTN_STATUS_BAD_INDEX, "cpu refuses the table", ctx);
+            check(g.st == cpu.st && g.msg == cpu.msg, "cuda paged: same status and message as the cpu", ctx);
+            check(poison_bytes(g.o.data(), g.o.size()) && poison_bytes(g.lse.data(), g.lse.size()),
+                  "cuda paged: o and lse untouched", ctx);
+        }
+        Out cpu = run(t, false, t.cuq, t.cukv, t.maxq, t.maxkv, 0, true, &t.tab, t.maxp);
+        Out g = run(t, true, t.cuq, t.cukv, t.maxq, t.maxkv, 0, true, &t.tab, t.maxp);
+        check(g.st == SPATTN_STATUS_SUCCESS && compare(t, g, cpu, 0, t.cuq[B], true).empty(),
+              "paged: good call after bad tables", ctx_of(t) + " " + g.msg);
+        free_batch(t);
+    }
+}
+
 // Bad prefix sums: the CUDA call must answer as the CPU does (status and message) and write nothing.
 static void bad_prefix_sums() {
     Case c = {4, 2, 1, 64, 64, 64, SPATTN_DTYPE_F16, 100, 100, 0, 0, 0.5, 0, 0, 0};
@@ -641,7 +900,7 @@ static void bad_prefix_sums() {
     }
 }
 
-// The forms CUDA does not run yet answer NOT_SUPPORTED before touching anything.
+// The forms CUDA does not run yet (the paged backward) answer NOT_SUPPORTED before touching anything.
 static void unsupported_forms() {
     const int B = 2, N = 2, D = 64, T = 16;
     void *q, *o, *cu, *tab, *m, *g[3];
@@ -676,8 +935,9 @@ static void unsupported_forms() {
     for (int i = 0; i < 2; i++) tgp[i] = mk(g[i + 1], SPATTN_DTYPE_F16, 4, shp, NULL, true);
     spattn_status s = spattn_bsa_bwd_varlen(&tq, &tp, &tp, &to, &tq, &tl, &tm, 64, 64, 0.0, &vl, &tg[0], &tgp[0], &tgp[1], NULL);
     check(s == SPATTN_STATUS_NOT_SUPPORTED, "cuda paged backward: NOT_SUPPORTED", spattn_last_error());
-    s = spattn_bsa_fwd_varlen(&tq, &tp, &tp, &tm, 64, 64, 0.0, &vl, &to, &tl, NULL);
-    check(s == SPATTN_STATUS_NOT_SUPPORTED, "cuda paged forward: NOT_SUPPORTED", spattn_last_error());
+    size_t wsb = 1;
+    s = spattn_bsa_varlen_workspace_size(&tq, &tp, &tp, &tm, 64, 64, &vl, 1, NULL, &wsb);
+    check(s == SPATTN_STATUS_NOT_SUPPORTED, "cuda paged backward workspace query: NOT_SUPPORTED", spattn_last_error());
     cudaFree(q);
     cudaFree(o);
     cudaFree(cu);
@@ -704,6 +964,28 @@ int main(int argc, char **argv) {
     //             B  N Nkv   D   bx   by  dt   maxq maxkv kv causal dens pad ws
     v.push_back({3, 2, 1, 64, 64, 64, F16, 150, 150, 1, 1, 0.5, 0, 0, 0});
     v.push_back({5, 4, 2, 128, 48, 48, BF, 200, 260, 0, 0, 0.5, 8, 1, 0});
+    // paged keys (last field: page size)
+    std::vector<Case> pv;
+    pv.push_back({3, 2, 1, 64, 64, 64, F16, 150, 150, 1, 1, 0.5, 0, 0, 0, 16});     // chunks 64, slabs 16
+    pv.push_back({5, 4, 2, 128, 48, 48, BF, 200, 260, 0, 0, 0.5, 8, 1, 0, 48});    // chunks 128, slabs 16
+    pv.push_back({3, 2, 1, 64, 16, 32, F16, 60, 70, 0, 0, 0.6, 0, 0, 0, 12});      // page 12: reference
+    if (!quick) {
+        pv.push_back({6, 2, 1, 64, 128, 128, BF, 260, 400, 0, 0, 0.6, 0, 1, 0, 32});  // chunks 128, slabs 32
+        pv.push_back({4, 4, 4, 128, 16, 16, F16, 200, 200, 2, 1, 0.5, 8, 0, 0, 64});  // chunks 16, slabs 16
+        pv.push_back({3, 2, 1, 64, 48, 48, BF, 300, 500, 0, 0, 0.5, 0, 0, 0, 128});   // chunks 128, slabs 128
+        pv.push_back({4, 3, 1, 128, 64, 32, F16, 300, 700, 0, 1, 0.5, 0, 1, 0, 256}); // chunks 32, pages 256
+        pv.push_back({5, 4, 2, 64, 32, 80, BF, 200, 300, 1, 1, 0.5, 0, 0, 0, 48});    // by 80, page 48
+        pv.push_back({4, 2, 2, 128, 7, 48, F16, 150, 260, 0, 0, 0.4, 8, 0, 0, 80});   // per-token mask, page 80
+        pv.push_back({4, 2, 1, 64, 64, 64, F16, 150, 200, 0, 1, 0.5, 0, 0, 0, 24});   // page 24: slabs of 8
+        pv.push_back({3, 2, 1, 64, 16, 32, F16, 90, 90, 1, 1, 0.6, 0, 0, 0, 5});      // page 5: reference
+        pv.push_back({3, 2, 1, 64, 16, 32, F32, 90, 90, 1, 1, 0.6, 0, 1, 0, 16});     // fp32: reference
+        pv.push_back({3, 2, 1, 192, 16, 16, F16, 70, 90, 0, 0, 0.6, 0, 0, 0, 32});    // D 192: reference
+        pv.push_back({3, 2, 1, 64, 64, 64, F16, 90, 90, 1, 1, 0.6, 4, 0, 0, 16});     // rows TMA cannot read
+        pv.push_back({40, 2, 1, 64, 16, 32, F16, 30, 30, 1, 1, 0.5, 0, 0, 0, 16});    // many short sequences
+        pv.push_back({2, 2, 1, 128, 128, 128, BF, 2000, 2000, 1, 1, 0.5, 0, 0, 0, 64}); // long sequences
+        pv.push_back({9, 4, 2, 128, 64, 64, BF, 700, 700, 1, 1, 0.5, 0, 1, 1, 32});   // one long among short
+        pv.push_back({3, 2, 1, 64, 1000, 1000, F16, 700, 700, 0, 0, 1.0, 0, 0, 0, 16}); // blocks > every sequence
+    }
     if (!quick) {
         v.push_back({8, 4, 1, 128, 128, 128, F16, 300, 300, 2, 1, 0.5, 0, 0, 0});  // cached prefix, causal
         v.push_back({17, 2, 2, 64, 16, 16, BF, 90, 90, 0, 0, 0.3, 0, 0, 0});      // 16-key chunks
@@ -742,11 +1024,33 @@ int main(int argc, char **argv) {
             r.use_ws = urand() < 0.3;
             v.push_back(r);
         }
+        const int pages[] = {16, 24, 32, 48, 64, 80, 128, 256, 5, 12};
+        for (int i = 0; i < 12; i++) {
+            Case r = {};
+            r.B = irand(1, 12);
+            r.Nkv = irand(1, 2);
+            r.N = r.Nkv * irand(1, 3);
+            r.D = urand() < 0.5 ? 64 : 128;
+            r.bx = blocks[irand(0, 7)];
+            r.by = blocks[irand(0, 7)];
+            r.dt = urand() < 0.5 ? F16 : BF;
+            r.maxq = irand(1, 400);
+            r.maxkv = irand(1, 400);
+            r.kvmode = irand(0, 2);
+            r.causal = irand(0, 1);
+            r.density = urand();
+            r.pad = urand() < 0.25 ? 8 : 0;
+            r.use_ws = urand() < 0.3;
+            r.page = pages[irand(0, 9)];
+            pv.push_back(r);
+        }
     } else {
         g_rng = 0x5eed;
     }
     for (const Case &c : v) run_case(c, quick);
+    for (const Case &c : pv) run_case_paged(c, quick);
     bad_prefix_sums();
+    bad_tables();
     if (!g_cpu_only) unsupported_forms();
     printf("bsa_varlen_cuda_check: %d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
