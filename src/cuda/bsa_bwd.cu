@@ -236,11 +236,19 @@ __global__ void __launch_bounds__(384, 1)
                         asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(sp) : "memory");
                     } while (v != rank);
                 }
-                // the tile's NH halves are contiguous in the buffer and in the accumulator: one add
-                asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
-                                 dqacc + at * NH * (long long)(BM * 64)),
-                             "r"(hop::smem_u32(sDQ + buf * NH * BM * 64)), "r"(NH * BM * 64 * 4)
-                             : "memory");
+                // the tile's NH halves are contiguous in the buffer and in the accumulator: one add.
+                // det: the first in the order (rank 0) stores instead, so the accumulator needs no
+                // zeroing (the postprocess writes 0 for query tiles nothing reaches)
+                float *dst = dqacc + at * NH * (long long)(BM * 64);
+                const uint32_t src = hop::smem_u32(sDQ + buf * NH * BM * 64);
+                if (det && rank == 0)
+                    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+                                 "r"(NH * BM * 64 * 4)
+                                 : "memory");
+                else
+                    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+                                 "r"(src), "r"(NH * BM * 64 * 4)
+                                 : "memory");
                 asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
                 asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the buffer is read
                 hop::mbar_arrive(dqempty + buf);
@@ -460,14 +468,15 @@ __global__ void __launch_bounds__(384, 1)
 
 // Row r, columns [c, c + 8) of a 64 x 64 accumulator half (c a multiple of 8), scaled, to 8
 // elements of the dq row `dst` (columns c + k < D; stride s3): four float2 at dq_frag_off(r, c +
-// 2 k), one 16-byte store when the row is contiguous and aligned.
+// 2 k), one 16-byte store when the row is contiguous and aligned.  none: no key tile reaches the
+// query tile (its accumulator was never written: det does not zero it), the row is 0.
 template <typename T>
-__device__ __forceinline__ void dq_store8(const float *half, int r, int c, float scale, T *dst, long long s3, int D) {
+__device__ __forceinline__ void dq_store8(const float *half, int r, int c, float scale, T *dst, long long s3, int D, bool none) {
     const float *src = half + dq_frag_off(r, c);
     float v[8];
 #pragma unroll
     for (int k = 0; k < 4; k++) {
-        const float2 x = *reinterpret_cast<const float2 *>(src + 4 * k);
+        const float2 x = none ? make_float2(0.f, 0.f) : *reinterpret_cast<const float2 *>(src + 4 * k);
         v[2 * k] = x.x * scale;
         v[2 * k + 1] = x.y * scale;
     }
@@ -495,9 +504,10 @@ template <int DP, typename T> __global__ void bsa_dq_post_kernel(const bsa_param
     for (long long x = blockIdx.x * (long long)(blockDim.x / CPR) + threadIdx.x / CPR; x < rows; x += rstep) {
         const long long bn = x / p.Sq;
         const int i = (int)(x - bn * p.Sq), b = (int)(bn / p.N), n = (int)(bn - (long long)b * p.N);
-        const float *half = acc + ((bn * p.nqt + (i >> 6)) * NH + h) * (BM * 64);
+        const long long tile = bn * p.nqt + (i >> 6);
+        const float *half = acc + (tile * NH + h) * (BM * 64);
         T *dst = reinterpret_cast<T *>(p.dq.p) + (long long)b * p.dq.s0 + (long long)n * p.dq.s1 + (long long)i * p.dq.s2;
-        dq_store8<T>(half, i & 63, c, p.scale, dst + (long long)h * 64 * p.dq.s3, p.dq.s3, p.D - h * 64);
+        dq_store8<T>(half, i & 63, c, p.scale, dst + (long long)h * 64 * p.dq.s3, p.dq.s3, p.D - h * 64, p.sq.cnt[tile] == 0);
     }
 }
 
@@ -526,8 +536,9 @@ template <int DP, typename T> __global__ void bsa_vl_post_kernel(const bsa_param
             const long long q0 = p.vl.seq[lo].x, i = t - q0;  // i < Sq_lo: t < cu_q[lo + 1]
             const long long at = (long long)n * p.vl.ntile + bsa_vl_qtile(q0, lo, (int)(i / BM));
             T *dst = reinterpret_cast<T *>(p.dq.p) + (long long)n * p.dq.s1 + t * p.dq.s2;
+            const long long tile = ((long long)lo * p.N + n) * p.nqt + i / BM;  // the q-major list row
             dq_store8<T>(acc + (at * NH + h) * (BM * 64), (int)(i % BM), c, p.scale, dst + (long long)h * 64 * p.dq.s3, p.dq.s3,
-                         p.D - h * 64);
+                         p.D - h * 64, p.sq.cnt[tile] == 0);
         }
     for (long long x = blockIdx.x * (long long)blockDim.x + threadIdx.x; x < nk; x += step) {
         const int d = (int)(x % p.D);

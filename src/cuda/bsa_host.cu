@@ -289,8 +289,12 @@ static spattn_status bwd90_run(const spattn_bsa_problem *pb, const spattn_exec *
     int *kcnt = reinterpret_cast<int *>(ws.base + L.off[4]), *klist = reinterpret_cast<int *>(ws.base + L.off[5]);
     float *acc = reinterpret_cast<float *>(ws.base + L.off[6]);
     int *sem = reinterpret_cast<int *>(ws.base + L.off[7]);
+    // zeroed by the Delta kernel: the semaphores, and the dQ accumulator unless deterministic (there
+    // the first add of each query tile is a store)
     const size_t zb = (size_t)(reinterpret_cast<char *>(sem) - reinterpret_cast<char *>(acc)) + spattn_bsa_bwd90_sem_bytes(&p, dp);
-    if ((e = spattn_bsa_launch_delta(&p, bf16, delta, lse2, acc, zb, st)) != cudaSuccess) return fail(e, "delta kernel");
+    void *z0 = ex->deterministic ? static_cast<void *>(sem) : static_cast<void *>(acc);
+    const size_t zn = ((ex->deterministic ? spattn_bsa_bwd90_sem_bytes(&p, dp) : zb) + 15) & ~(size_t)15;  // slot padding
+    if ((e = spattn_bsa_launch_delta(&p, bf16, delta, lse2, z0, zn, st)) != cudaSuccess) return fail(e, "delta kernel");
     p.lse2 = lse2;
     p.delta = delta;
     p.nqt = (p.Sq + 63) / 64;
@@ -730,8 +734,12 @@ extern "C" spattn_status spattn_cuda_bsa_bwd_varlen(const spattn_bsa_problem *pb
     p.vl.Tq = sq->Tq;
     p.vl.Tkv = sq->Tkv;
     p.vl.ntile = vl_ntile(vp);
+    // zeroed by the Delta kernel: the semaphores, and the dQ accumulator unless deterministic (there
+    // the first add of each query tile is a store)
     const size_t zb = (size_t)(reinterpret_cast<char *>(sem) - reinterpret_cast<char *>(acc)) + spattn_bsa_bwd90_sem_bytes(&p, dp);
-    if ((e = spattn_bsa_launch_delta(&p, bf16, delta, lse2, acc, zb, st)) != cudaSuccess) return fail(e, "delta kernel");
+    void *z0 = ex->deterministic ? static_cast<void *>(sem) : static_cast<void *>(acc);
+    const size_t zn = ((ex->deterministic ? spattn_bsa_bwd90_sem_bytes(&p, dp) : zb) + 15) & ~(size_t)15;  // slot padding
+    if ((e = spattn_bsa_launch_delta(&p, bf16, delta, lse2, z0, zn, st)) != cudaSuccess) return fail(e, "delta kernel");
     p.lse2 = lse2;
     p.delta = delta;
     p.nqt = (int)nqt;
