@@ -36,6 +36,7 @@
 
 #include "bsa_common.cuh"
 #include "bsa_launch.h"
+#include "bsa_tiles.h"
 #include "hopper/hopper.cuh"
 
 namespace {
@@ -56,7 +57,7 @@ template <int DP> struct BwdCfg {
     static_assert(SMEM <= 232448, "fits in 227 KB");
 };
 
-enum { NB_DS = 1, NB_DSE = 2 };
+enum { NB_DS = 1, NB_DSE = 2, NB_KV = 3 };
 
 // Position of element (row r, column col) of a 64 x 64 fp32 dQ half in the staging buffer and
 // the accumulator: the wgmma accumulator fragment order, so that each consumer thread stores its
@@ -78,7 +79,7 @@ template <int DP, typename T, bool VL>
 __global__ void __launch_bounds__(384, 1)
     bsa_bwd90_kernel(const bsa_params p, const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
                      const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv, float *dqacc,
-                     int *sem, int det) {
+                     int *sem, int det, const bsa_split sp) {
     using C = BwdCfg<DP>;
     constexpr int NBOX = C::NBOX, NH = C::NH;
     extern __shared__ unsigned char smem_raw[];
@@ -92,9 +93,11 @@ __global__ void __launch_bounds__(384, 1)
     uint64_t *dqfull = fullLD + ST, *dqempty = dqfull + 2;  // the two dQ staging buffers
 
     const int nkt = (p.Skv + BN - 1) / BN, nqt = p.nqt;
-    // blocks: key tile fastest, descending (see the header); row = (b * Nkv + hk) * nkt + nt
-    const int nt = nkt - 1 - (int)(blockIdx.x % nkt);
-    const long long bh = blockIdx.x / nkt, row = bh * nkt + nt;
+    // blocks: chunk fastest, then key tile descending (see the header); row = (b * Nkv + hk) * nkt + nt
+    const int ck = (int)(blockIdx.x % sp.splits);
+    const long long bx = blockIdx.x / sp.splits;
+    const int nt = nkt - 1 - (int)(bx % nkt);
+    const long long bh = bx / nkt, row = bh * nkt + nt;
     const int hk = (int)(bh % p.Nkv), b = (int)(bh / p.Nkv);
     // VL: sequence b's lengths, rows and maps; tensors are [1, H, T, D] views (batch index 0),
     // the mask keeps b
@@ -117,8 +120,23 @@ __global__ void __launch_bounds__(384, 1)
     // the query / key counts of the edge tests (dense: read from p at each use, as before VL)
     const auto Sq = [&]() { return bsa_len<VL>(vSq, p.Sq); };
     const auto Skv = [&]() { return bsa_len<VL>(vSkv, p.Skv); };
-    const int cnt = p.sk.cnt[row];
-    const int *lst = p.sk.list + row * (long long)p.sk.stride;
+    // a list longer than sp.chunk and more than twice as long as the shortest of the key tiles
+    // within 2 of it (a global key column, not a causal or banded mask's gradual slope, nor a
+    // random or dense mask's uniform rows) is split: chunk ck takes entries [ck chunk, (ck + 1)
+    // chunk).  Splitting every long list costs the deterministic mode: the chunk of a causal key
+    // tile 0 that holds the last query tiles waits for every other key tile's add there (measured
+    // on the H200: causal s8192 1.11 -> 1.98 ms); a global column's chunks do not.
+    const int cnt_all = p.sk.cnt[row];
+    int nch = 1;
+    if (cnt_all > sp.chunk) {
+        int lo = 0x7fffffff;
+        for (int d = -2; d <= 2; d++)
+            if (d && nt + d >= 0 && nt + d < nkt) lo = min(lo, p.sk.cnt[row + d]);
+        if (lo == 0x7fffffff || 2 * (long long)lo < cnt_all) nch = (cnt_all + sp.chunk - 1) / sp.chunk;
+    }
+    if (ck >= nch) return;  // the whole CTA: nothing initialised yet
+    const int cnt = nch > 1 ? min(sp.chunk, cnt_all - ck * sp.chunk) : cnt_all;
+    const int *lst = p.sk.list + row * (long long)p.sk.stride + (long long)ck * sp.chunk;
     const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 7), 0), tid = threadIdx.x & 127;
     // Token mask of a step with a partial half, as bits: word 2 r + h of dst covers keys
     // [64 h, 64 h + 64) of the tile for query row r (bit = mask[i / bx][key / by], 0 for i >= Sq
@@ -429,6 +447,46 @@ __global__ void __launch_bounds__(384, 1)
         }
     }
 
+    // a split row: chunk ck adds the sum of chunks 0 .. ck - 1 (fp32, in the order of the chunks)
+    // to its own dK / dV; all but the last pass the sum on through sp.buf, the last stores
+    if (nch > 1) {
+        float4 *buf = reinterpret_cast<float4 *>(sp.buf + row * (2ll * BN * DP));
+        // [tensor (dK, dV)][consumer][DP / 8 float4][thread]: 512-byte warp accesses
+        const auto slot = [&](int w, int i) { return buf + ((w * 2 + c) * (DP / 8) + i) * 128 + tid; };
+        if (ck > 0) {
+            if (c == 0 && tid == 0) {
+                int v;
+                do {
+                    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(sp.sem + row) : "memory");
+                } while (v != ck);
+            }
+            hop::bar_sync(NB_KV, 256);
+#pragma unroll
+            for (int i = 0; i < DP / 8; i++) {
+                const float4 a = __ldcg(slot(0, i)), d = __ldcg(slot(1, i));
+                dk[4 * i] = a.x + dk[4 * i];
+                dk[4 * i + 1] = a.y + dk[4 * i + 1];
+                dk[4 * i + 2] = a.z + dk[4 * i + 2];
+                dk[4 * i + 3] = a.w + dk[4 * i + 3];
+                dv[4 * i] = d.x + dv[4 * i];
+                dv[4 * i + 1] = d.y + dv[4 * i + 1];
+                dv[4 * i + 2] = d.z + dv[4 * i + 2];
+                dv[4 * i + 3] = d.w + dv[4 * i + 3];
+            }
+        }
+        if (ck < nch - 1) {
+#pragma unroll
+            for (int i = 0; i < DP / 8; i++) {
+                __stcg(slot(0, i), make_float4(dk[4 * i], dk[4 * i + 1], dk[4 * i + 2], dk[4 * i + 3]));
+                __stcg(slot(1, i), make_float4(dv[4 * i], dv[4 * i + 1], dv[4 * i + 2], dv[4 * i + 3]));
+            }
+            __threadfence();
+            hop::bar_sync(NB_KV, 256);
+            if (c == 0 && tid == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(sp.sem + row) : "memory");
+            return;
+        }
+    }
+
     // dK (scaled) and dV of this thread's rows, once (VL: the first key row read again here, not
     // kept live through the loop)
     const float sc = p.scale;
@@ -550,13 +608,14 @@ template <int DP, typename T> __global__ void bsa_vl_post_kernel(const bsa_param
 }
 
 template <int DP, typename T, bool VL>
-cudaError_t launch(const bsa_params &p, const bsa_bwd_tmaps &tm, float *dqacc, int *sem, int det, cudaStream_t st) {
+cudaError_t launch(const bsa_params &p, const bsa_bwd_tmaps &tm, float *dqacc, int *sem, int det, const bsa_split &sp,
+                   cudaStream_t st) {
     using C = BwdCfg<DP>;
     static unsigned long long done = 0;
     cudaError_t e = hop::set_smem(bsa_bwd90_kernel<DP, T, VL>, C::SMEM, &done);
     if (e != cudaSuccess) return e;
-    const long long ctas = (long long)p.B * p.Nkv * ((p.Skv + BN - 1) / BN);
-    bsa_bwd90_kernel<DP, T, VL><<<(unsigned)ctas, 384, C::SMEM, st>>>(p, tm.q, tm.dout, tm.k, tm.v, dqacc, sem, det);
+    const long long ctas = (long long)p.B * p.Nkv * ((p.Skv + BN - 1) / BN) * sp.splits;
+    bsa_bwd90_kernel<DP, T, VL><<<(unsigned)ctas, 384, C::SMEM, st>>>(p, tm.q, tm.dout, tm.k, tm.v, dqacc, sem, det, sp);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     const long long total = VL ? (long long)p.N * p.vl.Tq * p.D + (long long)p.Nkv * p.vl.Tkv * p.D
                                : (long long)p.B * p.N * p.Sq * p.D;
@@ -568,10 +627,11 @@ cudaError_t launch(const bsa_params &p, const bsa_bwd_tmaps &tm, float *dqacc, i
 }
 
 template <bool VL>
-cudaError_t launch_dt(const bsa_params &p, const bsa_bwd_tmaps &tm, int dp, int bf16, float *dqacc, int *sem, int det,
+cudaError_t launch_dt(const bsa_params &p, const bsa_bwd_tmaps &tm, int dp, int bf16, float *dqacc, int *sem, int det, const bsa_split &sp,
                       cudaStream_t st) {
-    if (dp == 64) return bf16 ? launch<64, __nv_bfloat16, VL>(p, tm, dqacc, sem, det, st) : launch<64, __half, VL>(p, tm, dqacc, sem, det, st);
-    return bf16 ? launch<128, __nv_bfloat16, VL>(p, tm, dqacc, sem, det, st) : launch<128, __half, VL>(p, tm, dqacc, sem, det, st);
+    if (dp == 64)
+        return bf16 ? launch<64, __nv_bfloat16, VL>(p, tm, dqacc, sem, det, sp, st) : launch<64, __half, VL>(p, tm, dqacc, sem, det, sp, st);
+    return bf16 ? launch<128, __nv_bfloat16, VL>(p, tm, dqacc, sem, det, sp, st) : launch<128, __half, VL>(p, tm, dqacc, sem, det, sp, st);
 }
 
 }  // namespace
@@ -584,13 +644,23 @@ static long long acc_tiles(const bsa_params *p) {
 extern "C" size_t spattn_bsa_bwd90_acc_bytes(const bsa_params *p, int dp) {
     return (size_t)acc_tiles(p) * BM * dp * 4;
 }
+static long long key_rows(const bsa_params *p) { return (long long)p->B * p->Nkv * ((p->Skv + BN - 1) / BN); }
 extern "C" size_t spattn_bsa_bwd90_sem_bytes(const bsa_params *p, int dp) {
     (void)dp;
-    return (size_t)acc_tiles(p) * 4;  // one semaphore per query tile (both halves are added at once)
+    return (size_t)(acc_tiles(p) + key_rows(p)) * 4;  // per query tile (dQ order), then per key tile (split rows)
+}
+extern "C" size_t spattn_bsa_bwd90_kvbuf_bytes(const bsa_params *p, int dp) {
+    if (bsa_bwd90_splits(p->G, (p->Sq + BM - 1) / BM) <= 1) return 0;
+    return (size_t)key_rows(p) * 2 * BN * dp * 4;
 }
 
 extern "C" cudaError_t spattn_bsa_launch_bwd90(const bsa_params *p, const bsa_bwd_tmaps *tm, int dp, int bf16, float *dqacc,
-                                               int *sem, int det, cudaStream_t st) {
-    return p->vl.seq ? launch_dt<true>(*p, *tm, dp, bf16, dqacc, sem, det, st)
-                     : launch_dt<false>(*p, *tm, dp, bf16, dqacc, sem, det, st);
+                                               int *sem, float *kvbuf, int det, cudaStream_t st) {
+    bsa_split sp;
+    sp.splits = bsa_bwd90_splits(p->G, p->nqt);
+    sp.chunk = bsa_bwd90_chunk(p->G, p->nqt);
+    sp.buf = kvbuf;
+    sp.sem = sem + acc_tiles(p);
+    return p->vl.seq ? launch_dt<true>(*p, *tm, dp, bf16, dqacc, sem, det, sp, st)
+                     : launch_dt<false>(*p, *tm, dp, bf16, dqacc, sem, det, sp, st);
 }

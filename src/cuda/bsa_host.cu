@@ -114,7 +114,7 @@ const bsa_sched *plan_k90(const spattn_bsa_problem *p) {
 
 // Workspace layout: offsets of each piece and the total (exact bytes).
 struct Layout {
-    size_t off[8];
+    size_t off[9];
     size_t total;
 };
 
@@ -123,7 +123,7 @@ Layout layout(const spattn_bsa_problem *p, int kind) {
     Layout L = {};
     const int backward = kind != 0;
     const size_t rows = (size_t)p->B * p->N * p->Sq;
-    size_t sz[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    size_t sz[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
     if (kind == 1) {  // Hopper backward: tiles of 64 query rows x 128 keys
         const int dp = bsa_dpad(p->D);
         const size_t nqt = (size_t)((p->Sq + 63) / 64), nkt = (size_t)((p->Skv + 127) / 128);
@@ -139,7 +139,9 @@ Layout layout(const spattn_bsa_problem *p, int kind) {
             sz[5] = kr * (size_t)(p->N / p->Nkv) * nqt * 4;  // key-major lists
         }
         sz[6] = nq * 64 * (size_t)dp * 4;              // dQ accumulator (fp32)
-        sz[7] = nq * 4;                                // dQ semaphores (one per query tile)
+        sz[7] = (nq + kr) * 4;                         // semaphores: dQ order per query tile, split rows per key tile
+        if (bsa_bwd90_splits(p->N / p->Nkv, (long long)nqt) > 1)
+            sz[8] = kr * 2 * 128 * (size_t)dp * 4;     // fp32 dK / dV sums of split key-major rows
     } else if (backward || !fwd_fast(p)) {  // the simple kernels (and a conversion)
         if (!backward) {
             sz[0] = rows * p->D * 4;  // o fp32
@@ -162,7 +164,7 @@ Layout layout(const spattn_bsa_problem *p, int kind) {
         }
     }
     size_t o = 0;
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < 9; i++) {
         L.off[i] = o;
         o += up(sz[i]);
     }
@@ -289,6 +291,7 @@ static spattn_status bwd90_run(const spattn_bsa_problem *pb, const spattn_exec *
     int *kcnt = reinterpret_cast<int *>(ws.base + L.off[4]), *klist = reinterpret_cast<int *>(ws.base + L.off[5]);
     float *acc = reinterpret_cast<float *>(ws.base + L.off[6]);
     int *sem = reinterpret_cast<int *>(ws.base + L.off[7]);
+    float *kvbuf = reinterpret_cast<float *>(ws.base + L.off[8]);  // used only when lists are split
     // zeroed by the Delta kernel: the semaphores, and the dQ accumulator unless deterministic (there
     // the first add of each query tile is a store)
     const size_t zb = (size_t)(reinterpret_cast<char *>(sem) - reinterpret_cast<char *>(acc)) + spattn_bsa_bwd90_sem_bytes(&p, dp);
@@ -318,7 +321,7 @@ static spattn_status bwd90_run(const spattn_bsa_problem *pb, const spattn_exec *
     if (!make_tmap(&tm.q, pb->q, 64) || !make_tmap(&tm.dout, pb->dout, 64) || !make_tmap(&tm.k, pb->k, 128) ||
         !make_tmap(&tm.v, pb->v, 128))
         return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "bsa cuda: cuTensorMapEncodeTiled failed for q, dout, k or v");
-    if ((e = spattn_bsa_launch_bwd90(&p, &tm, dp, bf16, acc, sem, ex->deterministic != 0, st)) != cudaSuccess)
+    if ((e = spattn_bsa_launch_bwd90(&p, &tm, dp, bf16, acc, sem, kvbuf, ex->deterministic != 0, st)) != cudaSuccess)
         return fail(e, "backward kernel");
     return SPATTN_STATUS_SUCCESS;
 }
@@ -525,7 +528,8 @@ spattn_status vl_report_table(const spattn_seqs *s, unsigned long long key, cuda
 // Backward workspace: [0] the check word, [1] the sequence table, [2] 4 TMA maps per sequence
 // (q, k, v, dO), [3] Delta, [4] lse2 ([N][Tq] fp32 each), [5] q-major counts, [6] lists (64 x 128
 // tiles, B sequences of max_seqlen), [7] key-major counts, [8] lists, [9] the dQ accumulator and
-// [10] its semaphores (N * vl_ntile tiles of 64 rows); + 256 bytes to align a caller's base.
+// [10] its semaphores (N * vl_ntile tiles of 64 rows, then one per key tile), [11] the fp32 dK / dV
+// sums of split key-major rows (bsa_bwd90_splits > 1); + 256 bytes to align a caller's base.
 // The prefix-sum check word (~0: fine), the sequence table seq [B] and the per-sequence maps
 // tms [B][n] of the n tensors src (q, k, v and, for the backward, dO) from their templates.
 // Paged (forward): k / v keep the pool's base, their maps get the rows of the sequence's last page,
@@ -570,7 +574,7 @@ cudaError_t vl_prep(const spattn_seqs *sq, const spattn_tensor *const *src, cons
 
 long long vl_ntile(const spattn_bsa_problem *vp) { return vp->seqs->Tq / 64 + vp->B + 1; }
 struct VlBwdLayout {
-    size_t off[11];
+    size_t off[12];
     size_t total;
 };
 VlBwdLayout vl_bwd_layout(const spattn_bsa_problem *vp) {
@@ -579,7 +583,7 @@ VlBwdLayout vl_bwd_layout(const spattn_bsa_problem *vp) {
     const size_t nqt = (size_t)((vp->Sq + 63) / 64), nkt = (size_t)((vp->Skv + 127) / 128);
     const size_t nq = (size_t)vp->B * vp->N * nqt, kr = (size_t)vp->B * vp->Nkv * nkt;
     const size_t rows = (size_t)vp->N * vp->seqs->Tq, at = (size_t)vp->N * vl_ntile(vp);
-    const size_t sz[11] = {8,
+    const size_t sz[12] = {8,
                            (size_t)vp->B * 16,
                            (size_t)vp->B * 4 * sizeof(CUtensorMap),
                            rows * 4,
@@ -589,9 +593,10 @@ VlBwdLayout vl_bwd_layout(const spattn_bsa_problem *vp) {
                            kr * 4,
                            kr * (size_t)(vp->N / vp->Nkv) * nqt * 4,
                            at * 64 * (size_t)dp * 4,
-                           at * 4};  // one dQ semaphore per accumulator tile
+                           (at + kr) * 4,  // semaphores: per accumulator tile, then per key tile
+                           bsa_bwd90_splits(vp->N / vp->Nkv, (long long)nqt) > 1 ? kr * 2 * 128 * (size_t)dp * 4 : 0};
     size_t o = 0;
-    for (int i = 0; i < 11; i++) {
+    for (int i = 0; i < 12; i++) {
         L.off[i] = o;
         o += up(sz[i]);
     }
@@ -716,6 +721,7 @@ extern "C" spattn_status spattn_cuda_bsa_bwd_varlen(const spattn_bsa_problem *pb
     int *kcnt = reinterpret_cast<int *>(base + L.off[7]), *klist = reinterpret_cast<int *>(base + L.off[8]);
     float *acc = reinterpret_cast<float *>(base + L.off[9]);
     int *sem = reinterpret_cast<int *>(base + L.off[10]);
+    float *kvbuf = reinterpret_cast<float *>(base + L.off[11]);
     const spattn_seqs *sq = pb->seqs;
     const int dp = bsa_dpad(pb->D), bf16 = pb->dtype == SPATTN_DTYPE_BF16;
     // templates of the per-sequence maps: q / dO boxes of 64 rows, k / v of 128 (as the dense call)
@@ -751,7 +757,7 @@ extern "C" spattn_status spattn_cuda_bsa_bwd_varlen(const spattn_bsa_problem *pb
     p.sk.cnt = kcnt;
     p.sk.list = klist;
     p.sk.stride = p.G * p.nqt;
-    if ((e = spattn_bsa_launch_bwd90(&p, &tm, dp, bf16, acc, sem, ex->deterministic != 0, st)) != cudaSuccess)
+    if ((e = spattn_bsa_launch_bwd90(&p, &tm, dp, bf16, acc, sem, kvbuf, ex->deterministic != 0, st)) != cudaSuccess)
         return fail(e, "backward kernel");
     // the check's verdict (the kernels above wrote nothing if it failed)
     unsigned long long key = 0;

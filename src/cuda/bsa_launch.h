@@ -88,13 +88,22 @@ struct bsa_bwd_tmaps {
 // (by spattn_bsa_launch_delta).
 size_t spattn_bsa_bwd90_acc_bytes(const bsa_params *p, int dp);
 size_t spattn_bsa_bwd90_sem_bytes(const bsa_params *p, int dp);
+// kvbuf: spattn_bsa_bwd90_kvbuf_bytes (0 when no key tile's list can be split: bsa_bwd90_splits);
+// the fp32 dK / dV sums of split rows, read only after being written (no zeroing).
+size_t spattn_bsa_bwd90_kvbuf_bytes(const bsa_params *p, int dp);
+// Split of long key-major lists over several CTAs (bsa_tiles.h); sem: per key tile, zeroed.
+struct bsa_split {
+    int splits, chunk;
+    float *buf;
+    int *sem;
+};
 // With p->vl.seq set (varlen backward): CTAs (sequence b, kv head, key tile of max_seqlen_kv)
 // with b's lengths and TMA maps (p->vl.tm [B][4]: q, k, v, dO), Delta / lse2 [N][Tq], the dQ
 // accumulator and semaphores per head over p->vl.ntile tiles (bsa_vl_qtile); dK / dV rows
 // k0 + j (j < Skv_b), dQ rows q0 + i (i < Sq_b), dK / dV rows in [cu_kv[B], Tkv) zeroed; nothing
 // written unless *p->vl.err == ~0.
 cudaError_t spattn_bsa_launch_bwd90(const bsa_params *p, const bsa_bwd_tmaps *tm, int dp, int bf16, float *dqacc, int *sem,
-                                    int det, cudaStream_t st);
+                                    float *kvbuf, int det, cudaStream_t st);
 // Packed variable-length forward on the reference kernel (bsa_ref.cu; fp32, D > 128, views TMA
 // cannot read): p is the varlen problem over [1, H, T, D] views (lse [1, N, T]), seq / err from
 // spattn_bsa_launch_vl_prep; writes o / lse directly (nothing unless *err == ~0); synchronises.

@@ -57,4 +57,21 @@ BSA_HD int bsa_fwd90_rowbits(long long bx, long long by, int chunk) {
 
 
 
+// Hopper backward (bsa_bwd.cu): a key tile's list of (group head, query tile) pairs longer than
+// bsa_bwd90_chunk() entries and more than twice the shortest list of the key tiles within 2 of it
+// is split over several CTAs (chunks in list order); the partial dK / dV of a split row are summed
+// in chunk order through an fp32 buffer (deterministic).  Without it one CTA walks a global key
+// column (every query tile) while the others finish early.  bsa_bwd90_splits(): CTAs per key tile (at most 4: a CTA whose chunk is empty still
+// takes an SM slot for a moment, and the grid is sized for the longest possible list);
+// bsa_bwd90_chunk(): list entries per chunk (at least 32 steps, so a split pays for its extra
+// K / V load and fp32 partial).
+BSA_HD int bsa_bwd90_splits(long long G, long long nqt) {
+    const long long n = G * nqt;
+    return n <= 32 ? 1 : (n <= 128 ? (int)((n + 31) / 32) : 4);
+}
+BSA_HD int bsa_bwd90_chunk(long long G, long long nqt) {
+    const long long n = G * nqt, s = bsa_bwd90_splits(G, nqt);
+    return (int)((n + s - 1) / s);
+}
+
 #endif

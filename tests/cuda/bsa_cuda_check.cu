@@ -43,6 +43,8 @@ struct Shape {
     int empty_rows;  // zero some whole block rows of the mask
     int strided;     // q and o as views into wider buffers (row stride D + 8 .. or D * 2)
     int use_ws;      // pass the exact workspace
+    int global;      // block column 0 attended by every row: a key tile whose list is far longer
+                     // than its neighbours', split over several CTAs by the backward
 };
 
 // fp64 reference, straight from cases/README.md.
@@ -145,9 +147,9 @@ static spattn_tensor dev_tensor(void *p, int dt, int ndim, const int64_t *shape,
 
 static void run_shape(const Shape &s, bool check_ref_kernels) {
     char tag[200];
-    snprintf(tag, sizeof tag, "B%d N%d Nkv%d Sq%d Skv%d D%d bx%d by%d %s dens%.2f%s%s%s", s.B, s.N, s.Nkv, s.Sq, s.Skv,
+    snprintf(tag, sizeof tag, "B%d N%d Nkv%d Sq%d Skv%d D%d bx%d by%d %s dens%.2f%s%s%s%s", s.B, s.N, s.Nkv, s.Sq, s.Skv,
              s.D, s.bx, s.by, spattn_dtype_name((spattn_dtype)s.dt), s.density, s.empty_rows ? " empty-rows" : "",
-             s.strided ? " strided" : "", s.use_ws ? " ws" : "");
+             s.strided ? " strided" : "", s.use_ws ? " ws" : "", s.global ? " global-column" : "");
     const int dt = s.dt, D = s.D, nbx = (s.Sq + s.bx - 1) / s.bx, nby = (s.Skv + s.by - 1) / s.by;
     const size_t nq = (size_t)s.B * s.N * s.Sq * D, nk = (size_t)s.B * s.Nkv * s.Skv * D, nrow = (size_t)s.B * s.N * s.Sq;
     std::vector<double> q(nq), k(nk), v(nk), dout(nq);
@@ -157,6 +159,8 @@ static void run_shape(const Shape &s, bool check_ref_kernels) {
     for (auto &x : dout) x = round_dt(nrand(), dt);
     std::vector<uint8_t> mask((size_t)s.B * s.N * nbx * nby);
     for (auto &m : mask) m = urand() < s.density;
+    if (s.global)
+        for (size_t r = 0; r < (size_t)s.B * s.N * nbx; r++) mask[r * nby] = 1;
     if (s.empty_rows)
         for (int bn = 0; bn < s.B * s.N; bn++)
             for (int r = 0; r < nbx; r += 3)
@@ -536,6 +540,10 @@ int main(int argc, char **argv) {
         v.push_back({1, 2, 1, 100, 120, 96, 24, 40, BF, 0.6, 0, 1, 0});    // D 96 -> padded 128
         v.push_back({1, 2, 1, 70, 90, 192, 16, 16, F16, 0.6, 1, 0, 1});    // D 192 -> simple path
         v.push_back({1, 2, 1, 70, 90, 64, 16, 32, F32, 0.6, 1, 1, 0});     // fp32 -> simple path
+        // a global key column: key tile 0's list (82 entries) split over 3 CTAs, partial dK / dV
+        // summed in chunk order (bsa_bwd90_splits); empty rows elsewhere
+        v.push_back({1, 4, 2, 2600, 700, 128, 64, 64, F16, 0.08, 0, 0, 0, 1});
+        v.push_back({2, 2, 1, 2200, 300, 64, 48, 80, BF, 0.1, 1, 0, 1, 1});
     }
     if (!quick) {  // random shapes (fast path and fallbacks), a fresh draw each run unless seeded
         const char *seed = getenv("SPATTN_TEST_SEED");
@@ -556,6 +564,7 @@ int main(int argc, char **argv) {
             r.empty_rows = urand() < 0.3;
             r.strided = urand() < 0.3;
             r.use_ws = urand() < 0.3;
+            r.global = urand() < 0.3;  // a long list beside short ones (split only when long enough)
             v.push_back(r);
         }
     }
