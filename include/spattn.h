@@ -195,10 +195,9 @@ SPATTN_API void spattn_options_init(spattn_options *opt);
  * spattn_sfa_bwd_varlen: the lengths, the table and the indices are checked on the device, where
  * they stay; one synchronisation per call, as the dense sfa calls; the backward for the Hopper
  * kernels' shapes only), the bsa forward packed and paged (spattn_bsa_fwd_varlen: the prefix sums
- * and the table are checked on the device; one synchronisation per call) and the packed bsa
- * backward (spattn_bsa_bwd_varlen without a block table, for fp16 / bf16, D <= 128 and
- * TMA-readable views only).  The paged bsa backward on CUDA tensors (and the shapes named
- * above) gives SPATTN_STATUS_NOT_SUPPORTED for now.
+ * and the table are checked on the device; one synchronisation per call) and the bsa backward,
+ * packed and paged (spattn_bsa_bwd_varlen, for fp16 / bf16, D <= 128 and TMA-readable views only;
+ * paged: page sizes that are multiples of 8).  Other shapes give SPATTN_STATUS_NOT_SUPPORTED.
  */
 typedef struct spattn_varlen {
     const spattn_tensor *cu_seqlens_q;
@@ -319,14 +318,20 @@ SPATTN_API spattn_status spattn_bsa_plan_workspace_size(const spattn_bsa_plan *p
  * backward (as the sfa one): every dk/dv page row that no sequence's key uses gets 0, and a
  * page shared by several sequences gets the sum of their contributions (fp32, in sequence
  * order: deterministic).  opt: as in the _ex calls (NULL = defaults); a caller workspace needs
- * spattn_bsa_varlen_workspace_size bytes (the paged backward's includes one fp32 row per
- * key-side row and head for shared pages, 2 * num_pages * page_size * Nkv * D floats).
- * CUDA tensors: the forward (packed and paged) and the packed backward run on the GPU (the
- * prefix sums and the block table are checked there before any write; one synchronisation per
- * call; the backward takes fp16 / bf16, D <= 128 and views the TMA engine can read: 16-byte
- * aligned, contiguous D, row / head strides multiples of 8 elements; other shapes and the paged
- * backward give SPATTN_STATUS_NOT_SUPPORTED for now).  The paged forward's fast kernel takes
- * page sizes that are multiples of 8; other page sizes run a slower reference kernel.
+ * spattn_bsa_varlen_workspace_size bytes (CPU: the paged backward's includes one fp32 row per
+ * key-side row and head for shared pages, 2 * num_pages * page_size * Nkv * D floats; CUDA: the
+ * paged backward's adds an fp32 dK / dV scratch of 2 * B * max_seqlen_kv * Nkv * D floats, the
+ * page lists, 8 * B * max_pages bytes, and 12 * num_pages + 4 bytes of counts, each piece rounded
+ * up to 256 bytes).
+ * CUDA tensors: the forward and the backward, packed and paged, run on the GPU (the prefix sums
+ * and the block table are checked there before any write; one synchronisation per call; the
+ * backward takes fp16 / bf16, D <= 128 and views the TMA engine can read: 16-byte aligned,
+ * contiguous D, row / head strides multiples of 8 elements, and for pages a page_size that is a
+ * multiple of 8; other shapes give SPATTN_STATUS_NOT_SUPPORTED, and their workspace query 0
+ * bytes).  The paged forward's fast kernel takes page sizes that are multiples of 8; other page
+ * sizes run a slower reference kernel.  The paged backward is deterministic in both modes for
+ * dk / dv (a page row shared by several sequences sums their fp32 rows in ascending sequence
+ * order); deterministic = 0 changes only dq's summation order, as in the packed backward.
  */
 SPATTN_API spattn_status spattn_bsa_fwd_varlen(const spattn_tensor *q, const spattn_tensor *k,
                                                const spattn_tensor *v,

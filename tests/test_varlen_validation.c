@@ -4,8 +4,9 @@
  * naming the argument, before any output is written (outputs are compared byte for byte with
  * their poison after each refusal).  Also: the unused parts (rows past cu[B], unused table
  * slots) are never read, and CUDA tensors are refused as SPATTN_STATUS_NOT_SUPPORTED (or
- * BACKEND_UNAVAILABLE in a build without CUDA), the paged bsa backward included (the sfa forward
- * and the packed and paged bsa forward, which run on a GPU, only where no GPU is usable).
+ * BACKEND_UNAVAILABLE in a build without CUDA), the paged bsa backward included (refused on a GPU
+ * for these fp32 shapes; the sfa forward and the packed and paged bsa forward, which run on a GPU,
+ * only where no GPU is usable).
  */
 #include "varlen_testkit.h"
 

@@ -3,10 +3,10 @@
 The lengths are int32 prefix sums ``cu_seqlens_q`` / ``cu_seqlens_kv`` [B+1] on the tensors'
 device, ``max_seqlen_q`` / ``max_seqlen_kv`` bound every length, and an optional int32
 ``block_table`` [B, max_pages] makes k / v (and k_rope and their gradients) pages
-[num_pages, page_size, Nkv, D].  Semantics: cases/README.md.  CPU; on CUDA the sfa forward
-(packed and paged) and the packed bsa forward (not yet run on a GPU: docs/runbooks/varlen_paged.md);
-other calls on CUDA tensors raise
-SpattnNotSupportedError.
+[num_pages, page_size, Nkv, D].  Semantics: cases/README.md.  CPU; on CUDA the sfa forward and
+backward, the bsa forward and backward, packed and paged, for the shapes of their Hopper kernels
+(docs/runbooks/varlen_paged.md; the paged bsa backward not yet run on a GPU); other calls on CUDA
+tensors raise SpattnNotSupportedError.
 """
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 /*
  * Packed variable-length block-sparse attention entry points (spattn_bsa_*_varlen): every
  * argument, the prefix sums and the block table validated before any output is written, then
- * the CPU backend, or CUDA for the packed forward and backward and the paged forward (the prefix
- * sums and the block table are checked there on the device, before any write; the CUDA backward
- * takes fp16 / bf16, D <= 128, TMA-readable views and refuses other shapes; the paged backward
- * refuses CUDA tensors for now).
+ * the CPU backend, or CUDA for the packed and paged forward and backward (the prefix sums and
+ * the block table are checked there on the device, before any write; the CUDA backward takes
+ * fp16 / bf16, D <= 128, TMA-readable views, paged: page sizes that are multiples of 8, and
+ * refuses other shapes).
  */
 #include <math.h>
 
@@ -122,22 +122,12 @@ static spattn_status check_lse(const spattn_tensor *t, const spattn_bsa_problem 
     return spattn_check_same_device("lse", t, "q", p->q);
 }
 
-/* CUDA runs the packed forms and the paged forward: the paged backward is refused. */
-static spattn_status cuda_form_ok(const spattn_bsa_problem *p, int backward, const char *op) {
-    if (p->seqs->table && backward)
-        return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
-                                "%s: the CUDA backend has no paged bsa backward (vl.block_table) yet (the "
-                                "packed backward and the paged forward run on CUDA); use packed k / v or "
-                                "CPU tensors", op);
-    return SPATTN_STATUS_SUCCESS;
-}
-
 /* Backend, then (CPU) the values of the prefix sums and the table (CUDA checks them on the
- * device: spattn_cuda_bsa_fwd_varlen). */
-static spattn_status resolve(const spattn_options *opt, const spattn_bsa_problem *p, const char *op,
-                             int backward, spattn_exec *ex, int *use_cuda) {
+ * device: spattn_cuda_bsa_fwd_varlen / _bwd_varlen). */
+static spattn_status resolve(const spattn_options *opt, const spattn_bsa_problem *p, spattn_exec *ex,
+                             int *use_cuda) {
     TRY(spattn_resolve_exec(opt, p->q, ex, use_cuda));
-    if (*use_cuda) return cuda_form_ok(p, backward, op);
+    if (*use_cuda) return SPATTN_STATUS_SUCCESS;
     return spattn_seqs_check_values(p->seqs);
 }
 
@@ -161,7 +151,7 @@ spattn_status spattn_bsa_fwd_varlen(const spattn_tensor *q, const spattn_tensor 
     p.lse = lse;
     spattn_exec ex;
     int use_cuda;
-    TRY(resolve(opt, &p, "bsa_fwd_varlen", 0, &ex, &use_cuda));
+    TRY(resolve(opt, &p, &ex, &use_cuda));
     if (use_cuda) {
         TRY(spattn_check_workspace(&ex, spattn_cuda_bsa_varlen_workspace(&p, 0)));
         return spattn_cuda_bsa_fwd_varlen(&p, &ex);
@@ -204,7 +194,7 @@ spattn_status spattn_bsa_bwd_varlen(const spattn_tensor *q, const spattn_tensor 
     p.dv = dv;
     spattn_exec ex;
     int use_cuda;
-    TRY(resolve(opt, &p, "bsa_bwd_varlen", 1, &ex, &use_cuda));
+    TRY(resolve(opt, &p, &ex, &use_cuda));
     if (use_cuda) {
         TRY(spattn_check_workspace(&ex, spattn_cuda_bsa_varlen_workspace(&p, 1)));
         return spattn_cuda_bsa_bwd_varlen(&p, &ex);
@@ -228,7 +218,6 @@ spattn_status spattn_bsa_varlen_workspace_size(const spattn_tensor *q, const spa
     int use_cuda;
     TRY(spattn_resolve_exec(opt, q, &ex, &use_cuda));
     if (use_cuda) {
-        TRY(cuda_form_ok(&p, backward != 0, "bsa_varlen_workspace_size"));
         *bytes = spattn_cuda_bsa_varlen_workspace(&p, backward != 0);
         return SPATTN_STATUS_SUCCESS;
     }

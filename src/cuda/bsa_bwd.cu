@@ -32,10 +32,18 @@
 //     batch index b; nothing is written when the prefix sums are bad (*p.vl.err != ~0).  The
 //     postprocess finds each packed token's sequence by a binary search over seq and also zeroes
 //     the dK / dV rows past cu_kv[B].  The dense instantiations are unchanged.
+//   - PG (paged K / V, VL only; spattn_bsa_bwd_varlen with a block table): K and V of the key
+//     tile come page by page in slabs of 2^lr rows through the page pool's map (bsa_load_paged,
+//     as the paged forward: rows past the sequence's keys read as 0, no page it does not own is
+//     read); dK (scaled) / dV rows go as fp32 to a scratch [B * max_seqlen_kv][Nkv][D] through
+//     p.dk / p.dv (row b * Skv + key), and bsa_pages.cu folds them into the pages (the sum over
+//     the sequences sharing a page row in ascending b, 0 for rows nobody uses).  The VL
+//     postprocess then writes dQ only.  The packed VL instantiations are unchanged.
 #include <math.h>
 
 #include "bsa_common.cuh"
 #include "bsa_launch.h"
+#include "bsa_paged.cuh"
 #include "bsa_tiles.h"
 #include "hopper/hopper.cuh"
 
@@ -75,12 +83,13 @@ __device__ __forceinline__ void bwd_tmap_acquire(const CUtensorMap *m) {
                  : "memory");
 }
 
-template <int DP, typename T, bool VL>
+template <int DP, typename T, bool VL, bool PG = false>
 __global__ void __launch_bounds__(384, 1)
     bsa_bwd90_kernel(const bsa_params p, const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
                      const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv, float *dqacc,
                      int *sem, int det, const bsa_split sp) {
     using C = BwdCfg<DP>;
+    static_assert(VL || !PG, "paged K / V come with a varlen batch only");
     constexpr int NBOX = C::NBOX, NH = C::NH;
     extern __shared__ unsigned char smem_raw[];
     unsigned char *sm = hop::align1024(smem_raw);
@@ -210,11 +219,19 @@ __global__ void __launch_bounds__(384, 1)
                         }
                         hop::tma_prefetch_desc(mq);
                         hop::tma_prefetch_desc(mdo);
-                        hop::mbar_expect_tx(barKV, 2 * C::KV_BYTES);
+                        hop::mbar_expect_tx(barKV, 2 * C::KV_BYTES);  // PG: zero-filled slabs count too
+                        if constexpr (PG) {  // mk / mv: the last-page maps; tmk / tmv: the pool
+                            const int *trow = p.vl.table + b * p.vl.tab_s0;
+                            bsa_load_paged<NBOX, BN>(sK, &tmk, mk, nt * BN, BN, p.vl.lr, hk, trow, p.vl.tab_s1,
+                                                     p.vl.page_size, Skv(), barKV);
+                            bsa_load_paged<NBOX, BN>(sV, &tmv, mv, nt * BN, BN, p.vl.lr, hk, trow, p.vl.tab_s1,
+                                                     p.vl.page_size, Skv(), barKV);
+                        } else {
 #pragma unroll
-                        for (int x = 0; x < NBOX; x++) {
-                            hop::tma_load_4d(sK + x * BN * 128, mk, x * 64, nt * BN, hk, bt, barKV);
-                            hop::tma_load_4d(sV + x * BN * 128, mv, x * 64, nt * BN, hk, bt, barKV);
+                            for (int x = 0; x < NBOX; x++) {
+                                hop::tma_load_4d(sK + x * BN * 128, mk, x * 64, nt * BN, hk, bt, barKV);
+                                hop::tma_load_4d(sV + x * BN * 128, mv, x * 64, nt * BN, hk, bt, barKV);
+                            }
                         }
                     }
                     hop::mbar_expect_tx(full + s, 2 * C::T_BYTES);
@@ -490,6 +507,24 @@ __global__ void __launch_bounds__(384, 1)
     // dK (scaled) and dV of this thread's rows, once (VL: the first key row read again here, not
     // kept live through the loop)
     const float sc = p.scale;
+    if constexpr (PG) {  // fp32 scratch rows b * Skv + key (p.dk / p.dv: [Skv rows per sequence][Nkv][D])
+        k0 = (long long)b * p.Skv;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int key = key0 + 8 * r;
+            if (key >= Skv()) continue;
+            float *dkr = reinterpret_cast<float *>(p.dk.p) + (long long)hk * p.dk.s1 + (k0 + key) * p.dk.s2;
+            float *dvr = reinterpret_cast<float *>(p.dv.p) + (long long)hk * p.dv.s1 + (k0 + key) * p.dv.s2;
+#pragma unroll
+            for (int j = 0; j < DP / 8; j++) {
+                const int col = 8 * j + 2 * q4;  // D % 8 == 0: col + 1 < D too, 8-byte aligned
+                if (col >= p.D) continue;
+                *reinterpret_cast<float2 *>(dkr + col) = make_float2(dk[4 * j + 2 * r] * sc, dk[4 * j + 2 * r + 1] * sc);
+                *reinterpret_cast<float2 *>(dvr + col) = make_float2(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+            }
+        }
+        return;
+    }
     if constexpr (VL) k0 = p.vl.seq[b].z;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -571,8 +606,8 @@ template <int DP, typename T> __global__ void bsa_dq_post_kernel(const bsa_param
 
 // VL: dq[0, n, t, :] = scale * accumulator for packed tokens t < cu_q[B] (sequence b of t by a
 // binary search over seq: the last b with seq[b].x <= t), then dK / dV rows [cu_kv[B], Tkv) = 0.
-// Nothing when the prefix sums are bad.
-template <int DP, typename T> __global__ void bsa_vl_post_kernel(const bsa_params p, const float *acc) {
+// Nothing when the prefix sums are bad.  PG (paged): dQ only (bsa_pages.cu writes every page row).
+template <int DP, typename T, bool PG = false> __global__ void bsa_vl_post_kernel(const bsa_params p, const float *acc) {
     constexpr int NH = DP / 64, CPR = DP / 8;
     if (*p.vl.err != ~0ull) return;
     const int4 last = p.vl.seq[p.B - 1];
@@ -598,40 +633,43 @@ template <int DP, typename T> __global__ void bsa_vl_post_kernel(const bsa_param
             dq_store8<T>(acc + (at * NH + h) * (BM * 64), (int)(i % BM), c, p.scale, dst + (long long)h * 64 * p.dq.s3, p.dq.s3,
                          p.D - h * 64, p.sq.cnt[tile] == 0);
         }
-    for (long long x = blockIdx.x * (long long)blockDim.x + threadIdx.x; x < nk; x += step) {
-        const int d = (int)(x % p.D);
-        const long long tn = x / p.D, t = tk + tn / p.Nkv;
-        const int h = (int)(tn % p.Nkv);
-        reinterpret_cast<T *>(p.dk.p)[(long long)h * p.dk.s1 + t * p.dk.s2 + (long long)d * p.dk.s3] = bsa_t<T>::fromf(0.f);
-        reinterpret_cast<T *>(p.dv.p)[(long long)h * p.dv.s1 + t * p.dv.s2 + (long long)d * p.dv.s3] = bsa_t<T>::fromf(0.f);
-    }
+    if constexpr (!PG)
+        for (long long x = blockIdx.x * (long long)blockDim.x + threadIdx.x; x < nk; x += step) {
+            const int d = (int)(x % p.D);
+            const long long tn = x / p.D, t = tk + tn / p.Nkv;
+            const int h = (int)(tn % p.Nkv);
+            reinterpret_cast<T *>(p.dk.p)[(long long)h * p.dk.s1 + t * p.dk.s2 + (long long)d * p.dk.s3] = bsa_t<T>::fromf(0.f);
+            reinterpret_cast<T *>(p.dv.p)[(long long)h * p.dv.s1 + t * p.dv.s2 + (long long)d * p.dv.s3] = bsa_t<T>::fromf(0.f);
+        }
 }
 
-template <int DP, typename T, bool VL>
+template <int DP, typename T, bool VL, bool PG>
 cudaError_t launch(const bsa_params &p, const bsa_bwd_tmaps &tm, float *dqacc, int *sem, int det, const bsa_split &sp,
                    cudaStream_t st) {
     using C = BwdCfg<DP>;
     static unsigned long long done = 0;
-    cudaError_t e = hop::set_smem(bsa_bwd90_kernel<DP, T, VL>, C::SMEM, &done);
+    cudaError_t e = hop::set_smem(bsa_bwd90_kernel<DP, T, VL, PG>, C::SMEM, &done);
     if (e != cudaSuccess) return e;
     const long long ctas = (long long)p.B * p.Nkv * ((p.Skv + BN - 1) / BN) * sp.splits;
-    bsa_bwd90_kernel<DP, T, VL><<<(unsigned)ctas, 384, C::SMEM, st>>>(p, tm.q, tm.dout, tm.k, tm.v, dqacc, sem, det, sp);
+    bsa_bwd90_kernel<DP, T, VL, PG><<<(unsigned)ctas, 384, C::SMEM, st>>>(p, tm.q, tm.dout, tm.k, tm.v, dqacc, sem, det, sp);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     const long long total = VL ? (long long)p.N * p.vl.Tq * p.D + (long long)p.Nkv * p.vl.Tkv * p.D
                                : (long long)p.B * p.N * p.Sq * p.D;
     const long long blocks = (total + 2047) / 2048;  // 8 columns per thread (grid-stride loops)
     const unsigned grid = (unsigned)(blocks < 65536 ? (blocks < 1 ? 1 : blocks) : 65536);
-    if constexpr (VL) bsa_vl_post_kernel<DP, T><<<grid, 256, 0, st>>>(p, dqacc);
+    if constexpr (VL) bsa_vl_post_kernel<DP, T, PG><<<grid, 256, 0, st>>>(p, dqacc);
     else bsa_dq_post_kernel<DP, T><<<grid, 256, 0, st>>>(p, dqacc);
     return cudaGetLastError();
 }
 
-template <bool VL>
+template <bool VL, bool PG = false>
 cudaError_t launch_dt(const bsa_params &p, const bsa_bwd_tmaps &tm, int dp, int bf16, float *dqacc, int *sem, int det, const bsa_split &sp,
                       cudaStream_t st) {
     if (dp == 64)
-        return bf16 ? launch<64, __nv_bfloat16, VL>(p, tm, dqacc, sem, det, sp, st) : launch<64, __half, VL>(p, tm, dqacc, sem, det, sp, st);
-    return bf16 ? launch<128, __nv_bfloat16, VL>(p, tm, dqacc, sem, det, sp, st) : launch<128, __half, VL>(p, tm, dqacc, sem, det, sp, st);
+        return bf16 ? launch<64, __nv_bfloat16, VL, PG>(p, tm, dqacc, sem, det, sp, st)
+                    : launch<64, __half, VL, PG>(p, tm, dqacc, sem, det, sp, st);
+    return bf16 ? launch<128, __nv_bfloat16, VL, PG>(p, tm, dqacc, sem, det, sp, st)
+                : launch<128, __half, VL, PG>(p, tm, dqacc, sem, det, sp, st);
 }
 
 }  // namespace
@@ -661,6 +699,7 @@ extern "C" cudaError_t spattn_bsa_launch_bwd90(const bsa_params *p, const bsa_bw
     sp.chunk = bsa_bwd90_chunk(p->G, p->nqt);
     sp.buf = kvbuf;
     sp.sem = sem + acc_tiles(p);
-    return p->vl.seq ? launch_dt<true>(*p, *tm, dp, bf16, dqacc, sem, det, sp, st)
-                     : launch_dt<false>(*p, *tm, dp, bf16, dqacc, sem, det, sp, st);
+    if (!p->vl.seq) return launch_dt<false>(*p, *tm, dp, bf16, dqacc, sem, det, sp, st);
+    return p->vl.table ? launch_dt<true, true>(*p, *tm, dp, bf16, dqacc, sem, det, sp, st)
+                       : launch_dt<true>(*p, *tm, dp, bf16, dqacc, sem, det, sp, st);
 }

@@ -410,12 +410,12 @@ void vl_views(const spattn_bsa_problem *pb, VlViews *w) {
         w->lse = packed3(pb->lse);
         w->p.lse = &w->lse;
     }
-    const spattn_tensor *const src[4] = {pb->dout, pb->dq, pb->dk, pb->dv};  // (paged: forward only)
+    const spattn_tensor *const src[4] = {pb->dout, pb->dq, pb->dk, pb->dv};
     spattn_tensor *const dst[4] = {&w->dout, &w->dq, &w->dk, &w->dv};
     const spattn_tensor **const to[4] = {&w->p.dout, &w->p.dq, &w->p.dk, &w->p.dv};
     for (int i = 0; i < 4; i++)
         if (src[i]) {
-            *dst[i] = packed4(src[i]);
+            *dst[i] = paged && i >= 2 ? *src[i] : packed4(src[i]);  // paged dk / dv: the pages
             *to[i] = dst[i];
         }
 }
@@ -529,7 +529,10 @@ spattn_status vl_report_table(const spattn_seqs *s, unsigned long long key, cuda
 // (q, k, v, dO), [3] Delta, [4] lse2 ([N][Tq] fp32 each), [5] q-major counts, [6] lists (64 x 128
 // tiles, B sequences of max_seqlen), [7] key-major counts, [8] lists, [9] the dQ accumulator and
 // [10] its semaphores (N * vl_ntile tiles of 64 rows, then one per key tile), [11] the fp32 dK / dV
-// sums of split key-major rows (bsa_bwd90_splits > 1); + 256 bytes to align a caller's base.
+// sums of split key-major rows (bsa_bwd90_splits > 1); paged only: [12] / [13] the fp32 dK / dV
+// scratch [B * max_seqlen_kv][Nkv][D], [14] page user counts, [15] their offsets, [16] fill cursors
+// (int, num_pages (+ 1)), [17] the (b, slot) lists [B * max_pages] int2 (bsa_pages.cu); + 256
+// bytes to align a caller's base.
 // The prefix-sum check word (~0: fine), the sequence table seq [B] and the per-sequence maps
 // tms [B][n] of the n tensors src (q, k, v and, for the backward, dO) from their templates.
 // Paged (forward): k / v keep the pool's base, their maps get the rows of the sequence's last page,
@@ -574,7 +577,7 @@ cudaError_t vl_prep(const spattn_seqs *sq, const spattn_tensor *const *src, cons
 
 long long vl_ntile(const spattn_bsa_problem *vp) { return vp->seqs->Tq / 64 + vp->B + 1; }
 struct VlBwdLayout {
-    size_t off[12];
+    size_t off[18];
     size_t total;
 };
 VlBwdLayout vl_bwd_layout(const spattn_bsa_problem *vp) {
@@ -583,7 +586,10 @@ VlBwdLayout vl_bwd_layout(const spattn_bsa_problem *vp) {
     const size_t nqt = (size_t)((vp->Sq + 63) / 64), nkt = (size_t)((vp->Skv + 127) / 128);
     const size_t nq = (size_t)vp->B * vp->N * nqt, kr = (size_t)vp->B * vp->Nkv * nkt;
     const size_t rows = (size_t)vp->N * vp->seqs->Tq, at = (size_t)vp->N * vl_ntile(vp);
-    const size_t sz[12] = {8,
+    const spattn_seqs *sq = vp->seqs;
+    const size_t kvs = sq->table ? (size_t)vp->B * vp->Skv * vp->Nkv * vp->D * 4 : 0;  // paged scratch
+    const size_t np = sq->table ? (size_t)sq->num_pages : 0, nl = sq->table ? (size_t)vp->B * sq->max_pages : 0;
+    const size_t sz[18] = {8,
                            (size_t)vp->B * 16,
                            (size_t)vp->B * 4 * sizeof(CUtensorMap),
                            rows * 4,
@@ -594,9 +600,15 @@ VlBwdLayout vl_bwd_layout(const spattn_bsa_problem *vp) {
                            kr * (size_t)(vp->N / vp->Nkv) * nqt * 4,
                            at * 64 * (size_t)dp * 4,
                            (at + kr) * 4,  // semaphores: per accumulator tile, then per key tile
-                           bsa_bwd90_splits(vp->N / vp->Nkv, (long long)nqt) > 1 ? kr * 2 * 128 * (size_t)dp * 4 : 0};
+                           bsa_bwd90_splits(vp->N / vp->Nkv, (long long)nqt) > 1 ? kr * 2 * 128 * (size_t)dp * 4 : 0,
+                           kvs,
+                           kvs,
+                           np * 4,
+                           sq->table ? (np + 1) * 4 : 0,
+                           np * 4,
+                           nl * 8};
     size_t o = 0;
-    for (int i = 0; i < 12; i++) {
+    for (int i = 0; i < 18; i++) {
         L.off[i] = o;
         o += up(sz[i]);
     }
@@ -609,7 +621,11 @@ VlBwdLayout vl_bwd_layout(const spattn_bsa_problem *vp) {
 extern "C" size_t spattn_cuda_bsa_varlen_workspace(const spattn_bsa_problem *pb, int backward) {
     VlViews w;
     vl_views(pb, &w);
-    if (backward) return bwd90(&w.p, pb->dout != nullptr) ? vl_bwd_layout(&w.p).total : 0;
+    // 0 for the shapes the backward refuses (NOT_SUPPORTED at the call): as spattn_cuda_bsa_bwd_varlen
+    if (backward)
+        return bwd90(&w.p, pb->dout != nullptr) && (!pb->seqs->table || pb->seqs->page_size % 8 == 0)
+                   ? vl_bwd_layout(&w.p).total
+                   : 0;
     return vl_layout(&w.p, vl_fast(&w.p)).total;
 }
 
@@ -696,11 +712,23 @@ extern "C" spattn_status spattn_cuda_bsa_bwd_varlen(const spattn_bsa_problem *pb
     VlViews w;
     vl_views(pb, &w);
     const spattn_bsa_problem *vp = &w.p;
+    const spattn_seqs *sq = pb->seqs;
     if (!bwd90(vp))
         return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
-                                "bsa_bwd_varlen: the CUDA backend runs the packed variable-length backward for "
+                                "bsa_bwd_varlen: the CUDA backend runs the %s variable-length backward for "
                                 "fp16 / bf16, D <= 128 and TMA-readable views (16-byte aligned, contiguous D, row "
-                                "strides multiple of 8) only; use CPU tensors (the CPU backend runs every form)");
+                                "strides multiple of 8) only; use CPU tensors (the CPU backend runs every form)",
+                                sq->table ? "paged" : "packed");
+    if (sq->table && sq->page_size % 8 != 0)
+        return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
+                                "bsa_bwd_varlen: the CUDA paged backward needs a page_size that is a multiple of 8, "
+                                "got %lld; use CPU tensors (the CPU backend runs every page size)",
+                                (long long)sq->page_size);
+    if (sq->table && ((double)sq->B * (2.0 * (double)sq->max_pages + 3.0) >= 0x1p61 ||
+                      (double)sq->B * (double)sq->max_pages >= 0x1p31 || (double)sq->num_pages >= 0x1p31))
+        return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
+                                "bsa_bwd_varlen: B * max_pages and num_pages must stay below 2^31 on CUDA (the page "
+                                "fold); use CPU tensors");
     const long long nqt = (vp->Sq + 63) / 64, nkt = (vp->Skv + 127) / 128;
     if (vp->B * vp->N * nqt > 0x7fffffffll || vp->B * vp->Nkv * nkt > 0x7fffffffll ||
         vp->N * vl_ntile(vp) > 0x7fffffffll || (vp->N / vp->Nkv) * nqt >= (1ll << 27))
@@ -722,12 +750,14 @@ extern "C" spattn_status spattn_cuda_bsa_bwd_varlen(const spattn_bsa_problem *pb
     float *acc = reinterpret_cast<float *>(base + L.off[9]);
     int *sem = reinterpret_cast<int *>(base + L.off[10]);
     float *kvbuf = reinterpret_cast<float *>(base + L.off[11]);
-    const spattn_seqs *sq = pb->seqs;
     const int dp = bsa_dpad(pb->D), bf16 = pb->dtype == SPATTN_DTYPE_BF16;
-    // templates of the per-sequence maps: q / dO boxes of 64 rows, k / v of 128 (as the dense call)
+    // templates of the per-sequence maps: q / dO boxes of 64 rows, k / v of 128 (as the dense call);
+    // paged: k / v maps over the page pool in slabs of 2^lr rows (the per-sequence copies cut the last page)
+    const int lr = sq->table ? vl_slab_log2(128, sq->page_size) : 0;
+    const int kv_rows = sq->table ? 1 << lr : 128, kv_dim = sq->table ? 2 : 1;
     bsa_bwd_tmaps tm;
-    if (!make_tmap(&tm.q, vp->q, 64) || !make_tmap(&tm.dout, vp->dout, 64) || !make_tmap(&tm.k, vp->k, 128) ||
-        !make_tmap(&tm.v, vp->v, 128))
+    if (!make_tmap(&tm.q, vp->q, 64) || !make_tmap(&tm.dout, vp->dout, 64) || !make_tmap(&tm.k, vp->k, kv_rows, kv_dim) ||
+        !make_tmap(&tm.v, vp->v, kv_rows, kv_dim))
         return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "bsa cuda: cuTensorMapEncodeTiled failed for q, dout, k or v");
     const spattn_tensor *const src[4] = {pb->q, pb->k, pb->v, pb->dout};
     const CUtensorMap tmpl[4] = {tm.q, tm.k, tm.v, tm.dout};
@@ -740,6 +770,19 @@ extern "C" spattn_status spattn_cuda_bsa_bwd_varlen(const spattn_bsa_problem *pb
     p.vl.Tq = sq->Tq;
     p.vl.Tkv = sq->Tkv;
     p.vl.ntile = vl_ntile(vp);
+    float *sdk = reinterpret_cast<float *>(base + L.off[12]), *sdv = reinterpret_cast<float *>(base + L.off[13]);
+    if (sq->table) {
+        p.vl.table = sq->table;
+        p.vl.tab_s0 = sq->tab_s0;
+        p.vl.tab_s1 = sq->tab_s1;
+        p.vl.page_size = (int)sq->page_size;
+        p.vl.lr = lr;
+        // the kernel's dK / dV go to the fp32 scratch, rows b * max_seqlen_kv + key (bsa_bwd.cu, PG)
+        const bsa_view sk = {sdk, 0, (long long)vp->D, (long long)vp->Nkv * vp->D, 1, true};
+        p.dk = sk;
+        p.dv = sk;
+        p.dv.p = sdv;
+    }
     // zeroed by the Delta kernel: the semaphores, and the dQ accumulator unless deterministic (there
     // the first add of each query tile is a store)
     const size_t zb = (size_t)(reinterpret_cast<char *>(sem) - reinterpret_cast<char *>(acc)) + spattn_bsa_bwd90_sem_bytes(&p, dp);
@@ -759,6 +802,35 @@ extern "C" spattn_status spattn_cuda_bsa_bwd_varlen(const spattn_bsa_problem *pb
     p.sk.stride = p.G * p.nqt;
     if ((e = spattn_bsa_launch_bwd90(&p, &tm, dp, bf16, acc, sem, kvbuf, ex->deterministic != 0, st)) != cudaSuccess)
         return fail(e, "backward kernel");
+    if (sq->table) {  // every page row of dk / dv from the scratch (bsa_pages.cu)
+        bsa_pg_fold_args f = {};
+        f.seq = seq;
+        f.err = err;
+        f.table = sq->table;
+        f.tab_s0 = sq->tab_s0;
+        f.tab_s1 = sq->tab_s1;
+        f.B = sq->B;
+        f.max_pages = sq->max_pages;
+        f.page_size = sq->page_size;
+        f.num_pages = sq->num_pages;
+        f.max_kv = vp->Skv;
+        f.Nkv = (int)vp->Nkv;
+        f.D = (int)vp->D;
+        f.bf16 = bf16;
+        f.sdk = sdk;
+        f.sdv = sdv;
+        f.cnt = reinterpret_cast<int *>(base + L.off[14]);
+        f.start = reinterpret_cast<int *>(base + L.off[15]);
+        f.cur = reinterpret_cast<int *>(base + L.off[16]);
+        f.list = reinterpret_cast<int2 *>(base + L.off[17]);
+        f.dk = pb->dk->data;
+        f.dv = pb->dv->data;
+        for (int i = 0; i < 4; i++) {
+            f.dk_s[i] = pb->dk->strides[i];
+            f.dv_s[i] = pb->dv->strides[i];
+        }
+        if ((e = spattn_bsa_launch_pg_fold(&f, st)) != cudaSuccess) return fail(e, "page fold");
+    }
     // the check's verdict (the kernels above wrote nothing if it failed)
     unsigned long long key = 0;
     if ((e = cudaMemcpyAsync(&key, err, 8, cudaMemcpyDeviceToHost, st)) == cudaSuccess) e = cudaStreamSynchronize(st);

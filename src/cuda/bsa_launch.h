@@ -104,6 +104,25 @@ struct bsa_split {
 // written unless *p->vl.err == ~0.
 cudaError_t spattn_bsa_launch_bwd90(const bsa_params *p, const bsa_bwd_tmaps *tm, int dp, int bf16, float *dqacc, int *sem,
                                     float *kvbuf, int det, cudaStream_t st);
+// Paged backward (bsa_pages.cu): dk / dv pages [num_pages, page_size, Nkv, D] (strides dk_s /
+// dv_s, elements) from the fp32 scratch sdk / sdv [B * max_kv][Nkv][D] of the PG backward (dK
+// already scaled): every page row = the sum over the (sequence b, key) pairs mapping to it in
+// ascending b, 0 for rows nobody uses.  Workspace: cnt, cur [num_pages], start [num_pages + 1]
+// (int), list [B * max_pages] (int2; B * max_pages < 2^31).  Nothing unless *err == ~0; run after
+// spattn_bsa_launch_vl_table and the backward.  D % 8 == 0.
+struct bsa_pg_fold_args {
+    const int4 *seq;
+    const unsigned long long *err;
+    const int *table;
+    long long tab_s0, tab_s1, B, max_pages, page_size, num_pages, max_kv;
+    int Nkv, D, bf16;
+    const float *sdk, *sdv;
+    int *cnt, *start, *cur;
+    int2 *list;
+    void *dk, *dv;
+    long long dk_s[4], dv_s[4];
+};
+cudaError_t spattn_bsa_launch_pg_fold(const bsa_pg_fold_args *a, cudaStream_t st);
 // Packed variable-length forward on the reference kernel (bsa_ref.cu; fp32, D > 128, views TMA
 // cannot read): p is the varlen problem over [1, H, T, D] views (lse [1, N, T]), seq / err from
 // spattn_bsa_launch_vl_prep; writes o / lse directly (nothing unless *err == ~0); synchronises.

@@ -28,7 +28,14 @@
 //     the reference kernel), fp32 / D 192 on the reference kernel; sequence-alone calls; NaN in
 //     one sequence's pages; bad tables (a page id = num_pages or -1, a page twice in a row, a row
 //     too short for its sequence, and a bad prefix sum beside a bad table) give the CPU's status
-//     and message with o / lse untouched; the paged backward answers NOT_SUPPORTED;
+//     and message with o / lse untouched;
+//   * the paged backward (every paged case; dk / dv pages as k, padding poison): against the CPU's
+//     paged backward (eco criterion on dq and every page row), rows no sequence uses exactly 0,
+//     deterministic runs bitwise equal (20 for the first paged case, else 3), bitwise against the
+//     CUDA packed backward on the same values (dq, and the rows of pages one sequence uses); cases
+//     with a page shared by two sequences (the sum), GQA, page sizes 16 / 48 / 64 / 128 / 256 and
+//     the random ones; page sizes 5 / 12, fp32, D 192, pad 4: NOT_SUPPORTED naming the CPU with
+//     nothing written; bad tables: the CPU's status and message, dq / dk / dv untouched;
 //   * backward (every case; O / LSE from the CPU forward, dO NaN on rows past cu_q[B]): dQ, dK, dV
 //     against the CPU backward with the eco criterion (cases/README.md), in deterministic mode
 //     (5 runs bitwise equal) and fast mode; dQ rows past cu_q[B] and padding columns poison, dK /
@@ -89,6 +96,7 @@ struct Case {
     int use_ws;        // caller workspace (unaligned) + caller stream
     int longshort;     // sequence 0 has maxq queries, the others at most 40
     int page = 0;      // > 0: k / v as pages of this many rows (the packed copy is the reference)
+    int share = 0;     // paged: always share a page between two sequences (else a coin decides)
 };
 
 // A packed batch on the host and its device copies.
@@ -155,7 +163,7 @@ static void make_pages(Batch &t) {
         }
     }
     // sometimes a shared prompt: a later sequence's first page is an earlier one's (same packed rows)
-    if (c.B >= 2 && irand(0, 1)) {
+    if (c.B >= 2 && (c.share || irand(0, 1))) {
         int b1 = -1, b2 = -1;
         for (int b = 0; b < c.B && b2 < 0; b++)
             if (t.cukv[b + 1] - t.cukv[b] >= ps) {
@@ -465,17 +473,24 @@ struct Grad {
 static bool bwd_fast(const Case &c) { return c.dt != SPATTN_DTYPE_F32 && c.D <= 128 && c.pad % 8 == 0; }
 
 // One spattn_bsa_bwd_varlen call with o / lse of `fw` (a CPU forward of the batch), dO of the batch.
+// tab: paged keys (the batch's pages, table of `maxp` columns, row stride t.maxp); dk / dv are
+// then pages too ([np, page, Nkv, D], page stride pgs: t.np * t.pgs elements).
 static Grad run_bwd(const Batch &t, bool dev, const std::vector<int32_t> &cq, const std::vector<int32_t> &ckv,
-                    const Out &fw, int det) {
+                    const Out &fw, int det, const std::vector<int32_t> *tab = nullptr, int maxp = 0) {
     const Case &c = t.c;
     const size_t es = esz(c.dt);
     if (g_cpu_only) dev = false;
     Grad r;
     r.dq.assign((size_t)t.Tcap * t.rsq * es, 0xFF);
-    r.dk.assign((size_t)t.Tkv * t.rskv * es, 0xFF);
+    r.dk.assign((tab ? (size_t)t.np * t.pgs : (size_t)t.Tkv * t.rskv) * es, 0xFF);
     r.dv.assign(r.dk.size(), 0xFF);
     void *q = dev ? t.dq : (void *)t.hq.data(), *k = dev ? t.dk : (void *)t.hk.data();
     void *v = dev ? t.dv : (void *)t.hv.data(), *m = dev ? t.dm : (void *)t.hmask.data();
+    void *dtab = tab ? (void *)tab->data() : nullptr;
+    if (tab) {
+        k = dev ? t.dkp : (void *)t.hkp.data();
+        v = dev ? t.dvp : (void *)t.hvp.data();
+    }
     void *dO = dev ? t.ddo : (void *)t.hdo.data();
     void *o = (void *)fw.o.data(), *l = (void *)fw.lse.data();
     void *gq = r.dq.data(), *gk = r.dk.data(), *gv = r.dv.data();
@@ -492,6 +507,10 @@ static Grad run_bwd(const Batch &t, bool dev, const std::vector<int32_t> &cq, co
         CK(cudaMalloc(&cukv, ckv.size() * 4));
         CK(cudaMemcpy(cuq, cq.data(), cq.size() * 4, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(cukv, ckv.data(), ckv.size() * 4, cudaMemcpyHostToDevice));
+        if (tab) {
+            CK(cudaMalloc(&dtab, tab->size() * 4));
+            CK(cudaMemcpy(dtab, tab->data(), tab->size() * 4, cudaMemcpyHostToDevice));
+        }
     }
     const int64_t shq[3] = {t.Tq, c.N, c.D}, stq[3] = {t.rsq, c.D, 1};
     const int64_t shk[3] = {t.Tkv, c.Nkv, c.D}, stk[3] = {t.rskv, c.D, 1};
@@ -502,6 +521,15 @@ static Grad run_bwd(const Batch &t, bool dev, const std::vector<int32_t> &cq, co
     spattn_tensor to = mk(o, c.dt, 3, shq, stq, dev), tl = mk(l, SPATTN_DTYPE_F32, 2, shl, NULL, dev);
     spattn_tensor tgq = mk(gq, c.dt, 3, shq, stq, dev), tgk = mk(gk, c.dt, 3, shk, stk, dev);
     spattn_tensor tgv = mk(gv, c.dt, 3, shk, stk, dev);
+    const int64_t shp[4] = {t.np, c.page, c.Nkv, c.D}, stp[4] = {t.pgs, t.rskv, c.D, 1};
+    const int64_t sht[2] = {c.B, maxp}, stt[2] = {t.maxp, 1};
+    spattn_tensor tt = mk(dtab, SPATTN_DTYPE_I32, 2, sht, stt, dev);
+    if (tab) {
+        tk = mk(k, c.dt, 4, shp, stp, dev);
+        tv = mk(v, c.dt, 4, shp, stp, dev);
+        tgk = mk(gk, c.dt, 4, shp, stp, dev);
+        tgv = mk(gv, c.dt, 4, shp, stp, dev);
+    }
     spattn_tensor tcq = mk(cuq, SPATTN_DTYPE_I32, 1, shc, NULL, dev), tckv = mk(cukv, SPATTN_DTYPE_I32, 1, shc, NULL, dev);
     spattn_varlen vl;
     memset(&vl, 0, sizeof vl);
@@ -509,12 +537,13 @@ static Grad run_bwd(const Batch &t, bool dev, const std::vector<int32_t> &cq, co
     vl.cu_seqlens_kv = &tckv;
     vl.max_seqlen_q = t.maxq;
     vl.max_seqlen_kv = t.maxkv;
+    if (tab) vl.block_table = &tt;
     spattn_options opt;
     spattn_options_init(&opt);
     opt.deterministic = det;
     void *ws = nullptr;
     cudaStream_t stream = nullptr;
-    if (dev && c.use_ws && bwd_fast(c)) {
+    if (dev && c.use_ws && bwd_fast(c) && (!tab || c.page % 8 == 0)) {
         size_t bytes = 0;
         spattn_status s = spattn_bsa_varlen_workspace_size(&tq, &tk, &tv, &tm, c.bx, c.by, &vl, 1, &opt, &bytes);
         check(s == SPATTN_STATUS_SUCCESS && bytes > 0, "backward workspace size", spattn_last_error());
@@ -535,6 +564,7 @@ static Grad run_bwd(const Batch &t, bool dev, const std::vector<int32_t> &cq, co
         CK(cudaMemcpy(r.dv.data(), gv, r.dv.size(), cudaMemcpyDeviceToHost));
         void *fr[7] = {o, l, gq, gk, gv, cuq, cukv};
         for (void *x : fr) cudaFree(x);
+        if (tab) cudaFree(dtab);
         if (ws) cudaFree(ws);
         if (stream) cudaStreamDestroy(stream);
     }
@@ -700,10 +730,108 @@ static void run_case(const Case &c, bool quick) {
 // size that is a multiple of 8.  Elsewhere the reference kernel runs.
 static bool hopper_shape(const Case &c) { return c.dt != SPATTN_DTYPE_F32 && c.D <= 128 && c.pad % 8 == 0; }
 
+// The dk / dv pages as np * page rows of Nkv * D values (into rows); "" or a note when a byte
+// outside them (row padding, page padding) is not poison.
+static std::string page_rows(const Batch &t, const std::vector<uint8_t> &g, std::vector<uint8_t> &rows) {
+    const Case &c = t.c;
+    const size_t es = esz(c.dt), rb = (size_t)c.Nkv * c.D * es;
+    std::vector<uint8_t> rest = g;
+    rows.assign((size_t)t.np * c.page * rb, 0);
+    for (int p = 0; p < t.np; p++)
+        for (int r = 0; r < c.page; r++) {
+            const size_t off = ((size_t)p * t.pgs + (size_t)r * t.rskv) * es;
+            memcpy(&rows[((size_t)p * c.page + r) * rb], &g[off], rb);
+            memset(&rest[off], 0xFF, rb);
+        }
+    return poison_bytes(rest.data(), rest.size()) ? "" : "padding of the dk / dv pages written";
+}
+
+// The paged backward (o / lse of the CPU's paged forward `fw`): CUDA against the CPU's paged
+// backward (eco criterion on dq and on every page row of dk / dv), rows no sequence uses exactly 0,
+// `reps` deterministic runs bitwise equal, and bitwise against the CUDA packed backward on the same
+// values: dq, and the dk / dv rows of pages one sequence uses (same kernel, same fp32 values, one
+// rounding).  Shapes the CUDA backward does not take: NOT_SUPPORTED naming the CPU, nothing written.
+static void check_bwd_paged(const Batch &t, const Out &fw, const std::string &ctx, int reps) {
+    const Case &c = t.c;
+    const int endq = t.cuq[c.B], ps = c.page, prow = t.np * ps, cols = c.Nkv * c.D;
+    Grad cpu = run_bwd(t, false, t.cuq, t.cukv, fw, 1, &t.tab, t.maxp);
+    check(cpu.st == SPATTN_STATUS_SUCCESS, "cpu paged backward", ctx + " " + cpu.msg);
+    if (cpu.st != SPATTN_STATUS_SUCCESS) return;
+    if ((!bwd_fast(c) || ps % 8 != 0) && !g_cpu_only) {
+        Grad g = run_bwd(t, true, t.cuq, t.cukv, fw, 1, &t.tab, t.maxp);
+        check(g.st == SPATTN_STATUS_NOT_SUPPORTED && g.msg.find("CPU") != std::string::npos,
+              "paged backward: NOT_SUPPORTED naming the CPU backend", ctx + " " + g.msg);
+        check(poison_bytes(g.dq.data(), g.dq.size()) && poison_bytes(g.dk.data(), g.dk.size()) &&
+                  poison_bytes(g.dv.data(), g.dv.size()),
+              "paged backward refusal: dq / dk / dv untouched", ctx);
+        return;
+    }
+    // users of each page and the page rows some sequence owns
+    std::vector<int> users(t.np, 0);
+    std::vector<char> owned((size_t)prow, 0);
+    for (int b = 0; b < c.B; b++) {
+        const int len = t.cukv[b + 1] - t.cukv[b];
+        for (int j = 0; j < len; j++) {
+            const int pg = t.tab[(size_t)b * t.maxp + j / ps];
+            owned[(size_t)pg * ps + j % ps] = 1;
+            if (j % ps == 0) users[pg]++;
+        }
+    }
+    std::vector<uint8_t> ck, cv;
+    page_rows(t, cpu.dk, ck);
+    page_rows(t, cpu.dv, cv);
+    const size_t es = esz(c.dt), rb = (size_t)cols * es;
+    for (int det = 1; det >= 0; det--) {
+        Grad g = run_bwd(t, true, t.cuq, t.cukv, fw, det, &t.tab, t.maxp);
+        const char *mode = det ? " (deterministic)" : " (fast)";
+        check(g.st == SPATTN_STATUS_SUCCESS, "cuda paged backward", ctx + mode + " " + g.msg);
+        if (g.st != SPATTN_STATUS_SUCCESS) continue;
+        std::vector<uint8_t> gk, gv;
+        std::string d = eco("dq", g.dq, cpu.dq, endq, t.Tcap, t.rsq, c.N * c.D, c.dt, true);
+        if (d.empty()) d = page_rows(t, g.dk, gk);
+        if (d.empty()) d = page_rows(t, g.dv, gv);
+        if (d.empty()) d = eco("dk pages", gk, ck, prow, prow, cols, cols, c.dt, false);
+        if (d.empty()) d = eco("dv pages", gv, cv, prow, prow, cols, cols, c.dt, false);
+        check(d.empty(), det ? "paged backward vs cpu (deterministic)" : "paged backward vs cpu (fast)", ctx + ": " + d);
+        if (!det || !d.empty()) continue;
+        bool z = true;  // rows no sequence uses: 0 (NaN in k / v there must not reach them)
+        for (int r = 0; r < prow && z; r++)
+            if (!owned[r])
+                for (int x = 0; x < cols; x++)
+                    z = z && load_dt(gk.data(), (size_t)r * cols + x, c.dt) == 0.f &&
+                        load_dt(gv.data(), (size_t)r * cols + x, c.dt) == 0.f;
+        check(z, "paged backward: page rows no sequence uses are 0", ctx);
+        bool same = true;
+        for (int rep = 1; rep < reps && same; rep++) {
+            Grad h = run_bwd(t, true, t.cuq, t.cukv, fw, 1, &t.tab, t.maxp);
+            same = h.st == SPATTN_STATUS_SUCCESS && h.dq == g.dq && h.dk == g.dk && h.dv == g.dv;
+        }
+        char w[80];
+        snprintf(w, sizeof w, "paged deterministic backward: %d runs bitwise equal", reps);
+        check(same, w, ctx);
+        // the packed backward on the same values (needs a packed batch TMA can read: as the paged one)
+        Grad gp = run_bwd(t, true, t.cuq, t.cukv, fw, 1);
+        d = gp.st == SPATTN_STATUS_SUCCESS ? "" : "packed call: " + gp.msg;
+        if (d.empty() && gp.dq != g.dq) d = "dq bits differ";
+        for (int b = 0; b < c.B && d.empty(); b++)
+            for (int j = 0; j < t.cukv[b + 1] - t.cukv[b] && d.empty(); j++) {
+                const int pg = t.tab[(size_t)b * t.maxp + j / ps];
+                if (users[pg] != 1) continue;
+                const size_t pr = ((size_t)pg * ps + j % ps) * rb, kr = (size_t)(t.cukv[b] + j) * t.rskv * es;
+                if (memcmp(&gk[pr], &gp.dk[kr], rb) || memcmp(&gv[pr], &gp.dv[kr], rb)) {
+                    char m[96];
+                    snprintf(m, sizeof m, "dk / dv bits differ: sequence %d key %d (page %d)", b, j, pg);
+                    d = m;
+                }
+            }
+        check(d.empty(), "paged backward = packed (cuda), bitwise: dq, rows of unshared pages", ctx + ": " + d);
+    }
+}
+
 // A paged batch: CUDA against the CPU's paged forward, and against the CUDA packed forward on the
 // same values (bitwise when both take the same kernel); sequence-alone calls; NaN in one
-// sequence's pages.  The backward stays packed-only on CUDA (unsupported_forms).
-static void run_case_paged(const Case &c, bool quick) {
+// sequence's pages; the paged backward (check_bwd_paged, `reps` deterministic runs bitwise equal).
+static void run_case_paged(const Case &c, bool quick, int reps = 3) {
     Batch t;
     make_batch(c, t);
     const std::string ctx = ctx_of(t);
@@ -726,6 +854,7 @@ static void run_case_paged(const Case &c, bool quick) {
         check(g2.st == SPATTN_STATUS_SUCCESS && g2.o == g.o && poison_bytes(g2.lse.data(), g2.lse.size()),
               "paged, no lse: same o bits, lse untouched", ctx);
     }
+    if (cpu.st == SPATTN_STATUS_SUCCESS) check_bwd_paged(t, cpu, ctx, reps);
     for (int pick = 0; pick < (quick ? 1 : 3) && g.st == SPATTN_STATUS_SUCCESS; pick++) {
         const int s = irand(0, c.B - 1);
         const int q0 = t.cuq[s], lq = t.cuq[s + 1] - q0;
@@ -824,6 +953,7 @@ static void bad_tables() {
             slot(b->tab, r, 1) = t.np;
             b->cq[0] = 1;
         }
+        const Out fw = run(t, false, t.cuq, t.cukv, t.maxq, t.maxkv, 0, true, &t.tab, t.maxp);  // good forward
         for (const Bad &b : bads) {
             Out cpu = run(t, false, b.cq, t.cukv, t.maxq, t.maxkv, 0, true, &b.tab, b.maxp);
             Out g = run(t, true, b.cq, t.cukv, t.maxq, t.maxkv, 0, true, &b.tab, b.maxp);
@@ -833,6 +963,16 @@ static void bad_tables() {
             check(g.st == cpu.st && g.msg == cpu.msg, "cuda paged: same status and message as the cpu", ctx);
             check(poison_bytes(g.o.data(), g.o.size()) && poison_bytes(g.lse.data(), g.lse.size()),
                   "cuda paged: o and lse untouched", ctx);
+            if (fast) {  // the paged backward (o / lse of a good CPU forward): same refusal, nothing written
+                Grad gc = run_bwd(t, false, b.cq, t.cukv, fw, 1, &b.tab, b.maxp);
+                Grad gg = run_bwd(t, true, b.cq, t.cukv, fw, 1, &b.tab, b.maxp);
+                const std::string bctx = b.what + " (paged backward): cpu \"" + gc.msg + "\" cuda \"" + gg.msg + "\"";
+                check(gc.st == SPATTN_STATUS_BAD_INDEX, "cpu paged backward refuses the table", bctx);
+                check(gg.st == gc.st && gg.msg == gc.msg, "cuda paged backward: same status and message as the cpu", bctx);
+                check(poison_bytes(gg.dq.data(), gg.dq.size()) && poison_bytes(gg.dk.data(), gg.dk.size()) &&
+                          poison_bytes(gg.dv.data(), gg.dv.size()),
+                      "cuda paged backward: dq / dk / dv untouched", bctx);
+            }
         }
         Out cpu = run(t, false, t.cuq, t.cukv, t.maxq, t.maxkv, 0, true, &t.tab, t.maxp);
         Out g = run(t, true, t.cuq, t.cukv, t.maxq, t.maxkv, 0, true, &t.tab, t.maxp);
@@ -900,13 +1040,15 @@ static void bad_prefix_sums() {
     }
 }
 
-// The forms CUDA does not run yet (the paged backward) answer NOT_SUPPORTED before touching anything.
+// The forms CUDA does not run (the paged backward with a page size that is not a multiple of 8)
+// answer NOT_SUPPORTED before touching anything; the workspace query gives 0 bytes for them.
 static void unsupported_forms() {
-    const int B = 2, N = 2, D = 64, T = 16;
-    void *q, *o, *cu, *tab, *m, *g[3];
+    const int B = 2, N = 2, D = 64, T = 16, PS = 12;
+    void *q, *o, *cu, *tab, *m, *g[3], *kp;
     CK(cudaMalloc(&q, T * N * D * 2));
     CK(cudaMalloc(&o, T * N * D * 2));
-    for (int i = 0; i < 3; i++) CK(cudaMalloc(&g[i], T * N * D * 2));
+    CK(cudaMalloc(&kp, 2 * PS * N * D * 2));
+    for (int i = 0; i < 3; i++) CK(cudaMalloc(&g[i], 2 * PS * N * D * 2));
     CK(cudaMalloc(&cu, (B + 1) * 4));
     CK(cudaMalloc(&tab, B * 4));
     CK(cudaMalloc(&m, B * N));
@@ -914,10 +1056,10 @@ static void unsupported_forms() {
     CK(cudaMemcpy(cu, hcu, sizeof hcu, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(tab, htab, sizeof htab, cudaMemcpyHostToDevice));
     const int64_t shq[3] = {T, N, D}, shc[1] = {B + 1}, shm[4] = {B, N, 1, 1}, shl[2] = {T, N};
-    const int64_t shp[4] = {2, 8, N, D}, sht[2] = {B, 1};
+    const int64_t shp[4] = {2, PS, N, D}, sht[2] = {B, 1};
     spattn_tensor tq = mk(q, SPATTN_DTYPE_F16, 3, shq, NULL, true), to = mk(o, SPATTN_DTYPE_F16, 3, shq, NULL, true);
     spattn_tensor tc = mk(cu, SPATTN_DTYPE_I32, 1, shc, NULL, true), tm = mk(m, SPATTN_DTYPE_U8, 4, shm, NULL, true);
-    spattn_tensor tp = mk(q, SPATTN_DTYPE_F16, 4, shp, NULL, true), tt = mk(tab, SPATTN_DTYPE_I32, 2, sht, NULL, true);
+    spattn_tensor tp = mk(kp, SPATTN_DTYPE_F16, 4, shp, NULL, true), tt = mk(tab, SPATTN_DTYPE_I32, 2, sht, NULL, true);
     float *l;
     CK(cudaMalloc(&l, T * N * 4));
     spattn_tensor tl = mk(l, SPATTN_DTYPE_F32, 2, shl, NULL, true);
@@ -934,16 +1076,19 @@ static void unsupported_forms() {
     spattn_tensor tgp[2];  // paged dk, dv (pages, as k)
     for (int i = 0; i < 2; i++) tgp[i] = mk(g[i + 1], SPATTN_DTYPE_F16, 4, shp, NULL, true);
     spattn_status s = spattn_bsa_bwd_varlen(&tq, &tp, &tp, &to, &tq, &tl, &tm, 64, 64, 0.0, &vl, &tg[0], &tgp[0], &tgp[1], NULL);
-    check(s == SPATTN_STATUS_NOT_SUPPORTED, "cuda paged backward: NOT_SUPPORTED", spattn_last_error());
+    check(s == SPATTN_STATUS_NOT_SUPPORTED && strstr(spattn_last_error(), "multiple of 8"),
+          "cuda paged backward, page size 12: NOT_SUPPORTED", spattn_last_error());
     size_t wsb = 1;
     s = spattn_bsa_varlen_workspace_size(&tq, &tp, &tp, &tm, 64, 64, &vl, 1, NULL, &wsb);
-    check(s == SPATTN_STATUS_NOT_SUPPORTED, "cuda paged backward workspace query: NOT_SUPPORTED", spattn_last_error());
+    check(s == SPATTN_STATUS_SUCCESS && wsb == 0, "cuda paged backward workspace query, page size 12: 0 bytes",
+          spattn_last_error());
     cudaFree(q);
     cudaFree(o);
     cudaFree(cu);
     cudaFree(tab);
     cudaFree(m);
     cudaFree(l);
+    cudaFree(kp);
     for (int i = 0; i < 3; i++) cudaFree(g[i]);
 }
 
@@ -969,6 +1114,9 @@ int main(int argc, char **argv) {
     pv.push_back({3, 2, 1, 64, 64, 64, F16, 150, 150, 1, 1, 0.5, 0, 0, 0, 16});     // chunks 64, slabs 16
     pv.push_back({5, 4, 2, 128, 48, 48, BF, 200, 260, 0, 0, 0.5, 8, 1, 0, 48});    // chunks 128, slabs 16
     pv.push_back({3, 2, 1, 64, 16, 32, F16, 60, 70, 0, 0, 0.6, 0, 0, 0, 12});      // page 12: reference
+    // the paged backward: a page shared by two sequences, GQA
+    pv.push_back({4, 4, 2, 64, 64, 64, F16, 200, 200, 1, 1, 0.5, 0, 0, 0, 64, 1});
+    pv.push_back({5, 6, 2, 128, 48, 48, BF, 300, 300, 0, 0, 0.5, 0, 1, 0, 128, 1});
     if (!quick) {
         pv.push_back({6, 2, 1, 64, 128, 128, BF, 260, 400, 0, 0, 0.6, 0, 1, 0, 32});  // chunks 128, slabs 32
         pv.push_back({4, 4, 4, 128, 16, 16, F16, 200, 200, 2, 1, 0.5, 8, 0, 0, 64});  // chunks 16, slabs 16
@@ -985,6 +1133,9 @@ int main(int argc, char **argv) {
         pv.push_back({2, 2, 1, 128, 128, 128, BF, 2000, 2000, 1, 1, 0.5, 0, 0, 0, 64}); // long sequences
         pv.push_back({9, 4, 2, 128, 64, 64, BF, 700, 700, 1, 1, 0.5, 0, 1, 1, 32});   // one long among short
         pv.push_back({3, 2, 1, 64, 1000, 1000, F16, 700, 700, 0, 0, 1.0, 0, 0, 0, 16}); // blocks > every sequence
+        pv.push_back({3, 2, 1, 128, 64, 64, BF, 600, 600, 1, 1, 0.5, 0, 0, 0, 256, 1}); // shared 256-row page
+        pv.push_back({6, 4, 1, 64, 16, 16, F16, 150, 260, 0, 0, 0.4, 8, 1, 0, 16, 1});  // shared, padded, ws
+        pv.push_back({3, 2, 2, 128, 64, 64, F16, 200, 200, 1, 1, 0.5, 0, 0, 0, 48, 1});  // shared page of 48
     }
     if (!quick) {
         v.push_back({8, 4, 1, 128, 128, 128, F16, 300, 300, 2, 1, 0.5, 0, 0, 0});  // cached prefix, causal
@@ -1048,7 +1199,7 @@ int main(int argc, char **argv) {
         g_rng = 0x5eed;
     }
     for (const Case &c : v) run_case(c, quick);
-    for (const Case &c : pv) run_case_paged(c, quick);
+    for (size_t i = 0; i < pv.size(); i++) run_case_paged(pv[i], quick, i == 0 ? 20 : 3);  // one case: 20 runs
     bad_prefix_sums();
     bad_tables();
     if (!g_cpu_only) unsupported_forms();
