@@ -1093,6 +1093,7 @@ static void unsupported_forms() {
 }
 
 int main(int argc, char **argv) {
+    setenv("SPATTN_CUDA_PAGED_BSA_BWD", "1", 1);  // the paged backward's gate (src/core/bsa_varlen.c)
     int a = 1;
     if (argc > a && !strcmp(argv[a], "selftest")) {
         g_cpu_only = true;
