@@ -404,6 +404,7 @@ static int compare_pass(const sp_case *c, int pass, side *ref, side *got, char *
             snprintf(msg, msglen, "out of memory comparing the baseline outputs");
             return -1;
         }
+#pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < n; i++) {
             a[i] = sp_load(got->h.b[b], dt, i);
             g[i] = sp_load(ref->h.b[b], dt, i);
