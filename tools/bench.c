@@ -246,6 +246,8 @@ static int load_set(const char *path, bset *s) {
             r->base.diag_ms[0] = sp_jv_num(e, "blockdiag_median_ms", NAN);
             const sp_jv *m = sp_jv_get(e, "baselines_match");
             r->base.same = !(m && m->type == SP_JBOOL && m->num == 0.0);
+            const char *why = sp_jv_str(e, "baselines_error");
+            snprintf(r->base.mismatch, sizeof r->base.mismatch, "%s", why ? why : "");
         }
         const char *op = sp_jv_str(e, "op");
         r->op = op && !strcmp(op, "sfa") ? SP_OP_SFA : SP_OP_BSA;

@@ -197,6 +197,9 @@ cli_test(cli_bench_varlen_baselines 0
   NOMATCH "FAIL|ERROR"
   CHECK_KIND bench CHECK_FILE ${out}/bench_varlen_base.json
   FILE_MATCH "\"varlen_baselines\": true@\"loop_median_ms\": [0-9]@\"blockdiag_flops\": [0-9]@\"packed_over_blockdiag\": [0-9]@\"loop_over_packed\": [0-9]@\"baselines_match\": true")
+cli_test(cli_bench_varlen_baselines_load 0 "bench@--load@${out}/bench_varlen_base.json"
+  MATCH "loop_ms +diag_ms +packed/diag +loop/packed@sfav05_paged_gqa_p16 +fwd( +[0-9.e+-]+)+ +- +- +[0-9.]+")
+set_tests_properties(cli_bench_varlen_baselines_load PROPERTIES DEPENDS cli_bench_varlen_baselines)
 cli_test(cli_bench_varlen_baselines_tiny 0
   "bench@--backend@cpu@--scale@1@--varlen-baselines@--suite@${cli_tests}/tiny_varlen.cases@--suite@${cli_tests}/varlen_baselines.cases@--repeats@1@--warmup@0"
   MATCH "loop/packed@tvl_bsa_paged +bwd@tvl_sfa_paged +bwd@vlb_sfa_sbs4 +bwd +[0-9.e+-]+ +[0-9.e+-]+ +[0-9.e+-]+ +[0-9.e+-]+ +[0-9.e+-]+ +[0-9.e+-]+ +[0-9.e+-]+ +[0-9.e+-]+ +[0-9.e+-]+@vlb_sfa_sbs4_odd bwd: block-diagonal skipped"
