@@ -33,6 +33,9 @@ typedef struct bres {
     int plan_same; /* -1 not checked (no plan), 1 plan outputs == plain call's bits, 0 not */
     char msg[512];
     const sp_case *c;
+    int has_base;    /* --varlen-baselines ran (or --load read) the loop / block-diagonal times */
+    sp_vl_base base; /* bench_varlen.c */
+    double base_flops; /* FLOPs of the block-diagonal call (padding included) */
 } bres;
 
 typedef struct bset {
@@ -56,6 +59,30 @@ static double median(double *v, int n) {
 }
 
 static const char *pass_str(int pass) { return pass == SP_PASS_FWD ? "fwd" : "bwd"; }
+
+/* --varlen-baselines: the loop and block-diagonal forms of a varlen case's pass (bench_varlen.c).
+ * Returns 1 when they failed or differ from the packed call (a failed case), else 0. */
+static int run_baselines(const sp_opts *o, const sp_case *c, const sp_inputs *in, bres *r,
+                         double *ms, sp_progress *prog) {
+    int status = 0;
+    char msg[512];
+    r->has_base = 1;
+    if (sp_bench_varlen_base(c, in, r->pass, o->warmup, o->repeats, o->backend, o->threads,
+                             o->deterministic, ms, &r->base, &status, msg, sizeof msg)) {
+        r->base.same = 0;
+        snprintf(r->base.mismatch, sizeof r->base.mismatch, "%s", msg);
+        sp_progress_end(prog);
+        fprintf(stderr, "spattn: %s:%d: case %s %s: baselines: %s\n", c->file, c->line, c->name,
+                pass_str(r->pass), msg);
+        return 1;
+    }
+    r->base_flops = sp_flops(c, r->base.diag_pairs, r->pass == SP_PASS_BWD);
+    if (r->base.same) return 0;
+    sp_progress_end(prog);
+    fprintf(stderr, "spattn: %s:%d: case %s %s: %s\n", c->file, c->line, c->name,
+            pass_str(r->pass), r->base.mismatch);
+    return 1;
+}
 
 /* Runs the benchmarks; returns the number of failed runs, -1 when out of memory, -2 when a
  * --dump file could not be written (message printed). */
@@ -128,6 +155,7 @@ static int run_all(sp_opts *o, const sp_case_list *cases, bset *ours) {
                 r->max_ms = ms[o->repeats - 1];
                 r->tflops = r->flops / (r->median_ms * 1e-3) / 1e12;
             }
+            if (r->ok && c->varlen && o->varlen_baselines) failed += run_baselines(o, c, &in, r, ms, &prog);
             if (!r->ok) {
                 failed++;
                 sp_progress_end(&prog);
@@ -212,6 +240,15 @@ static int load_set(const char *path, bset *s) {
         r->ok = isfinite(r->median_ms) || isfinite(r->tflops);
         const sp_jv *pb = sp_jv_get(e, "plan_bitwise");
         r->plan_same = pb && pb->type == SP_JBOOL ? (int)pb->num : -1;
+        if (sp_jv_get(e, "loop_median_ms")) { /* --varlen-baselines results */
+            r->has_base = 1;
+            r->base.loop_ms[0] = sp_jv_num(e, "loop_median_ms", NAN);
+            r->base.diag_ms[0] = sp_jv_num(e, "blockdiag_median_ms", NAN);
+            const sp_jv *m = sp_jv_get(e, "baselines_match");
+            r->base.same = !(m && m->type == SP_JBOOL && m->num == 0.0);
+            const char *why = sp_jv_str(e, "baselines_error");
+            snprintf(r->base.mismatch, sizeof r->base.mismatch, "%s", why ? why : "");
+        }
         const char *op = sp_jv_str(e, "op");
         r->op = op && !strcmp(op, "sfa") ? SP_OP_SFA : SP_OP_BSA;
     }
@@ -252,10 +289,52 @@ static double peak_frac_cpu(const bset *s, const bres *r) {
     return r->flops / (r->cpu_min_ms / s->threads * 1e-3) / 1e9 / s->peak_cpu_gflops;
 }
 
+/* Ratios of --varlen-baselines: packed / block-diagonal and loop / packed (NaN when missing). */
+static double packed_over_diag(const bres *r) {
+    return r->has_base && r->ok ? r->median_ms / r->base.diag_ms[0] : NAN;
+}
+static double loop_over_packed(const bres *r) {
+    return r->has_base && r->ok ? r->base.loop_ms[0] / r->median_ms : NAN;
+}
+
+static void print_num(double x, const char *fmt, int width) {
+    if (isfinite(x)) printf(fmt, x);
+    else printf(" %*s", width, "-");
+}
+
+/* The --varlen-baselines columns of one row. */
+static void print_base_cols(const bres *r) {
+    if (!r->has_base) return;
+    print_num(r->base.loop_ms[0], " %10.3f", 10);
+    print_num(r->base.diag_ms[0], " %10.3f", 10);
+    print_num(packed_over_diag(r), " %10.3f", 10);
+    print_num(loop_over_packed(r), " %10.2f", 10);
+}
+
+/* Notes and failures of the baselines, under the table. */
+static void print_base_notes(const bset *ours) {
+    for (int i = 0; i < ours->n; i++) {
+        const bres *r = &ours->v[i];
+        if (!r->has_base) continue;
+        if (r->base.note[0]) {
+            printf("  %s %s: %s", r->name, pass_str(r->pass), r->base.note);
+            if (r->base.diag_run && r->base.diag_padded)
+                printf("; block-diagonal %.4g GFLOP vs packed %.4g", r->base_flops / 1e9,
+                       r->flops / 1e9);
+            printf("\n");
+        }
+        if (!r->base.same)
+            printf("  %s %s: FAIL: %s\n", r->name, pass_str(r->pass), r->base.mismatch);
+    }
+}
+
 static void print_results(const bset *ours) {
     const int pk = ours->peak_gflops > 0;
-    printf("%-26s %-4s %10s %10s %10s %9s %10s%s\n", "case", "pass", "median_ms", "min_ms", "max_ms",
-           "TFLOP/s", "GFLOP", pk ? "   %peak   best%    cpu%" : "");
+    int nb = 0;
+    for (int i = 0; i < ours->n; i++) nb += ours->v[i].has_base;
+    printf("%-26s %-4s %10s %10s %10s %9s %10s%s%s\n", "case", "pass", "median_ms", "min_ms", "max_ms",
+           "TFLOP/s", "GFLOP", pk ? "   %peak   best%    cpu%" : "",
+           nb ? "    loop_ms    diag_ms packed/diag loop/packed" : "");
     for (int i = 0; i < ours->n; i++) {
         const bres *r = &ours->v[i];
         if (!r->ok) {
@@ -268,6 +347,7 @@ static void print_results(const bset *ours) {
         if (pk)
             printf(" %7.1f %7.1f %7.1f", 100.0 * peak_frac(ours, r, r->median_ms),
                    100.0 * peak_frac(ours, r, r->min_ms), 100.0 * peak_frac_cpu(ours, r));
+        print_base_cols(r);
         printf("%s\n", r->plan_same != 0                           ? ""
                        : ours->nondet && r->pass == SP_PASS_BWD ? "  plan != plain call (nondet)"
                                                                  : "  FAIL: plan != plain call");
@@ -309,6 +389,25 @@ static void print_compare(const bset *ours, const bset *peers, int np) {
     }
 }
 
+/* --varlen-baselines keys of one result (docs/cli.md). */
+static void write_json_base(sp_jw *w, const bres *r) {
+    const sp_vl_base *b = &r->base;
+    sp_jw_num(w, "loop_median_ms", b->loop_ms[0]);
+    sp_jw_num(w, "loop_min_ms", b->loop_ms[1]);
+    sp_jw_num(w, "loop_max_ms", b->loop_ms[2]);
+    sp_jw_int(w, "loop_calls", b->loop_calls);
+    sp_jw_num(w, "blockdiag_median_ms", b->diag_ms[0]);
+    sp_jw_num(w, "blockdiag_min_ms", b->diag_ms[1]);
+    sp_jw_num(w, "blockdiag_max_ms", b->diag_ms[2]);
+    sp_jw_num(w, "blockdiag_flops", b->diag_run ? r->base_flops : NAN);
+    sp_jw_bool(w, "blockdiag_padded", b->diag_padded);
+    sp_jw_num(w, "packed_over_blockdiag", packed_over_diag(r));
+    sp_jw_num(w, "loop_over_packed", loop_over_packed(r));
+    sp_jw_bool(w, "baselines_match", b->same);
+    sp_jw_str(w, "baselines_note", b->note);
+    if (!b->same) sp_jw_str(w, "baselines_error", b->mismatch);
+}
+
 static int write_json(const sp_opts *o, const bset *ours) {
     FILE *f = fopen(o->json_path, "w");
     if (!f) {
@@ -324,6 +423,7 @@ static int write_json(const sp_opts *o, const bset *ours) {
     sp_jw_int(&w, "deterministic", o->deterministic);
     sp_jw_str(&w, "timer", o->backend == SPATTN_BACKEND_CUDA ? "cuda_events_l2_flushed" : "wall_clock");
     sp_jw_str(&w, "bsa_plan", o->plan_per_call ? "per_call" : "reused");
+    sp_jw_bool(&w, "varlen_baselines", o->varlen_baselines);
     if (ours->peak_gflops > 0) {
         sp_jw_num(&w, "fma_peak_gflops", ours->peak_gflops);
         sp_jw_num(&w, "fma_peak_cpu_gflops", ours->peak_cpu_gflops);
@@ -349,6 +449,7 @@ static int write_json(const sp_opts *o, const bset *ours) {
         sp_jw_num(&w, "max_ms", r->ok ? r->max_ms : NAN);
         sp_jw_num(&w, "flops", r->flops);
         sp_jw_num(&w, "tflops", r->ok ? r->tflops : NAN);
+        if (r->has_base) write_json_base(&w, r);
         if (ours->peak_gflops > 0) {
             sp_jw_num(&w, "peak_fraction", r->ok ? peak_frac(ours, r, r->median_ms) : NAN);
             sp_jw_num(&w, "peak_fraction_best", r->ok ? peak_frac(ours, r, r->min_ms) : NAN);
@@ -448,6 +549,10 @@ int sp_cmd_bench(sp_opts *o) {
                                                  : "wall clock");
         if (!o->deterministic)
             printf("NON-DETERMINISTIC backward (--deterministic 0)\n");
+        if (o->varlen_baselines)
+            printf("varlen baselines: loop = one dense call per sequence, diag = one dense call "
+                   "over all tokens (block-diagonal mask / global indices); packed/diag and "
+                   "loop/packed are ratios of medians\n");
         double f = sp_effective_scale(o);
         if (f < 1.0)
             printf("SCALED RUN: sequence lengths x%g%s; --scale 1 runs the cases at full size\n", f,
@@ -477,6 +582,7 @@ int sp_cmd_bench(sp_opts *o) {
         if (failed) rc = SP_EXIT_FAIL;
     }
     print_results(&ours);
+    print_base_notes(&ours);
     int nplan = 0, nsame = 0;
     for (int i = 0; i < ours.n; i++) {
         nplan += ours.v[i].plan_same >= 0;

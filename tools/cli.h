@@ -42,6 +42,8 @@ typedef struct sp_opts {
     const char *dump_dir; /* bench: each case's block mask / indices + a JSON header go here, so
                              that peers (bench/peers/) time the very same sparsity (docs/cli.md) */
     int peak; /* bench, cpu: measure the fp32 FMA peak first and report rates as % of it */
+    int varlen_baselines; /* bench: also time each varlen case as a per-sequence loop of dense
+                             calls and as one block-diagonal dense call (bench_varlen.c) */
     int deterministic; /* bench, verify: spattn_options.deterministic of every backward call
                           (1 default: bitwise reproducible; 0 lets CUDA use faster kernels whose
                           summation order may vary).  Forward calls keep the default. */

@@ -58,7 +58,11 @@ static void usage(FILE *f) {
 "  --dump DIR          write each case's block mask (bsa) or indices (sfa) and a JSON header\n"
 "                      to DIR (created if missing) for peers to time the same sparsity\n"
 "                      (bench/peers/; format: docs/cli.md)\n"
-"  --peak              cpu: measure the fp32 FMA peak first; rates also as %% of it\n",
+"  --peak              cpu: measure the fp32 FMA peak first; rates also as %% of it\n"
+"  --varlen-baselines  varlen cases: also time the same work as a loop of dense calls, one\n"
+"                      per sequence, and as one dense call with a block-diagonal mask (bsa)\n"
+"                      or global indices (sfa); both must match the packed call (else\n"
+"                      exit 1); prints packed/diag and loop/packed (docs/cli.md)\n",
             SP_CPU_DEFAULT_SCALE);
 }
 
@@ -133,6 +137,10 @@ int main(int argc, char **argv) {
         }
         if (!strcmp(name, "--peak")) {
             o.peak = 1;
+            continue;
+        }
+        if (!strcmp(name, "--varlen-baselines")) {
+            o.varlen_baselines = 1;
             continue;
         }
         static const char *const kWithValue[] = {
@@ -237,6 +245,8 @@ int main(int argc, char **argv) {
     if (seen_det && (!strcmp(cmd, "list") || o.load_path))
         return bad("--deterministic belongs to 'spattn verify' and 'spattn bench' without "
                    "--load%s%s", "", "");
+    if (o.varlen_baselines && (strcmp(cmd, "bench") || o.load_path))
+        return bad("--varlen-baselines belongs to 'spattn bench' without --load%s%s", "", "");
     if (o.dump_dir && (strcmp(cmd, "bench") || o.load_path))
         return bad("--dump belongs to 'spattn bench' without --load%s%s", "", "");
     if (!strcmp(cmd, "list") && o.json_path)

@@ -124,16 +124,7 @@ spattn_status sp_vl_call_bwd(const sp_case *c, const sp_vl_tensors *vt, const sp
 
 /* ---- buffers: host (the inputs in place, zeroed outputs) and, for CUDA, device copies ---- */
 
-typedef struct vl_bufs {
-    void *b[SP_B_COUNT];
-    size_t bytes[SP_B_COUNT];
-    void *cu_q, *cu_kv, *table;
-    size_t cu_bytes, table_bytes;
-    int owns_inputs; /* device copies: every buffer is ours to free */
-} vl_bufs;
-
-/* Host buffers: inputs point into `in` (key side: the pages when paged), outputs calloc'd. */
-static int host_bufs(const sp_case *c, const sp_inputs *in, vl_bufs *h) {
+int sp_vl_host_bufs(const sp_case *c, const sp_inputs *in, sp_vl_bufs *h) {
     memset(h, 0, sizeof *h);
     int64_t no, nlse, ndq, ndk, ndv;
     sp_output_sizes(c, &no, &nlse, &ndq, &ndk, &ndv);
@@ -165,14 +156,13 @@ static int host_bufs(const sp_case *c, const sp_inputs *in, vl_bufs *h) {
     return 0;
 }
 
-static void host_bufs_free(vl_bufs *h) {
+void sp_vl_host_bufs_free(sp_vl_bufs *h) {
     for (int b = SP_B_O; b < SP_B_COUNT; b++) free(h->b[b]);
     memset(h, 0, sizeof *h);
 }
 
 #ifdef SPATTN_HAVE_CUDA
-/* Device copies of every host buffer (outputs zeroed). */
-static int dev_bufs(const vl_bufs *h, vl_bufs *d, char *msg, size_t msglen) {
+int sp_vl_dev_bufs(const sp_vl_bufs *h, sp_vl_bufs *d, char *msg, size_t msglen) {
     memset(d, 0, sizeof *d);
     d->owns_inputs = 1;
     cudaError_t e = cudaSuccess;
@@ -197,7 +187,7 @@ static int dev_bufs(const vl_bufs *h, vl_bufs *d, char *msg, size_t msglen) {
     return e == cudaSuccess ? 0 : -1;
 }
 
-static void dev_bufs_free(vl_bufs *d) {
+void sp_vl_dev_bufs_free(sp_vl_bufs *d) {
     for (int b = 0; b < SP_B_COUNT; b++)
         if (d->b[b]) cudaFree(d->b[b]);
     if (d->cu_q) cudaFree(d->cu_q);
@@ -208,7 +198,7 @@ static void dev_bufs_free(vl_bufs *d) {
 #endif
 
 /* Runs the forward (and the backward) on the backend; outputs end up in h. */
-static int run_impl(const sp_case *c, const sp_inputs *in, vl_bufs *h, int passes, int backend,
+static int run_impl(const sp_case *c, const sp_inputs *in, sp_vl_bufs *h, int passes, int backend,
                     int threads, int deterministic, sp_verify_out *out) {
     spattn_options opt;
     spattn_options_init(&opt);
@@ -216,14 +206,14 @@ static int run_impl(const sp_case *c, const sp_inputs *in, vl_bufs *h, int passe
     opt.num_threads = threads;
     spattn_options bopt = opt; /* the backward's */
     bopt.deterministic = deterministic;
-    const vl_bufs *use = h;
+    const sp_vl_bufs *use = h;
 #ifdef SPATTN_HAVE_CUDA
-    vl_bufs d;
+    sp_vl_bufs d;
     memset(&d, 0, sizeof d);
     if (backend == SPATTN_BACKEND_CUDA) {
-        if (dev_bufs(h, &d, out->msg, sizeof out->msg)) {
+        if (sp_vl_dev_bufs(h, &d, out->msg, sizeof out->msg)) {
             out->status = SPATTN_STATUS_CUDA_ERROR;
-            dev_bufs_free(&d);
+            sp_vl_dev_bufs_free(&d);
             return -1;
         }
         use = &d;
@@ -270,7 +260,7 @@ static int run_impl(const sp_case *c, const sp_inputs *in, vl_bufs *h, int passe
     rc = 0;
 done:
 #ifdef SPATTN_HAVE_CUDA
-    if (backend == SPATTN_BACKEND_CUDA) dev_bufs_free(&d);
+    if (backend == SPATTN_BACKEND_CUDA) sp_vl_dev_bufs_free(&d);
 #endif
     return rc;
 }
@@ -279,18 +269,18 @@ int sp_bench_varlen(const sp_case *c, const sp_inputs *in, int pass, int warmup,
                     int backend, int threads, int deterministic, double *ms, int *status,
                     char *msg, size_t msglen) {
     *status = 0;
-    vl_bufs h, d;
+    sp_vl_bufs h, d;
     memset(&d, 0, sizeof d);
-    const vl_bufs *use = &h;
+    const sp_vl_bufs *use = &h;
     int rc = -1;
-    if (host_bufs(c, in, &h)) {
+    if (sp_vl_host_bufs(c, in, &h)) {
         *status = SPATTN_STATUS_OUT_OF_MEMORY;
         snprintf(msg, msglen, "out of memory allocating the outputs");
         goto done;
     }
 #ifdef SPATTN_HAVE_CUDA
     if (backend == SPATTN_BACKEND_CUDA) {
-        if (dev_bufs(&h, &d, msg, msglen)) {
+        if (sp_vl_dev_bufs(&h, &d, msg, msglen)) {
             *status = SPATTN_STATUS_CUDA_ERROR;
             goto done;
         }
@@ -330,18 +320,18 @@ int sp_bench_varlen(const sp_case *c, const sp_inputs *in, int pass, int warmup,
     rc = 0;
 done:
 #ifdef SPATTN_HAVE_CUDA
-    if (use == &d) dev_bufs_free(&d);
+    if (use == &d) sp_vl_dev_bufs_free(&d);
 #endif
-    host_bufs_free(&h);
+    sp_vl_host_bufs_free(&h);
     return rc;
 }
 
 int sp_verify_varlen(const sp_case *c, const sp_inputs *in, int passes, int backend, int threads,
                      int deterministic, sp_verify_out *out) {
     memset(out, 0, sizeof *out);
-    vl_bufs h;
+    sp_vl_bufs h;
     int rc = -1;
-    if (host_bufs(c, in, &h)) {
+    if (sp_vl_host_bufs(c, in, &h)) {
         out->status = SPATTN_STATUS_OUT_OF_MEMORY;
         snprintf(out->msg, sizeof out->msg, "out of memory allocating the outputs");
         goto done;
@@ -352,6 +342,6 @@ int sp_verify_varlen(const sp_case *c, const sp_inputs *in, int passes, int back
     sp_verify_compare(out);
     rc = 0;
 done:
-    host_bufs_free(&h);
+    sp_vl_host_bufs_free(&h);
     return rc;
 }

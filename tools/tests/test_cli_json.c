@@ -47,6 +47,7 @@ static int check_file(const char *kind, const char *path) {
         }
     } else {
         const sp_jv *res = sp_jv_get(doc, "results");
+        int nbase = 0;
         TU_CHECK(res && res->type == SP_JARR && res->n > 0, "results array");
         for (int i = 0; res && i < res->n; i++) {
             const sp_jv *r = &res->items[i];
@@ -56,7 +57,21 @@ static int check_file(const char *kind, const char *path) {
                          has_type(r, "median_ms", SP_JNUM) && has_type(r, "tflops", SP_JNUM) &&
                          has_type(r, "min_ms", SP_JNUM) && has_type(r, "max_ms", SP_JNUM),
                      "result %d keys", i);
+            /* --varlen-baselines: the keys of docs/cli.md on every result that has them */
+            if (sp_jv_get(r, "loop_median_ms")) {
+                nbase++;
+                TU_CHECK(sp_jv_get(r, "blockdiag_median_ms") && sp_jv_get(r, "blockdiag_flops") &&
+                             sp_jv_get(r, "packed_over_blockdiag") &&
+                             sp_jv_get(r, "loop_over_packed") && has_type(r, "loop_calls", SP_JNUM) &&
+                             has_type(r, "blockdiag_padded", SP_JBOOL) &&
+                             has_type(r, "baselines_match", SP_JBOOL) &&
+                             has_type(r, "baselines_note", SP_JSTR),
+                         "result %d baseline keys", i);
+            }
         }
+        const sp_jv *vb = sp_jv_get(doc, "varlen_baselines");
+        if (vb && vb->type == SP_JBOOL && vb->num != 0.0)
+            TU_CHECK(nbase > 0, "varlen_baselines: some result has the baseline keys");
     }
     sp_json_free(doc);
     return tu_summary("test_cli_json (file)");

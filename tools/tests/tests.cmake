@@ -179,6 +179,33 @@ cli_test(cli_bench_varlen 0
   "bench@--backend@cpu@--suite@${cli_tests}/tiny_varlen.cases@--repeats@2@--warmup@0@--json@${out}/bench_varlen.json"
   MATCH "tvl_bsa_paged +fwd@tvl_bsa_paged +bwd@tvl_sfa_paged +bwd@tvl_sfa_decode +fwd"
   CHECK_KIND bench CHECK_FILE ${out}/bench_varlen.json)
+# --varlen-baselines (issue 14, item 6): the loop of dense calls and the block-diagonal dense
+# call beside the packed one, checked against it, on the public varlen suites (padded bsa
+# layouts, sfa mode 3 and sbs 4, paged keys, empty sequences) and the tiny ones at full size.
+# About 30 s on 2 cores in the Release build; the sanitizer build (many times slower) runs the
+# quick cases only.
+if(SPATTN_SANITIZE)
+  set(vlb_cases "@--case@^(bsav03|bsav05|sfav03|sfav05)_")
+  set(vlb_match "bsav05_paged_p16_empty +bwd@sfav03_empty_seqs_m0 +bwd")
+else()
+  set(vlb_cases "")
+  set(vlb_match "bsav08_causal_32k_b128 +fwd@sfav07_packed_32k +bwd")
+endif()
+cli_test(cli_bench_varlen_baselines 0
+  "bench@--backend@cpu@--scale@0.0625@--varlen-baselines@--suite@bsa_varlen@--suite@sfa_varlen@--repeats@1@--warmup@0${vlb_cases}@--json@${out}/bench_varlen_base.json"
+  MATCH "loop/packed@${vlb_match}@block-diagonal padded@sfav05_paged_gqa_p16 bwd: .*block-diagonal skipped"
+  NOMATCH "FAIL|ERROR"
+  CHECK_KIND bench CHECK_FILE ${out}/bench_varlen_base.json
+  FILE_MATCH "\"varlen_baselines\": true@\"loop_median_ms\": [0-9]@\"blockdiag_flops\": [0-9]@\"packed_over_blockdiag\": [0-9]@\"loop_over_packed\": [0-9]@\"baselines_match\": true")
+cli_test(cli_bench_varlen_baselines_load 0 "bench@--load@${out}/bench_varlen_base.json"
+  MATCH "loop_ms +diag_ms +packed/diag +loop/packed@sfav05_paged_gqa_p16 +fwd( +[0-9.e+-]+)+ +- +- +[0-9.]+")
+set_tests_properties(cli_bench_varlen_baselines_load PROPERTIES DEPENDS cli_bench_varlen_baselines)
+cli_test(cli_bench_varlen_baselines_tiny 0
+  "bench@--backend@cpu@--scale@1@--varlen-baselines@--suite@${cli_tests}/tiny_varlen.cases@--suite@${cli_tests}/varlen_baselines.cases@--repeats@1@--warmup@0"
+  MATCH "loop/packed@tvl_bsa_paged +bwd@tvl_sfa_paged +bwd@vlb_sfa_sbs4 +bwd +[0-9.e+-]+ +[0-9.e+-]+ +[0-9.e+-]+ +[0-9.e+-]+ +[0-9.e+-]+ +[0-9.e+-]+ +[0-9.e+-]+ +[0-9.e+-]+ +[0-9.e+-]+@vlb_sfa_sbs4_odd bwd: block-diagonal skipped"
+  NOMATCH "FAIL|ERROR|vlb_bsa_aligned [a-z]+: block-diagonal padded")
+cli_test(cli_varlen_baselines_not_bench 2 "verify@--varlen-baselines"
+  MATCH "--varlen-baselines belongs to 'spattn bench' without --load")
 cli_test(cli_list_varlen 0 "list@--backend@cpu@--suite@bsa_varlen@--suite@sfa_varlen"
   MATCH "bsav04_paged_gqa_prefill .* page=64@sfav06_paged_decode .*Tq=64@15 cases")
 cli_test(cli_bad_varlen_line 2 "verify@--suite@${cli_tests}/bad_varlen.cases"
