@@ -13,10 +13,13 @@
 #            ratios and geometric means; peers not measured in this run fall back to the
 #            recorded bench/results/<suite>_<peer>_h200.json (other masks for random/bigbird)
 #   python   bash python/device_check.sh (the package's torch tests on CUDA tensors)
+#   varlen   spattn verify --backend cuda on bsa_varlen and sfa_varlen (with the paged bsa
+#            backward's gate open: SPATTN_CUDA_PAGED_BSA_BWD=1), then spattn bench
+#            --varlen-baselines on the 32-sequence 32K-token cases (issue 14, item 6)
 #   checks   the CMake-built GPU checks (bsa/sfa[_varlen]/robust_cuda_check), compute-sanitizer
 #            (memcheck, racecheck, synccheck, initcheck) on their quick sets and memcheck on
 #            `spattn verify --backend cuda --suite tests/cuda/odd_shapes.cases`
-# env: SUITES ("bsa sfa"), CASE (a --case regex), REPEATS (10), FLEX_REPS (10), GATHER_REPS (3),
+# env: SUITES ("bsa sfa"), CASE (a --case regex), VL_CASE (the varlen step's), REPEATS (10), FLEX_REPS (10), GATHER_REPS (3),
 #      CHECK_PROGS, SAN_PROGS, SAN_TOOLS (subsets of the checks step: the whole step can pass the
 #      600 s of one device call; racecheck of sfa_varlen_cuda_check quick alone took 98 s),
 #      SPATTN_BUILD (a CUDA build folder to reuse; default build-dev, built when spattn there
@@ -125,6 +128,18 @@ if has compare; then
     echo "== $s: ours vs ${cmp[*]}"
     "$SP" bench --load "$OUT/${s}_ours.json" "${cmp[@]}" --svg "$OUT/${s}.svg" 2>&1 | tee "$OUT/${s}_compare.txt"
   done
+  el
+fi
+
+if has varlen; then
+  echo "== varlen: verify (paged bsa backward gate open) and --varlen-baselines"
+  SPATTN_CUDA_PAGED_BSA_BWD=1 timeout ${VERIFY_TIMEOUT:-300} "$SP" verify --backend cuda --suite bsa_varlen \
+    --suite sfa_varlen --quiet --json "$OUT/verify_varlen.json" > "$OUT/verify_varlen.log" 2>&1
+  echo "verify varlen exit $?"; grep -E "passed|FAIL" "$OUT/verify_varlen.log" | tail -6
+  timeout ${BENCH_TIMEOUT:-200} "$SP" bench --backend cuda --suite bsa_varlen --suite sfa_varlen \
+    --case "${VL_CASE:-^(bsav06|bsav08|sfav07)_}" --varlen-baselines --quiet --repeats ${REPEATS:-10} \
+    --json "$OUT/varlen_baselines.json" > "$OUT/varlen_baselines.log" 2>&1
+  echo "bench --varlen-baselines exit $?"; tail -12 "$OUT/varlen_baselines.log"
   el
 fi
 
