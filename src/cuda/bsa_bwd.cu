@@ -265,12 +265,7 @@ __global__ void __launch_bounds__(384, 1)
                 }
                 hop::mbar_wait(dqfull + buf, (it >> 1) & 1);
                 int *sp = sem + at;
-                if (det) {
-                    int v;
-                    do {
-                        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(sp) : "memory");
-                    } while (v != rank);
-                }
+                if (det) hop::spin_until_eq(sp, rank);
                 // the tile's NH halves are contiguous in the buffer and in the accumulator: one add.
                 // det: the first in the order (rank 0) stores instead, so the accumulator needs no
                 // zeroing (the postprocess writes 0 for query tiles nothing reaches)
@@ -290,7 +285,7 @@ __global__ void __launch_bounds__(384, 1)
                 if (det) {
                     asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the add has landed
                     // a release add (no full fence: membar.sc cost ~1 us per link of the chain)
-                    asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(sp) : "memory");
+                    hop::release_inc(sp);
                 }
             }
             asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
@@ -471,12 +466,7 @@ __global__ void __launch_bounds__(384, 1)
         // [tensor (dK, dV)][consumer][DP / 8 float4][thread]: 512-byte warp accesses
         const auto slot = [&](int w, int i) { return buf + ((w * 2 + c) * (DP / 8) + i) * 128 + tid; };
         if (ck > 0) {
-            if (c == 0 && tid == 0) {
-                int v;
-                do {
-                    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(sp.sem + row) : "memory");
-                } while (v != ck);
-            }
+            if (c == 0 && tid == 0) hop::spin_until_eq(sp.sem + row, ck);
             hop::bar_sync(NB_KV, 256);
 #pragma unroll
             for (int i = 0; i < DP / 8; i++) {
@@ -499,7 +489,7 @@ __global__ void __launch_bounds__(384, 1)
             }
             __threadfence();
             hop::bar_sync(NB_KV, 256);
-            if (c == 0 && tid == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(sp.sem + row) : "memory");
+            if (c == 0 && tid == 0) hop::release_inc(sp.sem + row);
             return;
         }
     }
@@ -573,18 +563,7 @@ __device__ __forceinline__ void dq_store8(const float *half, int r, int c, float
         v[2 * k] = x.x * scale;
         v[2 * k + 1] = x.y * scale;
     }
-    if (s3 == 1 && c + 8 <= D && !(reinterpret_cast<uintptr_t>(dst + c) & 15)) {
-        uint4 w;
-        w.x = bsa_t<T>::pack(v[0], v[1]);
-        w.y = bsa_t<T>::pack(v[2], v[3]);
-        w.z = bsa_t<T>::pack(v[4], v[5]);
-        w.w = bsa_t<T>::pack(v[6], v[7]);
-        *reinterpret_cast<uint4 *>(dst + c) = w;
-        return;
-    }
-#pragma unroll
-    for (int k = 0; k < 8; k++)
-        if (c + k < D) dst[(long long)(c + k) * s3] = bsa_t<T>::fromf(v[k]);
+    bsa_store8<T>(dst + (long long)c * s3, s3, v, min(8, D - c));
 }
 
 // dq[b, n, i, :] = scale * accumulator (layout [B*N][nqt][NH][64 x 64 in fragment order]); a
@@ -686,10 +665,6 @@ static long long key_rows(const bsa_params *p) { return (long long)p->B * p->Nkv
 extern "C" size_t spattn_bsa_bwd90_sem_bytes(const bsa_params *p, int dp) {
     (void)dp;
     return (size_t)(acc_tiles(p) + key_rows(p)) * 4;  // per query tile (dQ order), then per key tile (split rows)
-}
-extern "C" size_t spattn_bsa_bwd90_kvbuf_bytes(const bsa_params *p, int dp) {
-    if (bsa_bwd90_splits(p->G, (p->Sq + BM - 1) / BM) <= 1) return 0;
-    return (size_t)key_rows(p) * 2 * BN * dp * 4;
 }
 
 extern "C" cudaError_t spattn_bsa_launch_bwd90(const bsa_params *p, const bsa_bwd_tmaps *tm, int dp, int bf16, float *dqacc,

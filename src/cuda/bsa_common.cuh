@@ -116,6 +116,23 @@ template <> struct bsa_t<__nv_bfloat16> {
     }
 };
 
+// v[0 .. n) (n <= 8) to dst[k * s3] in T: one 16-byte store when all 8 go to a contiguous,
+// 16-byte aligned row, else element by element.
+template <typename T> __device__ __forceinline__ void bsa_store8(T *dst, long long s3, const float *v, int n) {
+    if (n == 8 && s3 == 1 && !(reinterpret_cast<uintptr_t>(dst) & 15)) {
+        uint4 w;
+        w.x = bsa_t<T>::pack(v[0], v[1]);
+        w.y = bsa_t<T>::pack(v[2], v[3]);
+        w.z = bsa_t<T>::pack(v[4], v[5]);
+        w.w = bsa_t<T>::pack(v[6], v[7]);
+        *reinterpret_cast<uint4 *>(dst) = w;
+        return;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        if (k < n) dst[(long long)k * s3] = bsa_t<T>::fromf(v[k]);
+}
+
 // 2^x with the SFU (ex2.approx; 2^-inf = 0).
 __device__ __forceinline__ float bsa_exp2(float x) {
     float y;

@@ -24,6 +24,15 @@ namespace {
 
 constexpr size_t kAlign = 256;
 size_t up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+// Offsets of n consecutive pieces of sz[i] bytes, each kAlign-aligned; returns the end.
+size_t place(const size_t *sz, int n, size_t *off) {
+    size_t o = 0;
+    for (int i = 0; i < n; i++) {
+        off[i] = o;
+        o += up(sz[i]);
+    }
+    return o;
+}
 
 bool fast_path(const spattn_bsa_problem *p) {
     return (p->dtype == SPATTN_DTYPE_F16 || p->dtype == SPATTN_DTYPE_BF16) && bsa_dpad(p->D) != 0;
@@ -140,8 +149,7 @@ Layout layout(const spattn_bsa_problem *p, int kind) {
         }
         sz[6] = nq * 64 * (size_t)dp * 4;              // dQ accumulator (fp32)
         sz[7] = (nq + kr) * 4;                         // semaphores: dQ order per query tile, split rows per key tile
-        if (bsa_bwd90_splits(p->N / p->Nkv, (long long)nqt) > 1)
-            sz[8] = kr * 2 * 128 * (size_t)dp * 4;     // fp32 dK / dV sums of split key-major rows
+        sz[8] = (size_t)bsa_bwd90_kvbuf_bytes(p->N / p->Nkv, (long long)nqt, (long long)kr, dp);  // split rows' dK / dV
     } else if (backward || !fwd_fast(p)) {  // the simple kernels (and a conversion)
         if (!backward) {
             sz[0] = rows * p->D * 4;  // o fp32
@@ -163,12 +171,7 @@ Layout layout(const spattn_bsa_problem *p, int kind) {
             sz[2] = nq * 4;       // launch order
         }
     }
-    size_t o = 0;
-    for (int i = 0; i < 9; i++) {
-        L.off[i] = o;
-        o += up(sz[i]);
-    }
-    L.total = o;
+    L.total = place(sz, 9, L.off);
     return L;
 }
 
@@ -455,12 +458,7 @@ VlLayout vl_layout(const spattn_bsa_problem *vp, bool fast) {
         sz[4] = rows * (size_t)((vp->Skv + u - 1) / u) * 8;
         sz[5] = rows * 4;
     }
-    size_t o = 0;
-    for (int i = 0; i < 6; i++) {
-        L.off[i] = o;
-        o += up(sz[i]);
-    }
-    L.total = o + kAlign;
+    L.total = place(sz, 6, L.off) + kAlign;
     return L;
 }
 
@@ -600,19 +598,14 @@ VlBwdLayout vl_bwd_layout(const spattn_bsa_problem *vp) {
                            kr * (size_t)(vp->N / vp->Nkv) * nqt * 4,
                            at * 64 * (size_t)dp * 4,
                            (at + kr) * 4,  // semaphores: per accumulator tile, then per key tile
-                           bsa_bwd90_splits(vp->N / vp->Nkv, (long long)nqt) > 1 ? kr * 2 * 128 * (size_t)dp * 4 : 0,
+                           (size_t)bsa_bwd90_kvbuf_bytes(vp->N / vp->Nkv, (long long)nqt, (long long)kr, dp),
                            kvs,
                            kvs,
                            np * 4,
                            sq->table ? (np + 1) * 4 : 0,
                            np * 4,
                            nl * 8};
-    size_t o = 0;
-    for (int i = 0; i < 18; i++) {
-        L.off[i] = o;
-        o += up(sz[i]);
-    }
-    L.total = o + kAlign;
+    L.total = place(sz, 18, L.off) + kAlign;
     return L;
 }
 

@@ -88,9 +88,8 @@ struct bsa_bwd_tmaps {
 // (by spattn_bsa_launch_delta).
 size_t spattn_bsa_bwd90_acc_bytes(const bsa_params *p, int dp);
 size_t spattn_bsa_bwd90_sem_bytes(const bsa_params *p, int dp);
-// kvbuf: spattn_bsa_bwd90_kvbuf_bytes (0 when no key tile's list can be split: bsa_bwd90_splits);
-// the fp32 dK / dV sums of split rows, read only after being written (no zeroing).
-size_t spattn_bsa_bwd90_kvbuf_bytes(const bsa_params *p, int dp);
+// kvbuf: bsa_bwd90_kvbuf_bytes (bsa_tiles.h; 0 when no key tile's list can be split); the fp32
+// dK / dV sums of split rows, read only after being written (no zeroing).
 // Split of long key-major lists over several CTAs (bsa_tiles.h); sem: per key tile, zeroed.
 struct bsa_split {
     int splits, chunk;

@@ -79,21 +79,7 @@ __global__ void bsa_pg_sort_kernel(const bsa_pg_fold_args a) {
     }
 }
 
-// 8 columns of a dk and a dv page row (page pg, row r, head h, columns [c, c + 8)) per thread.
-template <typename T> __device__ __forceinline__ void pg_store8(T *dst, long long s3, const float *v) {
-    if (s3 == 1 && !(reinterpret_cast<uintptr_t>(dst) & 15)) {
-        uint4 w;
-        w.x = bsa_t<T>::pack(v[0], v[1]);
-        w.y = bsa_t<T>::pack(v[2], v[3]);
-        w.z = bsa_t<T>::pack(v[4], v[5]);
-        w.w = bsa_t<T>::pack(v[6], v[7]);
-        *reinterpret_cast<uint4 *>(dst) = w;
-        return;
-    }
-#pragma unroll
-    for (int k = 0; k < 8; k++) dst[(long long)k * s3] = bsa_t<T>::fromf(v[k]);
-}
-
+// Every page row of dk and dv, 8 columns per thread (bsa_store8).
 template <typename T> __global__ void bsa_pg_fold_kernel(const bsa_pg_fold_args a) {
     if (*a.err != ~0ull) return;
     const int cg = a.D / 8;
@@ -127,8 +113,8 @@ template <typename T> __global__ void bsa_pg_fold_kernel(const bsa_pg_fold_args 
         }
         T *dk = static_cast<T *>(a.dk) + pg * a.dk_s[0] + r * a.dk_s[1] + h * a.dk_s[2] + c * a.dk_s[3];
         T *dv = static_cast<T *>(a.dv) + pg * a.dv_s[0] + r * a.dv_s[1] + h * a.dv_s[2] + c * a.dv_s[3];
-        pg_store8<T>(dk, a.dk_s[3], k);
-        pg_store8<T>(dv, a.dv_s[3], v);
+        bsa_store8<T>(dk, a.dk_s[3], k, 8);
+        bsa_store8<T>(dv, a.dv_s[3], v, 8);
     }
 }
 

@@ -73,5 +73,10 @@ BSA_HD int bsa_bwd90_chunk(long long G, long long nqt) {
     const long long n = G * nqt, s = bsa_bwd90_splits(G, nqt);
     return (int)((n + s - 1) / s);
 }
+// Workspace of the split rows' fp32 dK / dV sums: 2 x 128 keys x dp per key tile (key_rows of
+// them), none when no list can be split.
+BSA_HD long long bsa_bwd90_kvbuf_bytes(long long G, long long nqt, long long key_rows, int dp) {
+    return bsa_bwd90_splits(G, nqt) > 1 ? key_rows * 2 * 128 * dp * 4 : 0;
+}
 
 #endif

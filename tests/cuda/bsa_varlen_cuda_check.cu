@@ -1092,6 +1092,28 @@ static void unsupported_forms() {
     for (int i = 0; i < 3; i++) cudaFree(g[i]);
 }
 
+// A random batch: B 1..12 sequences of up to 400 queries / keys, every block size the kernels
+// treat differently, GQA, both dtypes, padded rows, caller workspace.
+static Case random_case() {
+    static const int blocks[] = {16, 48, 64, 128, 32, 7, 80, 200};
+    Case r = {};
+    r.B = irand(1, 12);
+    r.Nkv = irand(1, 2);
+    r.N = r.Nkv * irand(1, 3);
+    r.D = urand() < 0.5 ? 64 : 128;
+    r.bx = blocks[irand(0, 7)];
+    r.by = blocks[irand(0, 7)];
+    r.dt = urand() < 0.5 ? SPATTN_DTYPE_F16 : SPATTN_DTYPE_BF16;
+    r.maxq = irand(1, 400);
+    r.maxkv = irand(1, 400);
+    r.kvmode = irand(0, 2);
+    r.causal = irand(0, 1);
+    r.density = urand();
+    r.pad = urand() < 0.25 ? 8 : 0;
+    r.use_ws = urand() < 0.3;
+    return r;
+}
+
 int main(int argc, char **argv) {
     setenv("SPATTN_CUDA_PAGED_BSA_BWD", "1", 1);  // the paged backward's gate (src/core/bsa_varlen.c)
     int a = 1;
@@ -1157,42 +1179,10 @@ int main(int argc, char **argv) {
         const char *seed = getenv("SPATTN_TEST_SEED");
         g_rng = seed ? strtoull(seed, NULL, 0) : (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull + 1;
         printf("random batches: seed %llu (SPATTN_TEST_SEED replays)\n", (unsigned long long)g_rng);
-        const int blocks[] = {16, 48, 64, 128, 32, 7, 80, 200};
-        for (int i = 0; i < 20; i++) {
-            Case r = {};
-            r.B = irand(1, 12);
-            r.Nkv = irand(1, 2);
-            r.N = r.Nkv * irand(1, 3);
-            r.D = urand() < 0.5 ? 64 : 128;
-            r.bx = blocks[irand(0, 7)];
-            r.by = blocks[irand(0, 7)];
-            r.dt = urand() < 0.5 ? F16 : BF;
-            r.maxq = irand(1, 400);
-            r.maxkv = irand(1, 400);
-            r.kvmode = irand(0, 2);
-            r.causal = irand(0, 1);
-            r.density = urand();
-            r.pad = urand() < 0.25 ? 8 : 0;
-            r.use_ws = urand() < 0.3;
-            v.push_back(r);
-        }
+        for (int i = 0; i < 20; i++) v.push_back(random_case());
         const int pages[] = {16, 24, 32, 48, 64, 80, 128, 256, 5, 12};
         for (int i = 0; i < 12; i++) {
-            Case r = {};
-            r.B = irand(1, 12);
-            r.Nkv = irand(1, 2);
-            r.N = r.Nkv * irand(1, 3);
-            r.D = urand() < 0.5 ? 64 : 128;
-            r.bx = blocks[irand(0, 7)];
-            r.by = blocks[irand(0, 7)];
-            r.dt = urand() < 0.5 ? F16 : BF;
-            r.maxq = irand(1, 400);
-            r.maxkv = irand(1, 400);
-            r.kvmode = irand(0, 2);
-            r.causal = irand(0, 1);
-            r.density = urand();
-            r.pad = urand() < 0.25 ? 8 : 0;
-            r.use_ws = urand() < 0.3;
+            Case r = random_case();
             r.page = pages[irand(0, 9)];
             pv.push_back(r);
         }

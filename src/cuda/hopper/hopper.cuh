@@ -84,6 +84,19 @@ __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync
 // Arrives at named barrier `id` (counted towards `n`) without waiting.
 __device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 
+// Inter-CTA ordering through a global counter: spin until *p == v (acquire at gpu scope), and
+// the matching release increment (orders this thread's earlier writes, and those of the threads
+// that met it at a barrier, before the count is seen).
+__device__ __forceinline__ void spin_until_eq(const int *p, int v) {
+    int x;
+    do {
+        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(x) : "l"(p) : "memory");
+    } while (x != v);
+}
+__device__ __forceinline__ void release_inc(int *p) {
+    asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(p) : "memory");
+}
+
 // ---- mbarrier -----------------------------------------------------------------------------
 __device__ __forceinline__ void mbar_init(uint64_t *b, uint32_t count) { ptx::mbarrier_init(b, count); }
 // The retry loop lives inside one asm statement: a C++ loop is a divergent path to ptxas, which
