@@ -197,9 +197,7 @@ SPATTN_API void spattn_options_init(spattn_options *opt);
  * kernels' shapes only), the bsa forward packed and paged (spattn_bsa_fwd_varlen: the prefix sums
  * and the table are checked on the device; one synchronisation per call) and the bsa backward,
  * packed and paged (spattn_bsa_bwd_varlen, for fp16 / bf16, D <= 128 and TMA-readable views only;
- * paged: page sizes that are multiples of 8; the paged backward has not yet run on a GPU and
- * answers SPATTN_STATUS_NOT_SUPPORTED, workspace 0, unless the environment variable
- * SPATTN_CUDA_PAGED_BSA_BWD=1 is set).  Other shapes give SPATTN_STATUS_NOT_SUPPORTED.
+ * paged: page sizes that are multiples of 8).  Other shapes give SPATTN_STATUS_NOT_SUPPORTED.
  */
 typedef struct spattn_varlen {
     const spattn_tensor *cu_seqlens_q;

@@ -13,8 +13,7 @@
 #            ratios and geometric means; peers not measured in this run fall back to the
 #            recorded bench/results/<suite>_<peer>_h200.json (other masks for random/bigbird)
 #   python   bash python/device_check.sh (the package's torch tests on CUDA tensors)
-#   varlen   spattn verify --backend cuda on bsa_varlen and sfa_varlen (with the paged bsa
-#            backward's gate open: SPATTN_CUDA_PAGED_BSA_BWD=1), then spattn bench
+#   varlen   spattn verify --backend cuda on bsa_varlen and sfa_varlen, then spattn bench
 #            --varlen-baselines on the 32-sequence 32K-token cases (issue 14, item 6)
 #   checks   the CMake-built GPU checks (bsa/sfa[_varlen]/robust_cuda_check), compute-sanitizer
 #            (memcheck, racecheck, synccheck, initcheck) on their quick sets and memcheck on
@@ -132,8 +131,8 @@ if has compare; then
 fi
 
 if has varlen; then
-  echo "== varlen: verify (paged bsa backward gate open) and --varlen-baselines"
-  SPATTN_CUDA_PAGED_BSA_BWD=1 timeout ${VERIFY_TIMEOUT:-300} "$SP" verify --backend cuda --suite bsa_varlen \
+  echo "== varlen: verify and --varlen-baselines"
+  timeout ${VERIFY_TIMEOUT:-300} "$SP" verify --backend cuda --suite bsa_varlen \
     --suite sfa_varlen --quiet --json "$OUT/verify_varlen.json" > "$OUT/verify_varlen.log" 2>&1
   echo "verify varlen exit $?"; grep -E "passed|FAIL" "$OUT/verify_varlen.log" | tail -6
   timeout ${BENCH_TIMEOUT:-200} "$SP" bench --backend cuda --suite bsa_varlen --suite sfa_varlen \

@@ -123,14 +123,6 @@ static spattn_status check_lse(const spattn_tensor *t, const spattn_bsa_problem 
     return spattn_check_same_device("lse", t, "q", p->q);
 }
 
-/* The CUDA paged backward (bsa_pages.cu, the PG backward kernel) was written without a GPU
- * (2026-12-01) and is off until its checks have run on one: SPATTN_CUDA_PAGED_BSA_BWD=1 turns it
- * on (tests/cuda/bsa_varlen_cuda_check sets it).  Remove this gate once it has passed there. */
-static int cuda_paged_bwd_enabled(void) {
-    const char *e = getenv("SPATTN_CUDA_PAGED_BSA_BWD");
-    return e && e[0] == '1' && e[1] == 0;
-}
-
 /* Backend, then (CPU) the values of the prefix sums and the table (CUDA checks them on the
  * device: spattn_cuda_bsa_fwd_varlen / _bwd_varlen). */
 static spattn_status resolve(const spattn_options *opt, const spattn_bsa_problem *p, spattn_exec *ex,
@@ -204,11 +196,6 @@ spattn_status spattn_bsa_bwd_varlen(const spattn_tensor *q, const spattn_tensor 
     spattn_exec ex;
     int use_cuda;
     TRY(resolve(opt, &p, &ex, &use_cuda));
-    if (use_cuda && p.seqs->table && !cuda_paged_bwd_enabled())
-        return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
-                                "bsa_bwd_varlen: the CUDA paged bsa backward (vl.block_table) is built but has "
-                                "not yet run on a GPU: it stays off unless SPATTN_CUDA_PAGED_BSA_BWD=1 is set; "
-                                "use packed k / v or CPU tensors");
     if (use_cuda) {
         TRY(spattn_check_workspace(&ex, spattn_cuda_bsa_varlen_workspace(&p, 1)));
         return spattn_cuda_bsa_bwd_varlen(&p, &ex);
@@ -232,9 +219,7 @@ spattn_status spattn_bsa_varlen_workspace_size(const spattn_tensor *q, const spa
     int use_cuda;
     TRY(spattn_resolve_exec(opt, q, &ex, &use_cuda));
     if (use_cuda) {
-        // a refused form needs no workspace (the gated paged backward: cuda_paged_bwd_enabled)
-        *bytes = backward && p.seqs->table && !cuda_paged_bwd_enabled() ? 0
-                                                                         : spattn_cuda_bsa_varlen_workspace(&p, backward != 0);
+        *bytes = spattn_cuda_bsa_varlen_workspace(&p, backward != 0);
         return SPATTN_STATUS_SUCCESS;
     }
     *bytes = spattn_cpu_bsa_workspace(&p, backward != 0, ex.num_threads);

@@ -134,15 +134,12 @@ __global__ void __launch_bounds__(384, 1)
     // random or dense mask's uniform rows) is split: chunk ck takes entries [ck chunk, (ck + 1)
     // chunk).  Splitting every long list costs the deterministic mode: the chunk of a causal key
     // tile 0 that holds the last query tiles waits for every other key tile's add there (measured
-    // on the H200: causal s8192 1.11 -> 1.98 ms); a global column's chunks do not.
+    // on the H200: causal s8192 1.11 -> 1.98 ms); a global column's chunks do not.  The choice is
+    // made before the launch (spattn_bsa_launch_split_slots: a split row's kvbuf slot, -1 for the
+    // others and for candidates past the 64 MiB of slots).
     const int cnt_all = p.sk.cnt[row];
-    int nch = 1;
-    if (cnt_all > sp.chunk) {
-        int lo = 0x7fffffff;
-        for (int d = -2; d <= 2; d++)
-            if (d && nt + d >= 0 && nt + d < nkt) lo = min(lo, p.sk.cnt[row + d]);
-        if (lo == 0x7fffffff || 2 * (long long)lo < cnt_all) nch = (cnt_all + sp.chunk - 1) / sp.chunk;
-    }
+    const int kslot = sp.splits > 1 ? sp.slot[row] : -1;
+    const int nch = kslot >= 0 ? (cnt_all + sp.chunk - 1) / sp.chunk : 1;
     if (ck >= nch) return;  // the whole CTA: nothing initialised yet
     const int cnt = nch > 1 ? min(sp.chunk, cnt_all - ck * sp.chunk) : cnt_all;
     const int *lst = p.sk.list + row * (long long)p.sk.stride + (long long)ck * sp.chunk;
@@ -462,7 +459,7 @@ __global__ void __launch_bounds__(384, 1)
     // a split row: chunk ck adds the sum of chunks 0 .. ck - 1 (fp32, in the order of the chunks)
     // to its own dK / dV; all but the last pass the sum on through sp.buf, the last stores
     if (nch > 1) {
-        float4 *buf = reinterpret_cast<float4 *>(sp.buf + row * (2ll * BN * DP));
+        float4 *buf = reinterpret_cast<float4 *>(sp.buf + kslot * (2ll * BN * DP));
         // [tensor (dK, dV)][consumer][DP / 8 float4][thread]: 512-byte warp accesses
         const auto slot = [&](int w, int i) { return buf + ((w * 2 + c) * (DP / 8) + i) * 128 + tid; };
         if (ck > 0) {
@@ -664,7 +661,7 @@ extern "C" size_t spattn_bsa_bwd90_acc_bytes(const bsa_params *p, int dp) {
 static long long key_rows(const bsa_params *p) { return (long long)p->B * p->Nkv * ((p->Skv + BN - 1) / BN); }
 extern "C" size_t spattn_bsa_bwd90_sem_bytes(const bsa_params *p, int dp) {
     (void)dp;
-    return (size_t)(acc_tiles(p) + key_rows(p)) * 4;  // per query tile (dQ order), then per key tile (split rows)
+    return (size_t)(acc_tiles(p) + 2 * key_rows(p)) * 4;  // per query tile (dQ order), per key tile (split rows), slots
 }
 
 extern "C" cudaError_t spattn_bsa_launch_bwd90(const bsa_params *p, const bsa_bwd_tmaps *tm, int dp, int bf16, float *dqacc,
@@ -674,6 +671,13 @@ extern "C" cudaError_t spattn_bsa_launch_bwd90(const bsa_params *p, const bsa_bw
     sp.chunk = bsa_bwd90_chunk(p->G, p->nqt);
     sp.buf = kvbuf;
     sp.sem = sem + acc_tiles(p);
+    sp.slot = sp.sem + key_rows(p);
+    if (sp.splits > 1) {
+        const cudaError_t e = spattn_bsa_launch_split_slots(p->sk.cnt, key_rows(p), (p->Skv + BN - 1) / BN, sp.chunk,
+                                                            (int)bsa_bwd90_split_slots(p->G, p->nqt, key_rows(p), dp),
+                                                            sp.sem + key_rows(p), st);
+        if (e != cudaSuccess) return e;
+    }
     if (!p->vl.seq) return launch_dt<false>(*p, *tm, dp, bf16, dqacc, sem, det, sp, st);
     return p->vl.table ? launch_dt<true, true>(*p, *tm, dp, bf16, dqacc, sem, det, sp, st)
                        : launch_dt<true>(*p, *tm, dp, bf16, dqacc, sem, det, sp, st);

@@ -84,18 +84,26 @@ struct bsa_bwd_tmaps {
 // Hopper backward (bsa_bwd.cu): p->sk is the key-major schedule at query tiles of 64 rows and
 // key tiles of 128 keys (p->nqt = ceil(Sq / 64)), p->sq the query-major one at the same tiles
 // (the ranks of the deterministic dQ order); p->lse2 / p->delta from spattn_bsa_launch_delta.
-// dqacc: spattn_bsa_bwd90_acc_bytes, sem: spattn_bsa_bwd90_sem_bytes, both zeroed beforehand
-// (by spattn_bsa_launch_delta).
+// dqacc: spattn_bsa_bwd90_acc_bytes, sem: spattn_bsa_bwd90_sem_bytes (the semaphores, then the
+// split rows' slots), both zeroed beforehand (by spattn_bsa_launch_delta).
 size_t spattn_bsa_bwd90_acc_bytes(const bsa_params *p, int dp);
 size_t spattn_bsa_bwd90_sem_bytes(const bsa_params *p, int dp);
 // kvbuf: bsa_bwd90_kvbuf_bytes (bsa_tiles.h; 0 when no key tile's list can be split); the fp32
 // dK / dV sums of split rows, read only after being written (no zeroing).
-// Split of long key-major lists over several CTAs (bsa_tiles.h); sem: per key tile, zeroed.
+// Split of long key-major lists over several CTAs (bsa_tiles.h); sem: per key tile, zeroed;
+// slot: per key tile, its kvbuf slot or -1 (not split), written by spattn_bsa_launch_split_slots.
 struct bsa_split {
     int splits, chunk;
     float *buf;
     int *sem;
+    const int *slot;
 };
+// Slots of the split rows: slot[r] = the number of split candidates before row r (in row order)
+// if row r is one and that number is below cap, else -1.  A candidate: more than chunk entries
+// and more than twice the shortest list of the key tiles within 2 of it in its (b, kv head)
+// (rows of nkt key tiles).  One CTA.
+cudaError_t spattn_bsa_launch_split_slots(const int *cnt, long long rows, int nkt, int chunk, int cap, int *slot,
+                                          cudaStream_t st);
 // With p->vl.seq set (varlen backward): CTAs (sequence b, kv head, key tile of max_seqlen_kv)
 // with b's lengths and TMA maps (p->vl.tm [B][4]: q, k, v, dO), Delta / lse2 [N][Tq], the dQ
 // accumulator and semaphores per head over p->vl.ntile tiles (bsa_vl_qtile); dK / dV rows

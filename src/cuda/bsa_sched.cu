@@ -369,6 +369,40 @@ extern "C" cudaError_t spattn_bsa_launch_sched_k(const bsa_params *p, int bm, in
     return cudaGetLastError();
 }
 
+// Slots of the split key-major rows of the Hopper backward (bsa_launch.h): a scan of the
+// candidate flags in row order, so which rows split does not depend on timing.
+constexpr int kSlotThreads = 1024;
+__global__ void __launch_bounds__(kSlotThreads) bsa_split_slots_kernel(const int *cnt, long long rows, int nkt,
+                                                                      int chunk, int cap, int *slot) {
+    using Scan = cub::BlockScan<int, kSlotThreads>;
+    __shared__ typename Scan::TempStorage tmp;
+    int base = 0;
+    for (long long r0 = 0; r0 < rows; r0 += kSlotThreads) {
+        const long long r = r0 + threadIdx.x;
+        int cand = 0;
+        if (r < rows && base < cap) {
+            const int c = cnt[r], t = (int)(r % nkt);
+            if (c > chunk) {
+                int lo = INT_MAX;
+                for (int d = -2; d <= 2; d++)
+                    if (d && t + d >= 0 && t + d < nkt) lo = min(lo, cnt[r + d]);
+                cand = lo == INT_MAX || 2ll * lo < c;
+            }
+        }
+        int before, total;
+        Scan(tmp).ExclusiveSum(cand, before, total);
+        __syncthreads();  // tmp is reused by the next tile's scan
+        if (r < rows) slot[r] = cand && base + before < cap ? base + before : -1;
+        base += total;
+    }
+}
+
+extern "C" cudaError_t spattn_bsa_launch_split_slots(const int *cnt, long long rows, int nkt, int chunk, int cap,
+                                                     int *slot, cudaStream_t st) {
+    bsa_split_slots_kernel<<<1, kSlotThreads, 0, st>>>(cnt, rows, nkt, chunk, cap, slot);
+    return cudaGetLastError();
+}
+
 // Launch order of the forward's CTAs: rows by decreasing tile count (ceil(cnt / per_tile)),
 // so that the longest rows start first and the short ones fill the tail.  A counting sort in
 // one CTA: histogram, scan, placement.  Placement within a bin uses atomics: the order of equal
