@@ -4,7 +4,8 @@
 #      (falls back to a plain CMake build + SPATTN_LIBRARY when pip cannot build);
 #      SPATTN_LIBRARY=/path/libspattn.so reuses an already built CUDA library instead;
 #   2. the PyTorch tests (CPU + CUDA tensors: autograd vs dense fp64, CUDA streams, torch.compile,
-#      suite-sized shapes in bf16/fp16) and the torch_npu wrapper tests, then the NumPy tests;
+#      suite-sized shapes in bf16/fp16), the torch_npu wrapper tests, the NumPy tests and the
+#      caller-workspace tests (every op kind on CUDA tensors, forward and backward);
 #   3. a short summary: tests passed/failed/skipped and max errors per tensor.
 # Usage (repo root): bash python/device_check.sh      Log: ${OUT:-/tmp}/python_device_check.log
 set -uo pipefail
@@ -56,7 +57,7 @@ echo "install: $(( $(date +%s) - t0 )) s"
 
 echo "== tests =="
 cd tests
-"$PY" run.py test_torch test_npu test_numpy test_block_mask > ../build/device_run.log 2>&1
+"$PY" run.py test_torch test_npu test_numpy test_block_mask test_workspace > ../build/device_run.log 2>&1
 rc=$?
 grep -E "^(FAIL|ERROR):|Error:|error:" ../build/device_run.log | head -40
 sed -n '/== python test summary ==/,$p' ../build/device_run.log

@@ -28,6 +28,7 @@ STATUS_NOT_SUPPORTED = 700
 STATUS_INVALID_VALUE = 101
 STATUS_BAD_OPTIONS = 102
 STATUS_BAD_INDEX = 600
+STATUS_WORKSPACE_TOO_SMALL = 800
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
 
@@ -156,6 +157,11 @@ def _declare(h: ctypes.CDLL) -> None:
     h.spattn_sfa_bwd_ex.argtypes = [_PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT, i64, i32, dbl,
                                     _PT, _PT, _PT, _PT, _PT, _PO]
     h.spattn_sfa_bwd_ex.restype = ctypes.c_int
+    psz = ctypes.POINTER(ctypes.c_size_t)
+    h.spattn_bsa_workspace_size.argtypes = [_PT, _PT, _PT, _PT, i64, i64, i32, _PO, psz]
+    h.spattn_bsa_workspace_size.restype = ctypes.c_int
+    h.spattn_sfa_workspace_size.argtypes = [_PT, _PT, _PT, _PT, _PT, _PT, i64, i32, i32, _PO, psz]
+    h.spattn_sfa_workspace_size.restype = ctypes.c_int
 
 
 def status_str(status: int) -> str:
@@ -307,6 +313,26 @@ def sfa_bwd(q, q_rope, k, k_rope, v, o, dout, lse, idx, sbs: int, mode: int, sca
     check(lib().spattn_sfa_bwd_ex(ref(q), ref(q_rope), ref(k), ref(k_rope), ref(v), ref(o), ref(dout),
                                   ref(lse), ref(idx), sbs, mode, float(scale), ref(dq),
                                   ref(dq_rope), ref(dk), ref(dk_rope), ref(dv), ctypes.byref(opt)))
+
+
+def bsa_workspace_size(q, k, v, mask, bx: int, by: int, backward: bool, opt: SpattnOptions) -> int:
+    """Bytes of caller workspace bsa_fwd (backward=False) / bsa_bwd needs with ``opt``."""
+    bx, by = int_arg("bx", bx), int_arg("by", by)
+    n = ctypes.c_size_t()
+    check(lib().spattn_bsa_workspace_size(ref(q), ref(k), ref(v), ref(mask), bx, by, int(bool(backward)),
+                                          ctypes.byref(opt), ctypes.byref(n)))
+    return int(n.value)
+
+
+def sfa_workspace_size(q, q_rope, k, k_rope, v, idx, sbs: int, mode: int, backward: bool,
+                       opt: SpattnOptions) -> int:
+    """Bytes of caller workspace sfa_fwd (backward=False) / sfa_bwd needs with ``opt``."""
+    sbs, mode = int_arg("sparse_block_size", sbs), int_arg("mode", mode, INT32_MIN, INT32_MAX)
+    n = ctypes.c_size_t()
+    check(lib().spattn_sfa_workspace_size(ref(q), ref(q_rope), ref(k), ref(k_rope), ref(v), ref(idx),
+                                          sbs, mode, int(bool(backward)), ctypes.byref(opt),
+                                          ctypes.byref(n)))
+    return int(n.value)
 
 
 def scale_arg(scale: Optional[float]) -> float:

@@ -9,7 +9,8 @@ Ops (all outputs freshly allocated, contiguous):
   spattn::sfa_bwd(q, k, indices, v?, q_rope?, k_rope?, o, dout, lse, sbs, mode, scale,
                   deterministic=-1) -> (dq, dk, dv, dq_rope, dk_rope)
       (absent gradients are empty tensors)
-``scale`` 0 means the library default.  CUDA tensors run on torch's current stream.
+``scale`` 0 means the library default.  CUDA tensors run on torch's current stream, with a
+workspace from torch's caching allocator (``run``).
 ``deterministic`` is spattn_options.deterministic of the backward call: -1 (unset) the library
 default (1, bitwise reproducible), 1, or 0 (faster CUDA backward kernels whose summation order
 varies).  A forward op does not use it: it hands it to the backward op of its autograd node (an
@@ -127,6 +128,43 @@ def _opts(device: torch.device, deterministic: int = -1) -> _lib.SpattnOptions:
     return _lib.options(deterministic=det)
 
 
+# Devices whose calls get their scratch from torch's caching allocator.  Without it the CUDA
+# backend takes it from the default stream-ordered pool, which unmaps it at every synchronisation
+# (release threshold 0): hundreds of MB re-mapped per call, several ms (bsa backward, H200).  The
+# CPU backend mallocs its scratch itself, as torch would: CPU calls are left as they were.
+WORKSPACE_DEVICES = ("cuda",)
+
+
+def run(dev: torch.device, deterministic: int, size, call) -> None:
+    """``call(opt)`` with the options of a call on ``dev`` (``deterministic`` as in _opts), on
+    WORKSPACE_DEVICES with a workspace of ``size(opt)`` bytes (queried with the call's own
+    options) from torch's caching allocator, so that the library allocates nothing.
+
+    Dropping the tensor once the call returns is safe: the library enqueues its kernels on
+    torch's current stream, and the allocator is stream-ordered, so only work queued after them
+    on that stream reuses the memory."""
+    opt = _opts(dev, deterministic)
+    ws = None
+    if dev.type in WORKSPACE_DEVICES:
+        try:
+            n = size(opt)
+        except SpattnError:
+            n = 0  # (the call reports what is wrong itself, as without a workspace)
+        if n:
+            ws = torch.empty(n, dtype=torch.uint8, device=dev)
+            opt.workspace, opt.workspace_size = ws.data_ptr(), n
+    try:
+        call(opt)
+    except SpattnError as e:
+        if ws is None or e.status != _lib.STATUS_WORKSPACE_TOO_SMALL:
+            raise
+        # The size queries see no dO: the CUDA sfa backward's answers its Hopper kernels' need,
+        # but a dO they cannot read (e.g. o.sum()'s stride-0 gradient) takes the simple kernels,
+        # which may need more.  The check precedes any work: let the library allocate.
+        opt.workspace, opt.workspace_size = None, 0
+        call(opt)
+
+
 def _empty_like_shape(t: Tensor, shape, dtype=None) -> Tensor:
     return torch.empty(tuple(shape), dtype=dtype or t.dtype, device=t.device)
 
@@ -142,8 +180,10 @@ def bsa_fwd(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, bx: int, by: in
     dev = _check_devices([("q", q), ("k", k), ("v", v), ("block_mask", m)])
     o = _empty_like_shape(q, q.shape)
     lse = _empty_like_shape(q, q.shape[:-1], torch.float32)
-    _lib.bsa_fwd(_desc("q", q), _desc("k", k), _desc("v", v), _desc("block_mask", m), bx, by, scale,
-                 _desc("o", o), _desc("lse", lse), _opts(dev))
+    ins = _desc("q", q), _desc("k", k), _desc("v", v), _desc("block_mask", m)
+    outs = _desc("o", o), _desc("lse", lse)
+    run(dev, -1, lambda opt: _lib.bsa_workspace_size(*ins, bx, by, False, opt),
+        lambda opt: _lib.bsa_fwd(*ins, bx, by, scale, *outs, opt))
     return o, lse
 
 
@@ -163,9 +203,12 @@ def bsa_bwd(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, o: Tensor, dout
     dq, dk, dv = torch.empty_like(q, memory_format=torch.contiguous_format), \
         torch.empty_like(k, memory_format=torch.contiguous_format), \
         torch.empty_like(v, memory_format=torch.contiguous_format)
-    _lib.bsa_bwd(_desc("q", q), _desc("k", k), _desc("v", v), _desc("block_mask", m), bx, by, scale,
-                 _desc("o", o), _desc("dout", dout), _desc("lse", lse), _desc("dq", dq), _desc("dk", dk),
-                 _desc("dv", dv), _opts(dev, check_deterministic(deterministic)))
+    ins = _desc("q", q), _desc("k", k), _desc("v", v), _desc("block_mask", m)
+    rest = (_desc("o", o), _desc("dout", dout), _desc("lse", lse), _desc("dq", dq), _desc("dk", dk),
+            _desc("dv", dv))
+    run(dev, check_deterministic(deterministic),
+        lambda opt: _lib.bsa_workspace_size(*ins, bx, by, True, opt),
+        lambda opt: _lib.bsa_bwd(*ins, bx, by, scale, *rest, opt))
     return dq, dk, dv
 
 
@@ -208,9 +251,11 @@ def sfa_fwd(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Tensor], q_rope: 
                           ("k_rope", k_rope)])
     o = _empty_like_shape(q, q.shape)
     lse = _empty_like_shape(q, q.shape[:-1], torch.float32)
-    _lib.sfa_fwd(_desc("q", q), _desc("q_rope", q_rope), _desc("k", k), _desc("k_rope", k_rope),
-                 _desc("v", v), _desc("indices", idx), sbs, mode, scale, _desc("o", o), _desc("lse", lse),
-                 _opts(dev))
+    ins = (_desc("q", q), _desc("q_rope", q_rope), _desc("k", k), _desc("k_rope", k_rope), _desc("v", v),
+           _desc("indices", idx))
+    outs = _desc("o", o), _desc("lse", lse)
+    run(dev, -1, lambda opt: _lib.sfa_workspace_size(*ins, sbs, mode, False, opt),
+        lambda opt: _lib.sfa_fwd(*ins, sbs, mode, scale, *outs, opt))
     return o, lse
 
 
@@ -235,11 +280,14 @@ def sfa_bwd(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Tensor], q_rope: 
     dv = torch.empty_like(v, memory_format=cf) if v is not None else None
     dqr = torch.empty_like(q_rope, memory_format=cf) if q_rope is not None else None
     dkr = torch.empty_like(k_rope, memory_format=cf) if k_rope is not None else None
-    _lib.sfa_bwd(_desc("q", q), _desc("q_rope", q_rope), _desc("k", k), _desc("k_rope", k_rope),
-                 _desc("v", v), _desc("o", o), _desc("dout", dout), _desc("lse", lse),
-                 _desc("indices", idx), sbs, mode, scale, _desc("dq", dq), _desc("dq_rope", dqr),
-                 _desc("dk", dk), _desc("dk_rope", dkr), _desc("dv", dv),
-                 _opts(dev, check_deterministic(deterministic)))
+    ins = (_desc("q", q), _desc("q_rope", q_rope), _desc("k", k), _desc("k_rope", k_rope), _desc("v", v))
+    fwd = _desc("o", o), _desc("dout", dout), _desc("lse", lse)
+    idd = _desc("indices", idx)
+    grads = (_desc("dq", dq), _desc("dq_rope", dqr), _desc("dk", dk), _desc("dk_rope", dkr),
+             _desc("dv", dv))
+    run(dev, check_deterministic(deterministic),
+        lambda opt: _lib.sfa_workspace_size(*ins, idd, sbs, mode, True, opt),
+        lambda opt: _lib.sfa_bwd(*ins, *fwd, idd, sbs, mode, scale, *grads, opt))
     empty = q.new_empty(0)
     return (dq, dk, dv if dv is not None else empty, dqr if dqr is not None else empty.clone(),
             dkr if dkr is not None else empty.clone())

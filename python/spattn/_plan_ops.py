@@ -48,22 +48,6 @@ def _resolve(plan) -> BlockMask:
     return obj
 
 
-def _with_workspace(pl: BlockMask, q, k, v, backward: bool, dev: torch.device,
-                    deterministic: int = -1):
-    """(options, workspace tensor): on CUDA the workspace comes from torch's caching allocator,
-    so the library allocates nothing and the call can be captured in a CUDA graph.  The size is
-    queried with the call's own options (``deterministic`` included)."""
-    opt = _ops._opts(dev, deterministic)
-    if dev.type != "cuda":
-        return opt, None
-    n = _bm.workspace_size(pl, q, k, v, backward, opt)
-    if n == 0:
-        return opt, None
-    ws = torch.empty(n, dtype=torch.uint8, device=dev)
-    opt.workspace, opt.workspace_size = ws.data_ptr(), n
-    return opt, ws
-
-
 def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, plan, scale: float,
               deterministic: int = -1) -> Tuple[Tensor, Tensor]:
     _ops.check_deterministic(deterministic)  # (used by the backward only)
@@ -72,9 +56,10 @@ def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, plan, scale: float,
     o = _ops._empty_like_shape(q, q.shape)
     lse = _ops._empty_like_shape(q, q.shape[:-1], torch.float32)
     qd, kd, vd = _ops._desc("q", q), _ops._desc("k", k), _ops._desc("v", v)
-    opt, ws = _with_workspace(pl, qd, kd, vd, False, dev)
-    _bm.fwd(pl, qd, kd, vd, scale, _ops._desc("o", o), _ops._desc("lse", lse), opt)
-    del ws  # (stream-ordered: torch reuses it only after the kernels queued on this stream)
+    od, ld = _ops._desc("o", o), _ops._desc("lse", lse)
+    # (with the caller workspace nothing is allocated: CUDA-graph capturable)
+    _ops.run(dev, -1, lambda opt: _bm.workspace_size(pl, qd, kd, vd, False, opt),
+             lambda opt: _bm.fwd(pl, qd, kd, vd, scale, od, ld, opt))
     return o, lse
 
 
@@ -88,10 +73,9 @@ def _bwd_impl(q: Tensor, k: Tensor, v: Tensor, plan, o: Tensor, dout: Tensor, ls
                   torch.empty_like(v, memory_format=cf))
     d = _ops._desc
     qd, kd, vd = d("q", q), d("k", k), d("v", v)
-    opt, ws = _with_workspace(pl, qd, kd, vd, True, dev, det)
-    _bm.bwd(pl, qd, kd, vd, d("o", o), d("dout", dout), d("lse", lse), scale, d("dq", dq), d("dk", dk),
-            d("dv", dv), opt)
-    del ws
+    rest = d("o", o), d("dout", dout), d("lse", lse), scale, d("dq", dq), d("dk", dk), d("dv", dv)
+    _ops.run(dev, det, lambda opt: _bm.workspace_size(pl, qd, kd, vd, True, opt),
+             lambda opt: _bm.bwd(pl, qd, kd, vd, *rest, opt))
     return dq, dk, dv
 
 

@@ -66,8 +66,13 @@ def _h() -> ctypes.CDLL:
                                             _PT, _PO]
         h.spattn_sfa_bwd_varlen.argtypes = [_PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT, i64, i32,
                                             dbl, pv, _PT, _PT, _PT, _PT, _PT, _PO]
+        psz = ctypes.POINTER(ctypes.c_size_t)
+        h.spattn_bsa_varlen_workspace_size.argtypes = [_PT, _PT, _PT, _PT, i64, i64, pv, i32, _PO, psz]
+        h.spattn_sfa_varlen_workspace_size.argtypes = [_PT, _PT, _PT, _PT, _PT, _PT, i64, i32, pv, i32,
+                                                       _PO, psz]
         for f in ("spattn_bsa_fwd_varlen", "spattn_bsa_bwd_varlen", "spattn_sfa_fwd_varlen",
-                  "spattn_sfa_bwd_varlen"):
+                  "spattn_sfa_bwd_varlen", "spattn_bsa_varlen_workspace_size",
+                  "spattn_sfa_varlen_workspace_size"):
             getattr(h, f).restype = ctypes.c_int
         _declared = True
     return h
@@ -113,3 +118,25 @@ def sfa_bwd(q, q_rope, k, k_rope, v, o, dout, lse, idx, sbs, mode, scale, vl: Sp
                                           ref(dout), ref(lse), ref(idx), sbs, mode, float(scale),
                                           ctypes.byref(vl), ref(dq), ref(dq_rope), ref(dk),
                                           ref(dk_rope), ref(dv), ctypes.byref(opt)))
+
+
+def bsa_workspace_size(q, k, v, mask, bx, by, vl: SpattnVarlen, backward: bool, opt) -> int:
+    """Bytes of caller workspace bsa_fwd (backward=False) / bsa_bwd needs with ``opt``."""
+    bx, by = int_arg("bx", bx), int_arg("by", by)
+    n = ctypes.c_size_t()
+    _lib.check(_h().spattn_bsa_varlen_workspace_size(ref(q), ref(k), ref(v), ref(mask), bx, by,
+                                                     ctypes.byref(vl), int(bool(backward)),
+                                                     ctypes.byref(opt), ctypes.byref(n)))
+    return int(n.value)
+
+
+def sfa_workspace_size(q, q_rope, k, k_rope, v, idx, sbs, mode, vl: SpattnVarlen, backward: bool,
+                       opt) -> int:
+    """Bytes of caller workspace sfa_fwd (backward=False) / sfa_bwd needs with ``opt``."""
+    sbs, mode = int_arg("sparse_block_size", sbs), int_arg("mode", mode, -2**31, 2**31 - 1)
+    n = ctypes.c_size_t()
+    _lib.check(_h().spattn_sfa_varlen_workspace_size(ref(q), ref(q_rope), ref(k), ref(k_rope), ref(v),
+                                                     ref(idx), sbs, mode, ctypes.byref(vl),
+                                                     int(bool(backward)), ctypes.byref(opt),
+                                                     ctypes.byref(n)))
+    return int(n.value)

@@ -25,7 +25,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import _ops, _varlen
-from ._ops import _check_devices, _desc, _opts, as_indices, as_mask, check_deterministic
+from ._ops import _check_devices, _desc, as_indices, as_mask, check_deterministic, run
 
 _fake_check_devices = getattr(_ops, "_fake_check_devices", _check_devices)
 
@@ -64,8 +64,10 @@ def bsa_fwd_varlen(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, cu_seqle
                           ("cu_seqlens_k", ck), ("block_table", bt)])
     o, lse = torch.zeros_like(q, memory_format=torch.contiguous_format), _lse_like(q)
     vl, keep = _vl(cq, ck, max_seqlen_q, max_seqlen_k, bt)
-    _varlen.bsa_fwd(_desc("q", q), _desc("k", k), _desc("v", v), _desc("block_mask", m), bx, by,
-                    scale, vl, _desc("o", o), _desc("lse", lse), _opts(dev))
+    ins = _desc("q", q), _desc("k", k), _desc("v", v), _desc("block_mask", m)
+    outs = _desc("o", o), _desc("lse", lse)
+    run(dev, -1, lambda opt: _varlen.bsa_workspace_size(*ins, bx, by, vl, False, opt),
+        lambda opt: _varlen.bsa_fwd(*ins, bx, by, scale, vl, *outs, opt))
     del keep
     return o, lse
 
@@ -94,9 +96,13 @@ def bsa_bwd_varlen(q: Tensor, k: Tensor, v: Tensor, block_mask: Tensor, cu_seqle
     # every dk / dv row is written (packed rows past cu_seqlens_k[B] and unused page rows: 0)
     dk, dv = torch.empty_like(k, memory_format=cf), torch.empty_like(v, memory_format=cf)
     vl, keep = _vl(cq, ck, max_seqlen_q, max_seqlen_k, bt)
-    _varlen.bsa_bwd(_desc("q", q), _desc("k", k), _desc("v", v), _desc("o", o), _desc("dout", dout),
-                    _desc("lse", lse), _desc("block_mask", m), bx, by, scale, vl, _desc("dq", dq),
-                    _desc("dk", dk), _desc("dv", dv), _opts(dev, check_deterministic(deterministic)))
+    qkv = _desc("q", q), _desc("k", k), _desc("v", v)
+    fwd = _desc("o", o), _desc("dout", dout), _desc("lse", lse)
+    md = _desc("block_mask", m)
+    grads = _desc("dq", dq), _desc("dk", dk), _desc("dv", dv)
+    run(dev, check_deterministic(deterministic),
+        lambda opt: _varlen.bsa_workspace_size(*qkv, md, bx, by, vl, True, opt),
+        lambda opt: _varlen.bsa_bwd(*qkv, *fwd, md, bx, by, scale, vl, *grads, opt))
     del keep
     return dq, dk, dv
 
@@ -145,9 +151,11 @@ def sfa_fwd_varlen(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Tensor],
                           ("block_table", bt)])
     o, lse = torch.zeros_like(q, memory_format=torch.contiguous_format), _lse_like(q)
     vl, keep = _vl(cq, ck, max_seqlen_q, max_seqlen_k, bt)
-    _varlen.sfa_fwd(_desc("q", q), _desc("q_rope", q_rope), _desc("k", k), _desc("k_rope", k_rope),
-                    _desc("v", v), _desc("indices", idx), sbs, mode, scale, vl, _desc("o", o),
-                    _desc("lse", lse), _opts(dev))
+    ins = (_desc("q", q), _desc("q_rope", q_rope), _desc("k", k), _desc("k_rope", k_rope), _desc("v", v),
+           _desc("indices", idx))
+    outs = _desc("o", o), _desc("lse", lse)
+    run(dev, -1, lambda opt: _varlen.sfa_workspace_size(*ins, sbs, mode, vl, False, opt),
+        lambda opt: _varlen.sfa_fwd(*ins, sbs, mode, scale, vl, *outs, opt))
     del keep
     return o, lse
 
@@ -179,11 +187,14 @@ def sfa_bwd_varlen(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Tensor],
     dqr = torch.zeros_like(q_rope, memory_format=cf) if q_rope is not None else None
     dkr = torch.empty_like(k_rope, memory_format=cf) if k_rope is not None else None
     vl, keep = _vl(cq, ck, max_seqlen_q, max_seqlen_k, bt)
-    _varlen.sfa_bwd(_desc("q", q), _desc("q_rope", q_rope), _desc("k", k), _desc("k_rope", k_rope),
-                    _desc("v", v), _desc("o", o), _desc("dout", dout), _desc("lse", lse),
-                    _desc("indices", idx), sbs, mode, scale, vl, _desc("dq", dq),
-                    _desc("dq_rope", dqr), _desc("dk", dk), _desc("dk_rope", dkr), _desc("dv", dv),
-                    _opts(dev, check_deterministic(deterministic)))
+    ins = (_desc("q", q), _desc("q_rope", q_rope), _desc("k", k), _desc("k_rope", k_rope), _desc("v", v))
+    fwd = _desc("o", o), _desc("dout", dout), _desc("lse", lse)
+    idd = _desc("indices", idx)
+    grads = (_desc("dq", dq), _desc("dq_rope", dqr), _desc("dk", dk), _desc("dk_rope", dkr),
+             _desc("dv", dv))
+    run(dev, check_deterministic(deterministic),
+        lambda opt: _varlen.sfa_workspace_size(*ins, idd, sbs, mode, vl, True, opt),
+        lambda opt: _varlen.sfa_bwd(*ins, *fwd, idd, sbs, mode, scale, vl, *grads, opt))
     del keep
     empty = q.new_empty(0)
     return (dq, dk, dv if dv is not None else empty, dqr if dqr is not None else empty.clone(),
