@@ -47,18 +47,22 @@ constexpr int NBOX = sfa::GNBOX;  // 9 boxes of 64 columns per Q / key row
 constexpr int BOX = sfa::GBOX;    // one 64-row box: 8 KB
 constexpr int OFF_Q = 0, OFF_DO = NBOX * BOX, OFF_K = OFF_DO + 8 * BOX, OFF_P = OFF_K + NBOX * BOX;
 constexpr int OFF_DS = OFF_P + BOX, OFF_LSE = OFF_DS + BOX, OFF_DELTA = OFF_LSE + 64 * 4;
-constexpr int OFF_KEY = OFF_DELTA + 64 * 4, OFF_BAR = OFF_KEY + 2 * BK * 4, OFF_LAST = OFF_BAR + 4 * 8;
+constexpr int OFF_KEY = OFF_DELTA + 64 * 4, OFF_BAR = OFF_KEY + 2 * BK * 4, OFF_LAST = OFF_BAR + 6 * 8;
 constexpr int SMEM = OFF_LAST + 16 + 1024;  // + alignment slack
 static_assert(SMEM <= 232448, "fits in 227 KB");
 
-// named barriers: NB_Q, NB_PW, NB_PR over the 256 consumer threads; NB_SCAN over all 384
-enum { NB_Q = 1, NB_SCAN = 2, NB_PW = 3, NB_PR = 4 };
+// named barriers: NB_Q over the 256 consumer threads; NB_SCAN over all 384
+enum { NB_Q = 1, NB_SCAN = 2 };
 
 struct Smem {
     unsigned char *q, *dout, *k, *p, *ds;
     float *lse2, *delta;  // [64] per head row: LSE * log2(e) (+inf: P = 0), rowsum(dO O)
     int *key;             // [2][64] key ids of the block (-1: invalid slot), by block parity
     uint64_t *rdy, *vbar, *fre;  // rdy[2]: boxes 0-3 / 4-8 landed; vbar: key ids; fre: buffer free
+    // the consumers' rendezvous around the P / dS tiles (256 arrivals each): pw, the previous
+    // block's tiles are read; pr, this block's are written.  mbarriers, not named barriers: the
+    // two warpgroups run different instantiations of consume (two PCs, which synccheck reports)
+    uint64_t *pw, *pr;
     int *last;
 };
 
@@ -141,7 +145,8 @@ __device__ __forceinline__ void consume(const Params &p, const Smem &s, int nblk
             }
         }
         // ---- 2. into the shared tiles, once the other warpgroup has read the previous block's
-        hop::bar_sync(NB_PW, 256);
+        hop::mbar_arrive(s.pw);
+        hop::mbar_wait(s.pw, ph);
 #pragma unroll
         for (int jj = 0; jj < 4; jj++) {
 #pragma unroll
@@ -152,7 +157,8 @@ __device__ __forceinline__ void consume(const Params &p, const Smem &s, int nblk
             }
         }
         hop::fence_proxy_async();
-        hop::bar_sync(NB_PR, 256);
+        hop::mbar_arrive(s.pr);
+        hop::mbar_wait(s.pr, ph);
 
         // ---- 3. dQ += dS K (4 k-steps of 16 keys)
         hop::wgmma_fence();
@@ -249,6 +255,8 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd90_kernel(const __grid_constant
     s.rdy = reinterpret_cast<uint64_t *>(sm + OFF_BAR);
     s.vbar = s.rdy + 2;
     s.fre = s.rdy + 3;
+    s.pw = s.rdy + 4;
+    s.pr = s.rdy + 5;
     s.last = reinterpret_cast<int *>(sm + OFF_LAST);
 
     const int ngroups = (p.H + BH - 1) / BH;
@@ -270,6 +278,8 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd90_kernel(const __grid_constant
         hop::mbar_init(s.rdy + 1, 128);
         hop::mbar_init(s.vbar, 16);
         hop::mbar_init(s.fre, 256);
+        hop::mbar_init(s.pw, 256);
+        hop::mbar_init(s.pr, 256);
         *s.last = -1;
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }

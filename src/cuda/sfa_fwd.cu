@@ -40,13 +40,13 @@ constexpr int NBOX = sfa::GNBOX;              // 9 boxes of 64 columns (128 byte
 constexpr int BOX = sfa::GBOX;                // one box of 64 rows
 constexpr int TILE = NBOX * BOX;        // Q tile or one key block: 73728 bytes
 constexpr int OFF_Q = 0, OFF_K = TILE, OFF_P1 = 3 * TILE, OFF_VALID = OFF_P1 + BOX;
-constexpr int OFF_M = OFF_VALID + 2 * BK, OFF_L = OFF_M + 32 * 8, OFF_BAR = OFF_L + 64 * 8;
-constexpr int OFF_LAST = OFF_BAR + 10 * 8;
+constexpr int OFF_M = OFF_VALID + 2 * BK, OFF_L = OFF_M + 4 * 32 * 8, OFF_BAR = OFF_L + 64 * 8;
+constexpr int OFF_LAST = OFF_BAR + 12 * 8;
 constexpr int SMEM = OFF_LAST + 16 + 1024;  // + alignment slack
 static_assert(SMEM <= 232448, "fits in 227 KB");
 
 // named barriers (consumers only, 256 threads, except NB_SCAN: all 384)
-enum { NB_Q = 1, NB_M0 = 2, NB_M1 = 3, NB_P0 = 4, NB_P1 = 5, NB_O = 7 /* and 8 */, NB_SCAN = 9 /* 384 */ };
+enum { NB_Q = 1, NB_P0 = 4, NB_P1 = 5, NB_O = 7 /* and 8 */, NB_SCAN = 9 /* 384 */ };
 
 template <typename T, bool VL>
 __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant__ Params p) {
@@ -55,10 +55,12 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
     unsigned char *sQ = sm + OFF_Q, *sK0 = sm + OFF_K, *sK1 = sm + OFF_K + TILE, *sP1 = sm + OFF_P1;
     unsigned char *sP0 = sK0 + 8 * BOX;  // the even block's rope box
     uint8_t *valid = sm + OFF_VALID;     // [2][64]
-    float2 *sM = reinterpret_cast<float2 *>(sm + OFF_M);   // [32] running max, by row quad
+    // [pair parity][warpgroup][32]: each warpgroup's max(m, its block's row max), by row quad
+    float2 *sM = reinterpret_cast<float2 *>(sm + OFF_M);
     float2 *sL = reinterpret_cast<float2 *>(sm + OFF_L);   // [2][32] row sums
     uint64_t *rdy = reinterpret_cast<uint64_t *>(sm + OFF_BAR);  // [block][half]
     uint64_t *fre = rdy + 4, *vbar = rdy + 8, *xbar = rdy + 9;  // xbar: the consumers' row-sum exchange
+    uint64_t *mx = rdy + 10;  // [warpgroup]: its max is posted (the per-pair max exchange)
     int *s_last = reinterpret_cast<int *>(sm + OFF_LAST);
 
     const int ngroups = (p.H + BH - 1) / BH;
@@ -89,6 +91,8 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
         }
         hop::mbar_init(vbar, 16);
         hop::mbar_init(xbar, 256);
+        hop::mbar_init(mx + 0, 128);
+        hop::mbar_init(mx + 1, 128);
         *s_last = -1;
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -249,9 +253,21 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
         for (int kk = 0; kk < 4; kk++) hop::elt<T>::template ss256<0, 1>(o, pdesc(blk, kk), vdesc(blk, kk), 1);
     };
 
-    // Per block pair: warpgroup 1 posts max(m, rowmax S_even), warpgroup 2 answers with the pair's
-    // max m' (its own row max included); both softmaxes then run at once with one base m', each
-    // shares its P and issues P V for its own block and the other's back to back.
+    // Per block pair: each warpgroup posts max(m, the row max of its block's S) and takes the pair's
+    // max m' from both posts (one hop, not a post and an answer); both softmaxes then run at once
+    // with one base m', each shares its P and issues P V for its own block and the other's back to
+    // back.  mbarriers (release / acquire), not named barriers: racecheck models the ordering of
+    // the slots' writes and reads only through them, and a rendezvous at one named barrier reached
+    // at two PCs is what synccheck reports as divergent.  A slot (by pair parity) is rewritten two
+    // pairs later, after its reader has posted the next pair.
+    auto exchange_max = [&](float t0, float t1, uint32_t ph) {
+        const float2 own = make_float2(fmaxf(m0, t0), fmaxf(m1, t1));
+        if (q4 == 0) sM[ph * 64 + c * 32 + quad] = own;
+        hop::mbar_arrive(mx + c);
+        hop::mbar_wait(mx + (c ^ 1), ph);
+        const float2 other = sM[ph * 64 + (c ^ 1) * 32 + quad];
+        return make_float2(fmaxf(own.x, other.x), fmaxf(own.y, other.y));
+    };
     if (c == 0) {
         if (npairs > 0) {
             hop::mbar_wait(rdy + 0, 0);
@@ -271,12 +287,7 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
             mask_scale();
             float t0, t1;
             rowmax(t0, t1);
-            if (q4 == 0) sM[quad] = make_float2(fmaxf(m0, t0), fmaxf(m1, t1));
-            // a full rendezvous (not an arrival): it also orders this warpgroup's read of sM in the
-            // previous pair before warpgroup 2 overwrites it (racecheck); no cost, NB_M1 waits anyway
-            hop::bar_sync(NB_M0, 256);
-            hop::bar_sync(NB_M1, 256);  // the pair's max m'
-            const float2 mp = sM[quad];
+            const float2 mp = exchange_max(t0, t1, ph);  // the pair's max m'
             softmax(mp.x, mp.y);
             store_p(sP0);
             hop::fence_proxy_async();
@@ -327,13 +338,8 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
             mask_scale();
             float t0, t1;
             rowmax(t0, t1);
-            hop::bar_sync(NB_M0, 256);  // the even block's max
-            const float2 me = sM[quad];
-            const float n0 = fmaxf(me.x, t0), n1 = fmaxf(me.y, t1);
-            __syncwarp();
-            if (q4 == 0) sM[quad] = make_float2(n0, n1);
-            hop::bar_arrive(NB_M1, 256);
-            softmax(n0, n1);
+            const float2 mp = exchange_max(t0, t1, ph);
+            softmax(mp.x, mp.y);
             store_p(sP1);
             hop::fence_proxy_async();
             hop::bar_arrive(NB_P1, 256);
