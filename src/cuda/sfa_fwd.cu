@@ -40,7 +40,7 @@ constexpr int NBOX = sfa::GNBOX;              // 9 boxes of 64 columns (128 byte
 constexpr int BOX = sfa::GBOX;                // one box of 64 rows
 constexpr int TILE = NBOX * BOX;        // Q tile or one key block: 73728 bytes
 constexpr int OFF_Q = 0, OFF_K = TILE, OFF_P1 = 3 * TILE, OFF_VALID = OFF_P1 + BOX;
-constexpr int OFF_M = OFF_VALID + 2 * BK, OFF_L = OFF_M + 4 * 32 * 8, OFF_BAR = OFF_L + 64 * 8;
+constexpr int OFF_M = OFF_VALID + 2 * BK, OFF_L = OFF_M + 32 * 8, OFF_BAR = OFF_L + 64 * 8;
 constexpr int OFF_LAST = OFF_BAR + 12 * 8;
 constexpr int SMEM = OFF_LAST + 16 + 1024;  // + alignment slack
 static_assert(SMEM <= 232448, "fits in 227 KB");
@@ -55,12 +55,12 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
     unsigned char *sQ = sm + OFF_Q, *sK0 = sm + OFF_K, *sK1 = sm + OFF_K + TILE, *sP1 = sm + OFF_P1;
     unsigned char *sP0 = sK0 + 8 * BOX;  // the even block's rope box
     uint8_t *valid = sm + OFF_VALID;     // [2][64]
-    // [pair parity][warpgroup][32]: each warpgroup's max(m, its block's row max), by row quad
-    float2 *sM = reinterpret_cast<float2 *>(sm + OFF_M);
+    float2 *sM = reinterpret_cast<float2 *>(sm + OFF_M);   // [32] running max, by row quad
     float2 *sL = reinterpret_cast<float2 *>(sm + OFF_L);   // [2][32] row sums
     uint64_t *rdy = reinterpret_cast<uint64_t *>(sm + OFF_BAR);  // [block][half]
     uint64_t *fre = rdy + 4, *vbar = rdy + 8, *xbar = rdy + 9;  // xbar: the consumers' row-sum exchange
-    uint64_t *mx = rdy + 10;  // [warpgroup]: its max is posted (the per-pair max exchange)
+    // the per-pair max exchange: warpgroup 1 posts (mpost), warpgroup 2 answers (mans)
+    uint64_t *mpost = rdy + 10, *mans = rdy + 11;
     int *s_last = reinterpret_cast<int *>(sm + OFF_LAST);
 
     const int ngroups = (p.H + BH - 1) / BH;
@@ -91,8 +91,8 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
         }
         hop::mbar_init(vbar, 16);
         hop::mbar_init(xbar, 256);
-        hop::mbar_init(mx + 0, 128);
-        hop::mbar_init(mx + 1, 128);
+        hop::mbar_init(mpost, 128);
+        hop::mbar_init(mans, 128);
         *s_last = -1;
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -253,21 +253,9 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
         for (int kk = 0; kk < 4; kk++) hop::elt<T>::template ss256<0, 1>(o, pdesc(blk, kk), vdesc(blk, kk), 1);
     };
 
-    // Per block pair: each warpgroup posts max(m, the row max of its block's S) and takes the pair's
-    // max m' from both posts (one hop, not a post and an answer); both softmaxes then run at once
-    // with one base m', each shares its P and issues P V for its own block and the other's back to
-    // back.  mbarriers (release / acquire), not named barriers: racecheck models the ordering of
-    // the slots' writes and reads only through them, and a rendezvous at one named barrier reached
-    // at two PCs is what synccheck reports as divergent.  A slot (by pair parity) is rewritten two
-    // pairs later, after its reader has posted the next pair.
-    auto exchange_max = [&](float t0, float t1, uint32_t ph) {
-        const float2 own = make_float2(fmaxf(m0, t0), fmaxf(m1, t1));
-        if (q4 == 0) sM[ph * 64 + c * 32 + quad] = own;
-        hop::mbar_arrive(mx + c);
-        hop::mbar_wait(mx + (c ^ 1), ph);
-        const float2 other = sM[ph * 64 + (c ^ 1) * 32 + quad];
-        return make_float2(fmaxf(own.x, other.x), fmaxf(own.y, other.y));
-    };
+    // Per block pair: warpgroup 1 posts max(m, rowmax S_even), warpgroup 2 answers with the pair's
+    // max m' (its own row max included); both softmaxes then run at once with one base m', each
+    // shares its P and issues P V for its own block and the other's back to back.
     if (c == 0) {
         if (npairs > 0) {
             hop::mbar_wait(rdy + 0, 0);
@@ -287,7 +275,16 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
             mask_scale();
             float t0, t1;
             rowmax(t0, t1);
-            const float2 mp = exchange_max(t0, t1, ph);  // the pair's max m'
+            if (q4 == 0) sM[quad] = make_float2(fmaxf(m0, t0), fmaxf(m1, t1));
+            // mbarriers (release / acquire), not named barriers: racecheck models the ordering of
+            // sM's writes and reads (within and across pairs) only through them, and a rendezvous
+            // at one named barrier reached at two PCs is what synccheck reports as divergent.
+            // Costs ~1.4 % on the 64-head cases (H200, sfa07 577 -> 569 TFLOP/s); named barriers
+            // with post and answer slots by parity cost ~1 % and still fail racecheck, a symmetric
+            // exchange (both post, both wait) 3 %.
+            hop::mbar_arrive(mpost);
+            hop::mbar_wait(mans, ph);  // the pair's max m'
+            const float2 mp = sM[quad];
             softmax(mp.x, mp.y);
             store_p(sP0);
             hop::fence_proxy_async();
@@ -338,8 +335,13 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
             mask_scale();
             float t0, t1;
             rowmax(t0, t1);
-            const float2 mp = exchange_max(t0, t1, ph);
-            softmax(mp.x, mp.y);
+            hop::mbar_wait(mpost, ph);  // the even block's max
+            const float2 me = sM[quad];
+            const float n0 = fmaxf(me.x, t0), n1 = fmaxf(me.y, t1);
+            __syncwarp();
+            if (q4 == 0) sM[quad] = make_float2(n0, n1);
+            hop::mbar_arrive(mans);
+            softmax(n0, n1);
             store_p(sP1);
             hop::fence_proxy_async();
             hop::bar_arrive(NB_P1, 256);
