@@ -424,8 +424,9 @@ SPATTN_API spattn_status spattn_sfa_bwd_ex(const spattn_tensor *q, const spattn_
                                            const spattn_options *opt);
 
 /* Bytes of workspace spattn_sfa_fwd (backward = 0) or spattn_sfa_bwd (backward = 1) needs on
- * the chosen backend for these shapes.  Only shapes, dtypes and devices are read (index values
- * are not scanned). */
+ * the chosen backend for these shapes (the backward: for any layout of o, dout and the
+ * gradients, which decide the CUDA kernels).  Only shapes, dtypes and devices are read (index
+ * values are not scanned). */
 SPATTN_API spattn_status spattn_sfa_workspace_size(const spattn_tensor *q, const spattn_tensor *q_rope,
                                                    const spattn_tensor *k, const spattn_tensor *k_rope,
                                                    const spattn_tensor *v, const spattn_tensor *indices,

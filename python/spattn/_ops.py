@@ -158,9 +158,9 @@ def run(dev: torch.device, deterministic: int, size, call) -> None:
     except SpattnError as e:
         if ws is None or e.status != _lib.STATUS_WORKSPACE_TOO_SMALL:
             raise
-        # The size queries see no dO: the CUDA sfa backward's answers its Hopper kernels' need,
-        # but a dO they cannot read (e.g. o.sum()'s stride-0 gradient) takes the simple kernels,
-        # which may need more.  The check precedes any work: let the library allocate.
+        # A safety net: the size queries see no O / dO (the CUDA sfa backward's answers the
+        # larger of its two kernel paths' needs for that reason).  The check precedes any work:
+        # let the library allocate.
         opt.workspace, opt.workspace_size = None, 0
         call(opt)
 

@@ -509,7 +509,12 @@ extern "C" size_t spattn_cuda_sfa_workspace(const spattn_sfa_problem *p, int bac
     if (p->seqs) return backward ? vl_bwd_workspace(p) : vl_workspace(p);
     if (!fast_shape(p, backward)) return ref_parts(p, backward, off);
     if (!backward) return 0;
-    return bwd_ws_total(p);
+    // a size query (spattn_sfa_workspace_size) sees no O, dO or dQ: one the Hopper kernels cannot
+    // read sends the call to the simple kernels, so the query answers the larger need (as bsa's)
+    const size_t fast = bwd_ws_total(p);
+    if (p->dout) return fast;
+    const size_t ref = ref_parts(p, 1, off);
+    return fast > ref ? fast : ref;
 }
 
 namespace {
