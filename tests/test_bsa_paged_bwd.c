@@ -11,7 +11,7 @@
  */
 #include "varlen_testkit.h"
 
-static const int64_t kBlk[] = {1, 3, 16, 48};
+static const int64_t kBlk[] = {1, 3, 16, 48, 80, 128}; /* 80, 128: longer than many sequences */
 static const int64_t kPs[] = {1, 3, 5, 16, 48};
 
 typedef struct pb_case {
@@ -316,8 +316,8 @@ int main(void) {
         c.Nkv = tu_range(&r, 1, 2);
         c.N = c.Nkv * tu_range(&r, 1, 3);
         c.D = (int64_t[]){8, 16, 64}[tu_range(&r, 0, quick ? 1 : 2)];
-        c.bx = kBlk[tu_range(&r, 0, 3)];
-        c.by = kBlk[tu_range(&r, 0, 3)];
+        c.bx = kBlk[tu_range(&r, 0, 5)];
+        c.by = kBlk[tu_range(&r, 0, 5)];
         c.maxl = tu_range(&r, 1, quick ? 40 : 100);
         c.ps = kPs[tu_range(&r, 0, 4)];
         c.dt = vt_dtype(&r);

@@ -8,7 +8,7 @@
  */
 #include "varlen_testkit.h"
 
-static const int64_t kBlk[] = {1, 3, 16, 48};
+static const int64_t kBlk[] = {1, 3, 16, 48, 80, 128}; /* 80, 128: longer than many sequences */
 
 typedef struct bv_case {
     int64_t B, N, Nkv, D, bx, by, maxl;
@@ -251,8 +251,8 @@ int main(void) {
         c.Nkv = tu_range(&r, 1, 2);
         c.N = c.Nkv * tu_range(&r, 1, 2);
         c.D = (int64_t[]){8, 16, 64}[tu_range(&r, 0, quick ? 1 : 2)];
-        c.bx = kBlk[tu_range(&r, 0, 3)];
-        c.by = kBlk[tu_range(&r, 0, 3)];
+        c.bx = kBlk[tu_range(&r, 0, 5)];
+        c.by = kBlk[tu_range(&r, 0, 5)];
         c.maxl = tu_range(&r, 1, quick ? 40 : 100);
         c.dt = vt_dtype(&r);
         one_case(&c, &r);
