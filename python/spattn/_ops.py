@@ -153,16 +153,17 @@ def run(dev: torch.device, deterministic: int, size, call) -> None:
         if n:
             ws = torch.empty(n, dtype=torch.uint8, device=dev)
             opt.workspace, opt.workspace_size = ws.data_ptr(), n
-    try:
-        call(opt)
-    except SpattnError as e:
-        if ws is None or e.status != _lib.STATUS_WORKSPACE_TOO_SMALL:
-            raise
-        # A safety net: the size queries see no O / dO (the CUDA sfa backward's answers the
-        # larger of its two kernel paths' needs for that reason).  The check precedes any work:
-        # let the library allocate.
-        opt.workspace, opt.workspace_size = None, 0
-        call(opt)
+    call(opt)
+
+
+def sfa_bwd_descs(q, q_rope, k, k_rope, v, o, dout, lse, idx, dq, dqr, dk, dkr, dv):
+    """The descriptors of an sfa backward call (plain or varlen), grouped as its C signature:
+    (q, q_rope, k, k_rope, v), (o, dout, lse), indices, (dq, dq_rope, dk, dk_rope, dv)."""
+    ins = (_desc("q", q), _desc("q_rope", q_rope), _desc("k", k), _desc("k_rope", k_rope), _desc("v", v))
+    fwd = _desc("o", o), _desc("dout", dout), _desc("lse", lse)
+    grads = (_desc("dq", dq), _desc("dq_rope", dqr), _desc("dk", dk), _desc("dk_rope", dkr),
+             _desc("dv", dv))
+    return ins, fwd, _desc("indices", idx), grads
 
 
 def _empty_like_shape(t: Tensor, shape, dtype=None) -> Tensor:
@@ -280,11 +281,7 @@ def sfa_bwd(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Tensor], q_rope: 
     dv = torch.empty_like(v, memory_format=cf) if v is not None else None
     dqr = torch.empty_like(q_rope, memory_format=cf) if q_rope is not None else None
     dkr = torch.empty_like(k_rope, memory_format=cf) if k_rope is not None else None
-    ins = (_desc("q", q), _desc("q_rope", q_rope), _desc("k", k), _desc("k_rope", k_rope), _desc("v", v))
-    fwd = _desc("o", o), _desc("dout", dout), _desc("lse", lse)
-    idd = _desc("indices", idx)
-    grads = (_desc("dq", dq), _desc("dq_rope", dqr), _desc("dk", dk), _desc("dk_rope", dkr),
-             _desc("dv", dv))
+    ins, fwd, idd, grads = sfa_bwd_descs(q, q_rope, k, k_rope, v, o, dout, lse, idx, dq, dqr, dk, dkr, dv)
     run(dev, check_deterministic(deterministic),
         lambda opt: _lib.sfa_workspace_size(*ins, idd, sbs, mode, True, opt),
         lambda opt: _lib.sfa_bwd(*ins, *fwd, idd, sbs, mode, scale, *grads, opt))

@@ -187,11 +187,8 @@ def sfa_bwd_varlen(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Tensor],
     dqr = torch.zeros_like(q_rope, memory_format=cf) if q_rope is not None else None
     dkr = torch.empty_like(k_rope, memory_format=cf) if k_rope is not None else None
     vl, keep = _vl(cq, ck, max_seqlen_q, max_seqlen_k, bt)
-    ins = (_desc("q", q), _desc("q_rope", q_rope), _desc("k", k), _desc("k_rope", k_rope), _desc("v", v))
-    fwd = _desc("o", o), _desc("dout", dout), _desc("lse", lse)
-    idd = _desc("indices", idx)
-    grads = (_desc("dq", dq), _desc("dq_rope", dqr), _desc("dk", dk), _desc("dk_rope", dkr),
-             _desc("dv", dv))
+    ins, fwd, idd, grads = _ops.sfa_bwd_descs(q, q_rope, k, k_rope, v, o, dout, lse, idx, dq, dqr, dk,
+                                              dkr, dv)
     run(dev, check_deterministic(deterministic),
         lambda opt: _varlen.sfa_workspace_size(*ins, idd, sbs, mode, vl, True, opt),
         lambda opt: _varlen.sfa_bwd(*ins, *fwd, idd, sbs, mode, scale, vl, *grads, opt))
