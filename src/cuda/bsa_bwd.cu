@@ -671,11 +671,12 @@ extern "C" cudaError_t spattn_bsa_launch_bwd90(const bsa_params *p, const bsa_bw
     sp.chunk = bsa_bwd90_chunk(p->G, p->nqt);
     sp.buf = kvbuf;
     sp.sem = sem + acc_tiles(p);
-    sp.slot = sp.sem + key_rows(p);
+    int *slot = sp.sem + key_rows(p);
+    sp.slot = slot;
     if (sp.splits > 1) {
         const cudaError_t e = spattn_bsa_launch_split_slots(p->sk.cnt, key_rows(p), (p->Skv + BN - 1) / BN, sp.chunk,
                                                             (int)bsa_bwd90_split_slots(p->G, p->nqt, key_rows(p), dp),
-                                                            sp.sem + key_rows(p), st);
+                                                            slot, st);
         if (e != cudaSuccess) return e;
     }
     if (!p->vl.seq) return launch_dt<false>(*p, *tm, dp, bf16, dqacc, sem, det, sp, st);

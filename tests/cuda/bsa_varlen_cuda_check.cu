@@ -119,6 +119,18 @@ struct Batch {
     void *dkp = nullptr, *dvp = nullptr;
 };
 
+// A host copy of t with NaN in every key and value row of sequence s (packed rows hk / hv).
+static Batch nan_keys(const Batch &t, int s) {
+    const Case &c = t.c;
+    Batch u = t;
+    for (int r = t.cukv[s]; r < t.cukv[s + 1]; r++)
+        for (int x = 0; x < c.Nkv * c.D; x++) {
+            store_dt(u.hk.data(), (size_t)r * t.rskv + x, NAN, c.dt);
+            store_dt(u.hv.data(), (size_t)r * t.rskv + x, NAN, c.dt);
+        }
+    return u;
+}
+
 // The pages of k / v from the packed rows hk / hv (row j of sequence b -> page tab[b][j / ps], row
 // j % ps); every other page row NaN.
 static void fill_pages(Batch &t, const std::vector<uint8_t> &hk, const std::vector<uint8_t> &hv) {
@@ -699,12 +711,7 @@ static void run_case(const Case &c, bool quick) {
     if (!quick && c.B > 1) {
         const int s = irand(0, c.B - 1);
         if (t.cukv[s + 1] > t.cukv[s]) {
-            Batch u = t;  // host copies; the device buffers are shared, restored below
-            for (int r = t.cukv[s]; r < t.cukv[s + 1]; r++)
-                for (int x = 0; x < c.Nkv * c.D; x++) {
-                    store_dt(u.hk.data(), (size_t)r * t.rskv + x, NAN, c.dt);
-                    store_dt(u.hv.data(), (size_t)r * t.rskv + x, NAN, c.dt);
-                }
+            Batch u = nan_keys(t, s);  // host copies; the device buffers are shared, restored below
             if (!g_cpu_only) {
                 CK(cudaMemcpy(t.dk, u.hk.data(), u.hk.size(), cudaMemcpyHostToDevice));
                 CK(cudaMemcpy(t.dv, u.hv.data(), u.hv.size(), cudaMemcpyHostToDevice));
@@ -880,12 +887,7 @@ static void run_case_paged(const Case &c, bool quick, int reps = 3) {
         // rows of its query tiles that do not attend them may get NaN through 0 * NaN, the CUDA
         // exception documented in spattn.h)
         if (t.cukv[s + 1] > t.cukv[s] && s != t.shared[0] && s != t.shared[1]) {
-            Batch u = t;  // host copies; the device pages are shared, restored below
-            for (int r = t.cukv[s]; r < t.cukv[s + 1]; r++)
-                for (int x = 0; x < c.Nkv * c.D; x++) {
-                    store_dt(u.hk.data(), (size_t)r * t.rskv + x, NAN, c.dt);
-                    store_dt(u.hv.data(), (size_t)r * t.rskv + x, NAN, c.dt);
-                }
+            Batch u = nan_keys(t, s);  // host copies; the device pages are shared, restored below
             fill_pages(u, u.hk, u.hv);
             if (!g_cpu_only) {
                 CK(cudaMemcpy(t.dkp, u.hkp.data(), u.hkp.size(), cudaMemcpyHostToDevice));
