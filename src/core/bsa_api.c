@@ -249,7 +249,7 @@ spattn_status spattn_bsa_workspace_planned(const spattn_tensor *q, const spattn_
     spattn_exec ex;
     int use_cuda;
     TRY(spattn_resolve_exec(opt, q, &ex, &use_cuda));
-    *bytes = use_cuda ? spattn_cuda_bsa_workspace(&p, backward != 0)
-                      : spattn_cpu_bsa_workspace(&p, backward != 0, ex.num_threads);
-    return SPATTN_STATUS_SUCCESS;
+    return spattn_answer_workspace(use_cuda ? spattn_cuda_bsa_workspace(&p, backward != 0)
+                                            : spattn_cpu_bsa_workspace(&p, backward != 0, ex.num_threads),
+                                   bytes);
 }

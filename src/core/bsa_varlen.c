@@ -218,10 +218,7 @@ spattn_status spattn_bsa_varlen_workspace_size(const spattn_tensor *q, const spa
     spattn_exec ex;
     int use_cuda;
     TRY(spattn_resolve_exec(opt, q, &ex, &use_cuda));
-    if (use_cuda) {
-        *bytes = spattn_cuda_bsa_varlen_workspace(&p, backward != 0);
-        return SPATTN_STATUS_SUCCESS;
-    }
-    *bytes = spattn_cpu_bsa_workspace(&p, backward != 0, ex.num_threads);
-    return SPATTN_STATUS_SUCCESS;
+    return spattn_answer_workspace(use_cuda ? spattn_cuda_bsa_varlen_workspace(&p, backward != 0)
+                                            : spattn_cpu_bsa_workspace(&p, backward != 0, ex.num_threads),
+                                   bytes);
 }

@@ -49,6 +49,9 @@ spattn_status spattn_check_scale(double scale, const char *dflt);
 
 /* A caller-provided workspace (ex->workspace != NULL) holds at least `need` bytes. */
 spattn_status spattn_check_workspace(const spattn_exec *ex, size_t need);
+/* A size query's answer: *bytes = need, or OUT_OF_MEMORY when need is SIZE_MAX (the backends
+ * saturate there: a problem over huge stride-0 views needing more than the address space). */
+spattn_status spattn_answer_workspace(size_t need, size_t *bytes);
 
 /* Resolves options (NULL = defaults) and the backend from the tensors' device.
  * On success *ex is filled and *use_cuda says which backend runs. */

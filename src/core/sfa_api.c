@@ -276,7 +276,7 @@ spattn_status spattn_sfa_workspace_size(const spattn_tensor *q, const spattn_ten
     spattn_exec ex;
     int use_cuda;
     TRY(spattn_resolve_exec(opt, q, &ex, &use_cuda));
-    *bytes = use_cuda ? spattn_cuda_sfa_workspace(&p, backward != 0)
-                      : spattn_cpu_sfa_workspace(&p, backward != 0, ex.num_threads);
-    return SPATTN_STATUS_SUCCESS;
+    return spattn_answer_workspace(use_cuda ? spattn_cuda_sfa_workspace(&p, backward != 0)
+                                            : spattn_cpu_sfa_workspace(&p, backward != 0, ex.num_threads),
+                                   bytes);
 }

@@ -288,7 +288,20 @@ spattn_status spattn_check_aliasing(const char *const *out_names, const spattn_t
     return SPATTN_STATUS_SUCCESS;
 }
 
+static spattn_status too_big(void) {
+    return spattn_set_error(SPATTN_STATUS_OUT_OF_MEMORY,
+                            "workspace: this problem needs more than SIZE_MAX bytes (its views "
+                            "are larger than any memory)");
+}
+
+spattn_status spattn_answer_workspace(size_t need, size_t *bytes) {
+    if (need == SIZE_MAX) return too_big();
+    *bytes = need;
+    return SPATTN_STATUS_SUCCESS;
+}
+
 spattn_status spattn_check_workspace(const spattn_exec *ex, size_t need) {
+    if (need == SIZE_MAX) return too_big();
     if (ex->workspace && ex->workspace_size < need)
         return spattn_set_error(SPATTN_STATUS_WORKSPACE_TOO_SMALL,
                                 "options.workspace_size: need %zu bytes, got %zu", need,

@@ -10,7 +10,20 @@
 #include "cpu_isa.h"
 #include "sfa_cpu.h"
 
-static size_t align_up(size_t x) { return (x + SFA_ALIGN - 1) / SFA_ALIGN * SFA_ALIGN; }
+/* Sizes saturate at SIZE_MAX instead of wrapping: a size query over huge (stride-0) views
+ * answers "more than any memory", and a call then fails to allocate with OUT_OF_MEMORY. */
+static size_t sat_add(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }
+static size_t sat_mul(size_t a, size_t b) {
+    size_t r;
+    return __builtin_mul_overflow(a, b, &r) ? SIZE_MAX : r;
+}
+/* bytes of a * b elements of `es` bytes (a, b >= 0) */
+static size_t sat_bytes(int64_t a, int64_t b, size_t es) {
+    return sat_mul(sat_mul((size_t)a, (size_t)b), es);
+}
+static size_t align_up(size_t x) {
+    return x > SIZE_MAX - SFA_ALIGN ? SIZE_MAX : (x + SFA_ALIGN - 1) / SFA_ALIGN * SFA_ALIGN;
+}
 
 /* Budget of the backward tile buffers: big enough to amortize the two parallel phases per
  * tile, small enough to stay near the last-level cache. */
@@ -27,7 +40,11 @@ void sfa_plan_init(sfa_plan *pl, const spattn_sfa_problem *p, int backward, int 
     pl->Dp = (p->D + SFA_VW - 1) / SFA_VW * SFA_VW;
     pl->Drp = (p->Dr + SFA_VW - 1) / SFA_VW * SFA_VW;
     pl->Dqp = pl->Dp + pl->Drp;
-    pl->kmax = p->K * (p->sbs < p->S2 ? p->sbs : p->S2);
+    /* keys one index entry expands to: a varlen sequence's keys are < its length <= Tkv (see
+     * nmark), so a generous max_seqlen_kv does not grow the buffers */
+    int64_t kb = p->sbs < p->S2 ? p->sbs : p->S2;
+    if (p->seqs && p->seqs->Tkv < kb) kb = p->seqs->Tkv;
+    if (__builtin_mul_overflow(p->K, kb, &pl->kmax)) pl->kmax = INT64_MAX;
     pl->nt = num_threads > 0 ? num_threads : omp_get_max_threads();
     if (pl->nt < 1) pl->nt = 1;
     if (backward) {
@@ -35,8 +52,7 @@ void sfa_plan_init(sfa_plan *pl, const spattn_sfa_problem *p, int backward, int 
          * minimal tile (SFA_TMIN tokens, all groups) stay within the budget, so the tile
          * no longer grows with K * sbs.  E and T depend on shapes only, never on the thread
          * count (determinism).  Every suite case (sbs = 1, K * G <= 8192 * 64) is one chunk. */
-        const int64_t kb = p->sbs < p->S2 ? p->sbs : p->S2;
-        size_t per_key = (size_t)(2 * pl->G + 1) * 4 * (size_t)p->N2 * SFA_TMIN;
+        size_t per_key = sat_mul(sat_bytes(2 * pl->G + 1, p->N2, 4), SFA_TMIN);
         int64_t ck = (int64_t)(sfa_tile_bytes / per_key);
         int64_t E = kb > 0 ? ck / kb : p->K;
         if (E > p->K) E = p->K;
@@ -55,6 +71,23 @@ void sfa_plan_init(sfa_plan *pl, const spattn_sfa_problem *p, int backward, int 
         pl->ncol = (pl->Dp + SFA_CW - 1) / SFA_CW + (pl->Drp + SFA_CW - 1) / SFA_CW +
                    (p->shared_kv ? 0 : (pl->Dp + SFA_CW - 1) / SFA_CW);
     }
+    /* No more threads than work items: every tile of the backward ends in barriers, and a
+     * thread count far above the items (e.g. 1024 on a small problem) made a call ~100x slower
+     * (7 ms -> 0.5-1 s, 2-core VM).  Items: query rows x kv groups (forward), the larger of a
+     * tile's rows x groups and its scatter units, and 64K floats of accumulators to zero and
+     * round (backward).  Results do not depend on the count (see above). */
+    double work;
+    if (!backward) {
+        work = (p->seqs ? (double)p->seqs->Tq : (double)p->B * (double)p->S1) * (double)p->N2;
+    } else {
+        double rows = p->seqs ? (double)p->seqs->Tkv : (double)p->B * (double)p->S2;
+        work = (double)pl->T * (double)p->N2;
+        if ((double)p->N2 * (double)pl->ncol > work) work = (double)p->N2 * (double)pl->ncol;
+        double acc = rows * (double)p->N2 * (double)(pl->Dqp + pl->Dp) / 65536.0;
+        if (acc > work) work = acc;
+    }
+    if (work < 1.0) work = 1.0;
+    if ((double)pl->nt > work) pl->nt = (int)work;
 }
 
 sfa_thread_layout sfa_thread_layout_of(const sfa_plan *pl, int backward) {
@@ -62,19 +95,19 @@ sfa_thread_layout sfa_thread_layout_of(const sfa_plan *pl, int backward) {
     size_t f = sizeof(float), off = 0;
     sfa_thread_layout L;
     memset(&L, 0, sizeof(L));
-#define TAKE(field, bytes) (L.field = off, off = align_up(off + (size_t)(bytes)))
-    TAKE(qt, (size_t)(pl->Dqp * pl->Gp) * f);
-    if (backward) TAKE(dot, (size_t)(pl->Dp * pl->Gp) * f);
-    TAKE(kc, (size_t)(SFA_NC * pl->Dqp) * f);
-    if (!p->shared_kv) TAKE(vc, (size_t)(SFA_NC * pl->Dp) * f);
-    TAKE(st, (size_t)(SFA_NC * pl->Gp) * f);
-    if (backward) TAKE(dpt, (size_t)(SFA_NC * pl->Gp) * f);
+#define TAKE(field, bytes) (L.field = off, off = align_up(sat_add(off, (bytes))))
+    TAKE(qt, sat_bytes(pl->Dqp, pl->Gp, f));
+    if (backward) TAKE(dot, sat_bytes(pl->Dp, pl->Gp, f));
+    TAKE(kc, sat_bytes(SFA_NC, pl->Dqp, f));
+    if (!p->shared_kv) TAKE(vc, sat_bytes(SFA_NC, pl->Dp, f));
+    TAKE(st, sat_bytes(SFA_NC, pl->Gp, f));
+    if (backward) TAKE(dpt, sat_bytes(SFA_NC, pl->Gp, f));
     /* O accumulators (forward) / dQ accumulators of a one-chunk row and O row scratch
      * (backward) */
-    TAKE(acc, (size_t)(pl->G * (backward ? pl->Dqp : pl->Dp)) * f);
-    if (!backward) TAKE(row, (size_t)pl->Dqp * f); /* one q row before it is transposed */
-    if (!backward) TAKE(ml, (size_t)(4 * pl->Gp) * f);
-    if (!backward) TAKE(keys, (size_t)pl->kmax * sizeof(int64_t));
+    TAKE(acc, sat_bytes(pl->G, backward ? pl->Dqp : pl->Dp, f));
+    if (!backward) TAKE(row, sat_bytes(pl->Dqp, 1, f)); /* one q row before it is transposed */
+    if (!backward) TAKE(ml, sat_bytes(4, pl->Gp, f));
+    if (!backward) TAKE(keys, sat_bytes(pl->kmax, 1, sizeof(int64_t)));
     if (backward) TAKE(mark, (size_t)pl->nmark);
 #undef TAKE
     L.total = off;
@@ -85,15 +118,15 @@ sfa_tile_layout sfa_tile_layout_of(const sfa_plan *pl) {
     size_t off = 0, f = sizeof(float);
     sfa_tile_layout L;
     L.x = off;
-    off = align_up(off + (size_t)(2 * pl->G * pl->Dqp) * f);
+    off = align_up(sat_mul(sat_bytes(pl->G, pl->Dqp, f), 2));
     L.dq = off; /* only when a row takes several chunks (else in the thread buffer) */
-    if (pl->nch > 1) off = align_up(off + (size_t)(pl->G * pl->Dqp) * f);
+    if (pl->nch > 1) off = align_up(sat_add(off, sat_bytes(pl->G, pl->Dqp, f)));
     L.ld = off;
-    off = align_up(off + (size_t)(2 * pl->Gp) * f);
+    off = align_up(sat_add(off, sat_bytes(2, pl->Gp, f)));
     L.dsp = off;
-    off = align_up(off + (size_t)(pl->kc * 2 * pl->G) * f);
+    off = align_up(sat_add(off, sat_mul(sat_bytes(pl->kc, pl->G, f), 2)));
     L.keys = off;
-    off = align_up(off + (size_t)pl->kc * sizeof(int64_t));
+    off = align_up(sat_add(off, sat_bytes(pl->kc, 1, sizeof(int64_t))));
     L.meta = off;
     off = align_up(off + 2 * sizeof(int64_t));
     L.total = off;
@@ -102,20 +135,20 @@ sfa_tile_layout sfa_tile_layout_of(const sfa_plan *pl) {
 
 size_t sfa_workspace_parts(const sfa_plan *pl, int backward, size_t *off_tile, size_t *off_acc) {
     const spattn_sfa_problem *p = pl->p;
-    size_t total = (size_t)pl->nt * sfa_thread_layout_of(pl, backward).total;
+    size_t total = sat_mul((size_t)pl->nt, sfa_thread_layout_of(pl, backward).total);
     size_t tile = 0, acc = 0;
     if (backward) {
         tile = total;
-        total += (size_t)(pl->T * p->N2) * sfa_tile_layout_of(pl).total;
+        total = sat_add(total, sat_mul(sat_bytes(pl->T, p->N2, 1), sfa_tile_layout_of(pl).total));
         acc = total;
         /* varlen: one accumulator row per key-side row (packed token or page row) */
-        int64_t rows = p->seqs ? p->seqs->Tkv : p->B * p->S2;
-        size_t n = (size_t)(rows * p->N2) * (size_t)(pl->Dqp + (p->shared_kv ? 0 : pl->Dp));
-        total += align_up(n * sizeof(float));
+        size_t rows = p->seqs ? sat_bytes(p->seqs->Tkv, 1, 1) : sat_bytes(p->B, p->S2, 1);
+        size_t n = sat_mul(sat_bytes(p->N2, pl->Dqp + (p->shared_kv ? 0 : pl->Dp), sizeof(float)), rows);
+        total = sat_add(total, align_up(n));
     }
     if (off_tile) *off_tile = tile;
     if (off_acc) *off_acc = acc;
-    return total + SFA_ALIGN; /* slack to align a caller's workspace */
+    return sat_add(total, SFA_ALIGN); /* slack to align a caller's workspace */
 }
 
 size_t spattn_cpu_sfa_workspace(const spattn_sfa_problem *p, int backward, int num_threads) {

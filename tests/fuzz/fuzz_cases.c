@@ -49,8 +49,14 @@ static void generate(const sp_case *c) {
         free(m);
     } else {
         if (c->B * c->S1 * c->N2 > 64 || c->K > 256 || c->S2 > 1024) return;
-        size_t n = (size_t)(c->B * c->S1 * c->N2 * c->K);
-        int32_t *idx = malloc(n * sizeof *idx);
+        /* varlen: [Tq, N2, K] rows, Tq = the sum of the lengths (<= B * S1 = B * max) */
+        int64_t rows = c->B * c->S1;
+        if (c->varlen) {
+            rows = 0;
+            for (int64_t b = 0; b < c->B; b++) rows += c->lens[b];
+        }
+        size_t n = (size_t)(rows * c->N2 * c->K);
+        int32_t *idx = malloc((n ? n : 1) * sizeof *idx);
         if (sp_gen_indices(c, idx) == 0) {
             int64_t nblk = (c->S2 + c->sbs - 1) / c->sbs;
             for (size_t i = 0; i < n; i++)

@@ -273,11 +273,28 @@ static uint8_t *setup_workspace(call *c, fz_in *in) {
     return ws;
 }
 
-/* The oracles after a call (ran = 0: a size query, which writes nothing), then frees. */
+/* Logical bytes of the call's tensors (stride-0 views count every element), saturating. */
+static __int128 logical_bytes(const call *c) {
+    __int128 total = 0, cap = (__int128)1 << 100;
+    for (int i = 0; i < c->nt; i++) {
+        const spattn_tensor *t = &c->ts[i].t;
+        if (!c->ts[i].present || t->ndim < 1 || t->ndim > SPATTN_MAX_DIMS) continue;
+        __int128 n = (__int128)spattn_dtype_size((spattn_dtype)t->dtype);
+        for (int d = 0; d < t->ndim && n < cap; d++) n *= t->shape[d] > 0 ? t->shape[d] : 0;
+        total += n < cap ? n : cap;
+    }
+    return total;
+}
+
+/* The oracles after a call (ran = 0: a size query, which writes nothing), then frees.  A size
+ * answer above 1 TiB is absurd (a wrapped or runaway computation) unless the tensors' views
+ * are that large themselves (stride-0 views over billions of heads or keys): the CPU buffers
+ * are at most a few dozen times the problem's own logical size. */
 static void check_and_free(call *c, spattn_status st, int ran, size_t bytes, uint8_t *ws) {
     if (st != SPATTN_STATUS_SUCCESS && spattn_last_error()[0] == '\0') fail("error without a message", st);
     if (opts_invalid(c) && st == SPATTN_STATUS_SUCCESS) fail("invalid options accepted", st);
-    if (st == SPATTN_STATUS_SUCCESS && !ran && c->use_opt && c->opt.workspace && bytes > (size_t)1 << 40)
+    if (st == SPATTN_STATUS_SUCCESS && !ran && c->use_opt && c->opt.workspace && bytes > (size_t)1 << 40 &&
+        (__int128)bytes > 64 * logical_bytes(c))
         fail("absurd workspace size", st);
     int runtime_err = st == SPATTN_STATUS_OUT_OF_MEMORY || st == SPATTN_STATUS_CUDA_ERROR ||
                       st == SPATTN_STATUS_INTERNAL;
