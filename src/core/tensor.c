@@ -126,10 +126,10 @@ static int elem_extent(const spattn_tensor *t, int64_t *lo, int64_t *hi) {
 }
 
 spattn_status spattn_check_strides(const char *name, const spattn_tensor *t) {
-    int64_t lo, hi, blo, bhi;
+    int64_t lo, hi, end, blo, bhi;
     int64_t es = (int64_t)spattn_dtype_size((spattn_dtype)t->dtype);
     if (!elem_extent(t, &lo, &hi) || __builtin_mul_overflow(lo, es, &blo) ||
-        __builtin_mul_overflow(hi + 1, es, &bhi))
+        __builtin_add_overflow(hi, 1, &end) || __builtin_mul_overflow(end, es, &bhi))
         return spattn_set_error(SPATTN_STATUS_BAD_STRIDE,
                                 "%s: strides overflow 64-bit offsets (shape and strides describe "
                                 "more than 2^63 bytes)", name);

@@ -27,6 +27,7 @@
 // The chunk's dKV (64 keys x 576) is added into the dK accumulator of sfa_host.cu at the end; both
 // accumulators are int64 fixed point (deterministic, bitwise reproducible) or fp32 (fast mode).
 #include <math.h>
+#include <stdlib.h>
 
 #include "hopper/hopper.cuh"
 #include "sfa_adds.cuh"
@@ -52,6 +53,19 @@ static_assert(SMEM <= 232448, "fits in 227 KB");
 constexpr int STEPS = 32;  // steps per CTA at most (a window of 32 T tokens)
 
 enum { NB_DS0 = 1 /* and 2 */ };
+
+// SPLIT (gated: SPATTN_SFA_BWD_SMALL_SPLIT=1 until its first device run; then it replaces the
+// duplicated form): warpgroup 0 computes S^T only, warpgroup 1 dP^T only, through the 8 KB of
+// the two dS tiles, reused per step as R:
+//   phase A: warpgroup 1 writes dP^T (fp32, fragment order: float4 (i, thread) at (i 128 + t) 16);
+//   phase B: warpgroup 0 reads it, forms P^T and dS^T in fp32 exactly as before, and writes the
+//            one dS tile [32 rows][64 keys] (bf16/fp16, sw128) at R and its P^T A fragments at
+//            R + 4 KB (uint4 (kk, thread) at 4096 + (kk 128 + t) 16); warpgroup 1 reads P^T and
+//            dS^T back as its A fragments; both dQ^T GEMMs read the one dS tile.
+// The same GEMMs in the same order and the same fp32 formulas: bitwise the same results as the
+// duplicated form, with 36 (WG1) / 32 (WG0) fewer k-steps per step.  Three mbarriers of 128
+// arrivals order R: xdp (phase A written), xps (phase B written), rfree (warpgroup 0's dQ^T
+// GEMMs of the step, the last readers of R, are done).
 
 // ---- list building ---------------------------------------------------------------------------
 // The key range [k0, k1] that index entry `bi` selects within the causal limit (k1 < k0: none).
@@ -257,9 +271,10 @@ template <typename T> __global__ void rows_kernel(const Params p, SmallLists L) 
 struct Sm {
     unsigned char *k, *st, *ds, *misc;
     uint64_t *full, *empty;  // [2] each
+    uint64_t *xdp, *xps, *rfree;  // SPLIT only
 };
 
-template <typename T, int HP, int C>
+template <typename T, int HP, int C, bool SPLIT>
 __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, const Sm &s, int b, int n2, int kb,
                                         int v0, int v1) {
     constexpr int TT = NR / HP;                        // tokens per step
@@ -270,7 +285,8 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
     const float sl2 = p.scale_log2, scale = p.scale;
     const bool det = p.acc_i64 != nullptr;
     const float fsq = det ? *L.fix_scale_q : 1.f;
-    unsigned char *sds = s.ds + C * RBOX;  // own dS tile [32 token-head rows][64 keys]
+    // dS tile [32 token-head rows][64 keys]: own one, or (SPLIT) the one at R written by WG0
+    unsigned char *sds = SPLIT ? s.ds : s.ds + C * RBOX;
 
     float dkv[NDKV][32];
 #pragma unroll
@@ -291,63 +307,176 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
         const int vs = v0 + it * TT, ntok = min(TT, v1 - vs);
         const uint64_t qd = hop::desc_sw128(sq, 16, 1024), dod = hop::desc_sw128(sdo, 16, 1024);
 
-        // ---- S^T and dP^T (64 keys x 32 token-heads)
-        float sa[16], dpa[16];
-        hop::mbar_wait(s.full + st, ph);
-        hop::wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 36; kk++) hop::elt<T>::template ssn<32, 0, 0>(sa, kmaj64(kd, kk), kmaj32(qd, kk), kk > 0);
-#pragma unroll
-        for (int kk = 0; kk < 32; kk++) hop::elt<T>::template ssn<32, 0, 0>(dpa, kmaj64(kd, kk), kmaj32(dod, kk), kk > 0);
-        hop::wgmma_commit();
-        hop::wgmma_wait<0>();
-        hop::reg_fence(sa);
-        hop::reg_fence(dpa);
-
-        // ---- P^T, dS^T: A operands (packed as the m64 A fragment) and the dS tile [th][key]
         uint32_t pa[2][4], da[2][4];
+        if constexpr (SPLIT) {
+            float sa[16], dpa[16];
+            const uint32_t xph = it & 1;
+            hop::mbar_wait(s.full + st, ph);
+            if constexpr (C == 0) {
+                // ---- S^T (64 keys x 32 token-heads), P^T in fp32; which entries are selected
+                hop::wgmma_fence();
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
+                for (int kk = 0; kk < 36; kk++) hop::elt<T>::template ssn<32, 0, 0>(sa, kmaj64(kd, kk), kmaj32(qd, kk), kk > 0);
+                hop::wgmma_commit();
+                hop::wgmma_wait<0>();
+                hop::reg_fence(sa);
+                uint32_t sel = 0;
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int th = 8 * j + 2 * q4 + e, tok = th / HP, h = th % HP;
-                const bool ok = tok < ntok && h < p.H;
-                const float l2 = lse2[th], dl = delta[th];
+                for (int j = 0; j < 4; j++)
 #pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    const int key = r0 + 8 * hh, i = 4 * j + 2 * hh + e;
-                    const float m = ok ? (float)cnt[tok * 64 + key] : 0.f;
-                    const float pv = m > 0.f ? m * hop::ex2(sa[i] * sl2 - l2) : 0.f;
-                    sa[i] = pv;
-                    // unselected keys: exactly 0 (not 0 * a non-finite dP of another key's row)
-                    dpa[i] = m > 0.f ? scale * pv * (dpa[i] - dl) : 0.f;
+                    for (int e = 0; e < 2; e++) {
+                        const int th = 8 * j + 2 * q4 + e, tok = th / HP, h = th % HP;
+                        const bool ok = tok < ntok && h < p.H;
+                        const float l2 = lse2[th];
+#pragma unroll
+                        for (int hh = 0; hh < 2; hh++) {
+                            const int key = r0 + 8 * hh, i = 4 * j + 2 * hh + e;
+                            const float m = ok ? (float)cnt[tok * 64 + key] : 0.f;
+                            sa[i] = m > 0.f ? m * hop::ex2(sa[i] * sl2 - l2) : 0.f;
+                            sel |= (m > 0.f ? 1u : 0u) << i;
+                        }
+                    }
+                // ---- dP^T from warpgroup 1 (phase A), then dS^T = scale P^T (dP^T - Delta)
+                hop::mbar_wait(s.xdp, xph);
+#pragma unroll
+                for (int i4 = 0; i4 < 4; i4++) {
+                    const float4 v = *reinterpret_cast<const float4 *>(s.ds + (i4 * 128 + t) * 16);
+                    dpa[4 * i4] = v.x;
+                    dpa[4 * i4 + 1] = v.y;
+                    dpa[4 * i4 + 2] = v.z;
+                    dpa[4 * i4 + 3] = v.w;
+                }
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const float dl = delta[8 * j + 2 * q4 + e];
+#pragma unroll
+                        for (int hh = 0; hh < 2; hh++) {
+                            const int i = 4 * j + 2 * hh + e;
+                            // unselected keys: exactly 0 (not 0 * a non-finite dP of another key's row)
+                            dpa[i] = (sel >> i) & 1u ? scale * sa[i] * (dpa[i] - dl) : 0.f;
+                        }
+                    }
+#pragma unroll
+                for (int kk = 0; kk < 2; kk++)
+#pragma unroll
+                    for (int r = 0; r < 4; r++) {
+                        pa[kk][r] = hop::elt<T>::pack(sa[8 * kk + 2 * r], sa[8 * kk + 2 * r + 1]);
+                        da[kk][r] = hop::elt<T>::pack(dpa[8 * kk + 2 * r], dpa[8 * kk + 2 * r + 1]);
+                    }
+                hop::bar_sync(NB_DS0, 128);  // every thread of this warpgroup has read phase A
+                // ---- phase B: the dS tile (element (key, th)) and the P^T fragments
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++)
+#pragma unroll
+                        for (int hh = 0; hh < 2; hh++) {
+                            const int th = 8 * j + 2 * q4 + e, key = r0 + 8 * hh;
+                            const uint32_t pk = hop::elt<T>::pack(dpa[4 * j + 2 * hh + e], 0.f);
+                            *reinterpret_cast<uint16_t *>(sds + hop::sw128(th, key >> 3) + (key & 7) * 2) = (uint16_t)pk;
+                        }
+#pragma unroll
+                for (int kk = 0; kk < 2; kk++)
+                    *reinterpret_cast<uint4 *>(s.ds + 4096 + (kk * 128 + t) * 16) = make_uint4(pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);
+                hop::fence_proxy_async();
+                hop::mbar_arrive(s.xps);
+                hop::bar_sync(NB_DS0, 128);  // the dS tile is whole for this warpgroup's dQ^T GEMMs
+            } else {
+                // ---- dP^T (64 keys x 32 token-heads) into R once warpgroup 0 is done with R
+                hop::wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < 32; kk++) hop::elt<T>::template ssn<32, 0, 0>(dpa, kmaj64(kd, kk), kmaj32(dod, kk), kk > 0);
+                hop::wgmma_commit();
+                hop::wgmma_wait<0>();
+                hop::reg_fence(dpa);
+                if (it > 0) hop::mbar_wait(s.rfree, xph ^ 1u);
+#pragma unroll
+                for (int i4 = 0; i4 < 4; i4++)
+                    *reinterpret_cast<float4 *>(s.ds + (i4 * 128 + t) * 16) =
+                        make_float4(dpa[4 * i4], dpa[4 * i4 + 1], dpa[4 * i4 + 2], dpa[4 * i4 + 3]);
+                hop::mbar_arrive(s.xdp);
+                // ---- phase B: P^T fragments as written, dS^T fragments from the tile
+                hop::mbar_wait(s.xps, xph);
+#pragma unroll
+                for (int kk = 0; kk < 2; kk++) {
+                    const uint4 v = *reinterpret_cast<const uint4 *>(s.ds + 4096 + (kk * 128 + t) * 16);
+                    pa[kk][0] = v.x;
+                    pa[kk][1] = v.y;
+                    pa[kk][2] = v.z;
+                    pa[kk][3] = v.w;
+                }
+                // da[kk][r] packs elements i = 8 kk + 2 r and i + 1: (key, th) and (key, th + 1)
+#pragma unroll
+                for (int kk = 0; kk < 2; kk++)
+#pragma unroll
+                    for (int r = 0; r < 4; r++) {
+                        const int i = 8 * kk + 2 * r, j = i >> 2, hh = (i >> 1) & 1;
+                        const int th = 8 * j + 2 * q4, key = r0 + 8 * hh;
+                        const uint32_t lo = *reinterpret_cast<const uint16_t *>(sds + hop::sw128(th, key >> 3) + (key & 7) * 2);
+                        const uint32_t hi = *reinterpret_cast<const uint16_t *>(sds + hop::sw128(th + 1, key >> 3) + (key & 7) * 2);
+                        da[kk][r] = lo | hi << 16;
+                    }
+            }
+        } else {
+            // ---- S^T and dP^T (64 keys x 32 token-heads)
+            float sa[16], dpa[16];
+            hop::mbar_wait(s.full + st, ph);
+            hop::wgmma_fence();
+    #pragma unroll
+            for (int kk = 0; kk < 36; kk++) hop::elt<T>::template ssn<32, 0, 0>(sa, kmaj64(kd, kk), kmaj32(qd, kk), kk > 0);
+    #pragma unroll
+            for (int kk = 0; kk < 32; kk++) hop::elt<T>::template ssn<32, 0, 0>(dpa, kmaj64(kd, kk), kmaj32(dod, kk), kk > 0);
+            hop::wgmma_commit();
+            hop::wgmma_wait<0>();
+            hop::reg_fence(sa);
+            hop::reg_fence(dpa);
+
+            // ---- P^T, dS^T: A operands (packed as the m64 A fragment) and the dS tile [th][key]
+        #pragma unroll
+            for (int j = 0; j < 4; j++) {
+    #pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int th = 8 * j + 2 * q4 + e, tok = th / HP, h = th % HP;
+                    const bool ok = tok < ntok && h < p.H;
+                    const float l2 = lse2[th], dl = delta[th];
+    #pragma unroll
+                    for (int hh = 0; hh < 2; hh++) {
+                        const int key = r0 + 8 * hh, i = 4 * j + 2 * hh + e;
+                        const float m = ok ? (float)cnt[tok * 64 + key] : 0.f;
+                        const float pv = m > 0.f ? m * hop::ex2(sa[i] * sl2 - l2) : 0.f;
+                        sa[i] = pv;
+                        // unselected keys: exactly 0 (not 0 * a non-finite dP of another key's row)
+                        dpa[i] = m > 0.f ? scale * pv * (dpa[i] - dl) : 0.f;
+                    }
                 }
             }
+    #pragma unroll
+            for (int kk = 0; kk < 2; kk++) {
+                pa[kk][0] = hop::elt<T>::pack(sa[8 * kk], sa[8 * kk + 1]);
+                pa[kk][1] = hop::elt<T>::pack(sa[8 * kk + 2], sa[8 * kk + 3]);
+                pa[kk][2] = hop::elt<T>::pack(sa[8 * kk + 4], sa[8 * kk + 5]);
+                pa[kk][3] = hop::elt<T>::pack(sa[8 * kk + 6], sa[8 * kk + 7]);
+                da[kk][0] = hop::elt<T>::pack(dpa[8 * kk], dpa[8 * kk + 1]);
+                da[kk][1] = hop::elt<T>::pack(dpa[8 * kk + 2], dpa[8 * kk + 3]);
+                da[kk][2] = hop::elt<T>::pack(dpa[8 * kk + 4], dpa[8 * kk + 5]);
+                da[kk][3] = hop::elt<T>::pack(dpa[8 * kk + 6], dpa[8 * kk + 7]);
+            }
+            // dS tile (row th, 64 keys = one 128-byte swizzled row): element (key, th)
+    #pragma unroll
+            for (int j = 0; j < 4; j++)
+    #pragma unroll
+                for (int e = 0; e < 2; e++)
+    #pragma unroll
+                    for (int hh = 0; hh < 2; hh++) {
+                        const int th = 8 * j + 2 * q4 + e, key = r0 + 8 * hh;
+                        const uint32_t pk = hop::elt<T>::pack(dpa[4 * j + 2 * hh + e], 0.f);
+                        *reinterpret_cast<uint16_t *>(sds + hop::sw128(th, key >> 3) + (key & 7) * 2) = (uint16_t)pk;
+                    }
+            hop::fence_proxy_async();
+            hop::bar_sync(NB_DS0 + C, 128);
         }
-#pragma unroll
-        for (int kk = 0; kk < 2; kk++) {
-            pa[kk][0] = hop::elt<T>::pack(sa[8 * kk], sa[8 * kk + 1]);
-            pa[kk][1] = hop::elt<T>::pack(sa[8 * kk + 2], sa[8 * kk + 3]);
-            pa[kk][2] = hop::elt<T>::pack(sa[8 * kk + 4], sa[8 * kk + 5]);
-            pa[kk][3] = hop::elt<T>::pack(sa[8 * kk + 6], sa[8 * kk + 7]);
-            da[kk][0] = hop::elt<T>::pack(dpa[8 * kk], dpa[8 * kk + 1]);
-            da[kk][1] = hop::elt<T>::pack(dpa[8 * kk + 2], dpa[8 * kk + 3]);
-            da[kk][2] = hop::elt<T>::pack(dpa[8 * kk + 4], dpa[8 * kk + 5]);
-            da[kk][3] = hop::elt<T>::pack(dpa[8 * kk + 6], dpa[8 * kk + 7]);
-        }
-        // dS tile (row th, 64 keys = one 128-byte swizzled row): element (key, th)
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int e = 0; e < 2; e++)
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    const int th = 8 * j + 2 * q4 + e, key = r0 + 8 * hh;
-                    const uint32_t pk = hop::elt<T>::pack(dpa[4 * j + 2 * hh + e], 0.f);
-                    *reinterpret_cast<uint16_t *>(sds + hop::sw128(th, key >> 3) + (key & 7) * 2) = (uint16_t)pk;
-                }
-        hop::fence_proxy_async();
-        hop::bar_sync(NB_DS0 + C, 128);
 
         // ---- dKV += dS^T Q + P^T dO (B = the stage's Q / dO boxes read MN-major: 16 rows per k-step)
         hop::wgmma_fence();
@@ -395,6 +524,8 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
                 hop::reg_fence(dkv[0]);  // the dKV group has completed too: the stage is free
                 hop::mbar_arrive(s.empty + st);
             }
+            if constexpr (SPLIT && C == 0)
+                if (y == NDQ - 1) hop::mbar_arrive(s.rfree);  // R's last reader of the step is done
             // det: one vote per box for the common all-finite case (straight-line integer adds;
             // the flag logic of add_fix per element only when some value is not finite)
             bool fin = true;
@@ -438,7 +569,7 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
     }
 }
 
-template <typename T, int HP>
+template <typename T, int HP, bool SPLIT>
 __global__ void __launch_bounds__(384, 1) sfa_bwd_small_kernel(const __grid_constant__ Params p, const __grid_constant__ SmallLists L) {
     constexpr int TT = NR / HP;
     // CTA (list l, token window c): the visits of l whose token lies in [c W, (c + 1) W), W =
@@ -465,6 +596,9 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd_small_kernel(const __grid_cons
     s.full = reinterpret_cast<uint64_t *>(sm + OFF_BAR);
     s.empty = s.full + 2;
     uint64_t *kbar = s.full + 4;
+    s.xdp = s.full + 5;
+    s.xps = s.full + 6;
+    s.rfree = s.full + 7;  // 8 barriers: the 64 bytes at OFF_BAR
     const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 7), 0), t = threadIdx.x & 127;
     if (threadIdx.x == 0) {
         for (int i = 0; i < 2; i++) {
@@ -472,6 +606,8 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd_small_kernel(const __grid_cons
             hop::mbar_init(s.empty + i, 256);
         }
         hop::mbar_init(kbar, 128);
+        if (SPLIT)
+            for (int i = 5; i < 8; i++) hop::mbar_init(s.full + i, 128);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -541,18 +677,27 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd_small_kernel(const __grid_cons
     // ------------------------------------------------------------------------------- consumers
     hop::setmaxnreg_inc<232>();
     hop::mbar_wait(kbar, 0);
-    if (wg == 1) consume<T, HP, 0>(p, L, s, b, n2, kb, v0, v1);
-    else consume<T, HP, 1>(p, L, s, b, n2, kb, v0, v1);
+    if (wg == 1) consume<T, HP, 0, SPLIT>(p, L, s, b, n2, kb, v0, v1);
+    else consume<T, HP, 1, SPLIT>(p, L, s, b, n2, kb, v0, v1);
 }
 
-template <typename T, int HP> cudaError_t launch_main(const Params &p, const SmallLists &L, int nl, cudaStream_t st) {
+template <typename T, int HP, bool SPLIT>
+cudaError_t launch_main(const Params &p, const SmallLists &L, int nl, cudaStream_t st) {
     static unsigned long long done = 0;
-    const cudaError_t e = hop::set_smem(sfa_bwd_small_kernel<T, HP>, SMEM, &done);
+    const cudaError_t e = hop::set_smem(sfa_bwd_small_kernel<T, HP, SPLIT>, SMEM, &done);
     if (e != cudaSuccess) return e;
     constexpr int TT = NR / HP;
     const int chunks = (p.S1 + STEPS * TT - 1) / (STEPS * TT);  // a list holds at most S1 tokens
-    sfa_bwd_small_kernel<T, HP><<<dim3((unsigned)nl, (unsigned)chunks), 384, SMEM, st>>>(p, L);
+    sfa_bwd_small_kernel<T, HP, SPLIT><<<dim3((unsigned)nl, (unsigned)chunks), 384, SMEM, st>>>(p, L);
     return cudaGetLastError();
+}
+
+template <typename T, int HP> cudaError_t launch_main(const Params &p, const SmallLists &L, int nl, cudaStream_t st) {
+    static const int split = [] {
+        const char *v = getenv("SPATTN_SFA_BWD_SMALL_SPLIT");
+        return v && v[0] == '1';
+    }();
+    return split ? launch_main<T, HP, true>(p, L, nl, st) : launch_main<T, HP, false>(p, L, nl, st);
 }
 
 template <typename T> cudaError_t launch_all(const Params &p, const SmallLists &L, cudaStream_t st) {
