@@ -84,7 +84,8 @@ static inline bsa_tiles bsa_tiles_fwd(const spattn_bsa_problem *p) {
     t.dp = bsa_round_up(p->D, BSA_COL_ALIGN);
     t.sp = bsa_split_of(p->bx, p->Sq);
     t.bq = bsa_round_up(t.sp.rows, BSA_COL_ALIGN);
-    t.bk = bsa_min64(64, bsa_round_up(p->Skv, BSA_COL_ALIGN));
+    /* min first: a varlen Skv (max_seqlen_kv) may be near INT64_MAX */
+    t.bk = bsa_round_up(bsa_min64(64, p->Skv), BSA_COL_ALIGN);
     return t;
 }
 
@@ -101,7 +102,7 @@ static inline bsa_tiles bsa_tiles_bwd_dkv(const spattn_bsa_problem *p) {
     t.dp = bsa_round_up(p->D, BSA_COL_ALIGN);
     t.sp = bsa_split_of(p->by, p->Skv);
     t.bk = bsa_round_up(t.sp.rows, BSA_COL_ALIGN);
-    t.bq = bsa_min64(64, bsa_round_up(p->Sq, BSA_COL_ALIGN));
+    t.bq = bsa_round_up(bsa_min64(64, p->Sq), BSA_COL_ALIGN); /* min first, as bk above */
     return t;
 }
 
@@ -139,6 +140,15 @@ static inline size_t bsa_delta_floats(const spattn_bsa_problem *p) {
 /* Total bytes: 64 bytes of alignment slack (the caller's workspace may be unaligned), the
  * shared Delta array (backward) and one region per thread. */
 static inline size_t bsa_workspace_bytes(const spattn_bsa_problem *p, int backward, int threads) {
+    /* Views far beyond any memory (stride-0 dimensions of billions) would overflow the sums
+     * below: answer SIZE_MAX (size queries then report OUT_OF_MEMORY).  Under these bounds
+     * every term stays below 2^60. */
+    const spattn_seqs *sq = p->seqs;
+    const double rows = sq ? (double)sq->Tq : (double)p->B * (double)p->Sq;
+    const double prow = sq && sq->table ? (double)sq->num_pages * (double)sq->page_size : 0.0;
+    if ((double)p->D > 1e9 || (double)p->N * rows > 1e15 || prow * (double)p->Nkv * (double)p->D > 1e15 ||
+        (sq && (double)sq->B > 1e12))
+        return SIZE_MAX;
     size_t per = backward ? bsa_bwd_thread_floats(p) : bsa_fwd_thread_floats(bsa_tiles_fwd(p));
     size_t shared = backward ? bsa_delta_floats(p) : 0;
     /* varlen: work-item offsets of the sequences (queries, keys) after the thread regions */

@@ -424,9 +424,9 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
             float sa[16], dpa[16];
             hop::mbar_wait(s.full + st, ph);
             hop::wgmma_fence();
-    #pragma unroll
+#pragma unroll
             for (int kk = 0; kk < 36; kk++) hop::elt<T>::template ssn<32, 0, 0>(sa, kmaj64(kd, kk), kmaj32(qd, kk), kk > 0);
-    #pragma unroll
+#pragma unroll
             for (int kk = 0; kk < 32; kk++) hop::elt<T>::template ssn<32, 0, 0>(dpa, kmaj64(kd, kk), kmaj32(dod, kk), kk > 0);
             hop::wgmma_commit();
             hop::wgmma_wait<0>();
@@ -434,14 +434,14 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
             hop::reg_fence(dpa);
 
             // ---- P^T, dS^T: A operands (packed as the m64 A fragment) and the dS tile [th][key]
-        #pragma unroll
+#pragma unroll
             for (int j = 0; j < 4; j++) {
-    #pragma unroll
+#pragma unroll
                 for (int e = 0; e < 2; e++) {
                     const int th = 8 * j + 2 * q4 + e, tok = th / HP, h = th % HP;
                     const bool ok = tok < ntok && h < p.H;
                     const float l2 = lse2[th], dl = delta[th];
-    #pragma unroll
+#pragma unroll
                     for (int hh = 0; hh < 2; hh++) {
                         const int key = r0 + 8 * hh, i = 4 * j + 2 * hh + e;
                         const float m = ok ? (float)cnt[tok * 64 + key] : 0.f;
@@ -452,7 +452,7 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
                     }
                 }
             }
-    #pragma unroll
+#pragma unroll
             for (int kk = 0; kk < 2; kk++) {
                 pa[kk][0] = hop::elt<T>::pack(sa[8 * kk], sa[8 * kk + 1]);
                 pa[kk][1] = hop::elt<T>::pack(sa[8 * kk + 2], sa[8 * kk + 3]);
@@ -464,11 +464,11 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
                 da[kk][3] = hop::elt<T>::pack(dpa[8 * kk + 6], dpa[8 * kk + 7]);
             }
             // dS tile (row th, 64 keys = one 128-byte swizzled row): element (key, th)
-    #pragma unroll
+#pragma unroll
             for (int j = 0; j < 4; j++)
-    #pragma unroll
+#pragma unroll
                 for (int e = 0; e < 2; e++)
-    #pragma unroll
+#pragma unroll
                     for (int hh = 0; hh < 2; hh++) {
                         const int th = 8 * j + 2 * q4 + e, key = r0 + 8 * hh;
                         const uint32_t pk = hop::elt<T>::pack(dpa[4 * j + 2 * hh + e], 0.f);
@@ -693,11 +693,8 @@ cudaError_t launch_main(const Params &p, const SmallLists &L, int nl, cudaStream
 }
 
 template <typename T, int HP> cudaError_t launch_main(const Params &p, const SmallLists &L, int nl, cudaStream_t st) {
-    static const int split = [] {
-        const char *v = getenv("SPATTN_SFA_BWD_SMALL_SPLIT");
-        return v && v[0] == '1';
-    }();
-    return split ? launch_main<T, HP, true>(p, L, nl, st) : launch_main<T, HP, false>(p, L, nl, st);
+    const char *v = getenv("SPATTN_SFA_BWD_SMALL_SPLIT");  // per call: tests toggle it
+    return v && v[0] == '1' ? launch_main<T, HP, true>(p, L, nl, st) : launch_main<T, HP, false>(p, L, nl, st);
 }
 
 template <typename T> cudaError_t launch_all(const Params &p, const SmallLists &L, cudaStream_t st) {
