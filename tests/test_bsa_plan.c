@@ -1,8 +1,10 @@
 /*
  * bsa plans on the CPU (spattn_bsa_plan_*): forward and backward through a plan are bitwise
  * identical to the plain calls, for several shapes (odd blocks, partial edges, GQA, Sq != Skv,
- * empty rows); the plan keeps its own copy of the mask (changing the caller's mask afterwards
- * changes nothing); the workspace query works; bad arguments give clear errors.
+ * empty rows) and mask layouts (contiguous; broadcast over batch and heads with stride 0, which
+ * the plan stores once; overlapping strides, whose memory is what the plan copies); the plan
+ * keeps its own copy of the mask (changing the caller's mask afterwards changes nothing); the
+ * workspace query works; bad arguments give clear errors.
  */
 #include "testutil.h"
 
@@ -26,18 +28,23 @@ static int same(const buf *a, const buf *b) {
     return memcmp(a->p, b->p, (size_t)n * sizeof(float)) == 0;
 }
 
+/* lay: 0 contiguous mask; 1 one [nbx, nby] mask broadcast over B and N (strides 0, 0);
+ * 2 overlapping strides (n, r, c all 1: block (r, c) of head n is mask[n + r + c]) */
 static void run_case(tu_rng *r, int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, int64_t bx,
-                     int64_t by, double density) {
+                     int64_t by, double density, int lay) {
     char desc[160];
-    snprintf(desc, sizeof desc, "B%lld N%lld Nkv%lld Sq%lld Skv%lld D%lld bx%lld by%lld", (long long)B, (long long)N,
-             (long long)Nkv, (long long)Sq, (long long)Skv, (long long)D, (long long)bx, (long long)by);
+    snprintf(desc, sizeof desc, "B%lld N%lld Nkv%lld Sq%lld Skv%lld D%lld bx%lld by%lld mask layout %d", (long long)B,
+             (long long)N, (long long)Nkv, (long long)Sq, (long long)Skv, (long long)D, (long long)bx, (long long)by,
+             lay);
     const int64_t nbx = (Sq + bx - 1) / bx, nby = (Skv + by - 1) / by;
     const int64_t ms[4] = {B, N, nbx, nby};
-    uint8_t *mask = (uint8_t *)malloc((size_t)(B * N * nbx * nby));
-    for (int64_t i = 0; i < B * N * nbx * nby; i++) mask[i] = tu_uniform(r) < density;
-    mask[0] = 0; /* block row 0 of head 0 is empty: empty rows */
-    for (int64_t c = 1; c < nby; c++) mask[c] = 0;
-    spattn_tensor m = spattn_tensor_make(mask, SPATTN_DTYPE_U8, 4, ms, NULL);
+    const int64_t lay_st[3][4] = {{N * nbx * nby, nbx * nby, nby, 1}, {0, 0, nby, 1}, {0, 1, 1, 1}};
+    const int64_t nm = lay == 0 ? B * N * nbx * nby : lay == 1 ? nbx * nby : N + nbx + nby;
+    uint8_t *mask = (uint8_t *)malloc((size_t)nm);
+    for (int64_t i = 0; i < nm; i++) mask[i] = tu_uniform(r) < density;
+    mask[0] = 0; /* block (0, 0) of head 0 is empty (lay 0, 1: all of block row 0): empty rows */
+    for (int64_t c = 1; lay < 2 && c < nby; c++) mask[c] = 0;
+    spattn_tensor m = spattn_tensor_make(mask, SPATTN_DTYPE_U8, 4, ms, lay_st[lay]);
     buf q, k, v, o1, o2, l1, l2, dout, dq1, dk1, dv1, dq2, dk2, dv2;
     mk(&q, 4, B, N, Sq, D, r, 0); mk(&k, 4, B, Nkv, Skv, D, r, 0); mk(&v, 4, B, Nkv, Skv, D, r, 0);
     mk(&dout, 4, B, N, Sq, D, r, 0);
@@ -57,7 +64,7 @@ static void run_case(tu_rng *r, int64_t B, int64_t N, int64_t Nkv, int64_t Sq, i
     TU_CHECK(s == SPATTN_STATUS_SUCCESS && plan, "%s: plan_create %d %s", desc, s, spattn_last_error());
     if (!plan) return;
     /* the plan owns a copy: scribbling over the caller's mask must not matter */
-    for (int64_t i = 0; i < B * N * nbx * nby; i++) mask[i] ^= 1;
+    for (int64_t i = 0; i < nm; i++) mask[i] ^= 1;
     for (int rep = 0; rep < 2; rep++) {
         s = spattn_bsa_fwd_plan(plan, &q.t, &k.t, &v.t, 0.0, &o2.t, &l2.t, NULL);
         TU_CHECK(s == SPATTN_STATUS_SUCCESS, "%s: fwd_plan %d %s", desc, s, spattn_last_error());
@@ -111,10 +118,12 @@ static void bad_args(void) {
 int main(void) {
     tu_rng r;
     tu_seed(&r, tu_test_seed(20261130));
-    run_case(&r, 1, 2, 1, 100, 130, 16, 48, 80, 0.5);
-    run_case(&r, 2, 4, 2, 37, 64, 8, 16, 128, 0.6);
-    run_case(&r, 1, 3, 3, 1, 200, 24, 5, 7, 0.4);
-    run_case(&r, 1, 1, 1, 64, 64, 32, 64, 64, 1.0);
+    run_case(&r, 1, 2, 1, 100, 130, 16, 48, 80, 0.5, 0);
+    run_case(&r, 2, 4, 2, 37, 64, 8, 16, 128, 0.6, 0);
+    run_case(&r, 1, 3, 3, 1, 200, 24, 5, 7, 0.4, 0);
+    run_case(&r, 1, 1, 1, 64, 64, 32, 64, 64, 1.0, 0);
+    run_case(&r, 3, 4, 2, 90, 70, 16, 16, 32, 0.5, 1);
+    run_case(&r, 2, 3, 1, 50, 77, 8, 8, 8, 0.5, 2);
     bad_args();
     return tu_summary("test_bsa_plan");
 }

@@ -1,6 +1,7 @@
 /*
  * Reusable bsa plans (spattn.h, spattn_bsa_plan_*): validation of the mask and shapes once, an
- * owned contiguous copy of the block mask on its device, and (CUDA) the schedules of every
+ * owned copy of the block mask on its device (CPU: broadcast dimensions kept broadcast; CUDA:
+ * contiguous), and (CUDA) the schedules of every
  * kernel, built by the backend.  The _plan calls check that q, k, v match the plan and then run
  * the ordinary entry points with the plan's mask and schedules.
  */
@@ -34,6 +35,42 @@ static spattn_status check_plan_args(const spattn_tensor *mask, int64_t bx, int6
     return spattn_check_strides("block_mask", mask);
 }
 
+/* The CPU plan's own copy of the mask, never larger than the caller's view needs: dimensions
+ * the caller broadcasts (stride 0: one mask for every batch or head) stay broadcast and the rest
+ * are stored contiguously; when the view's own memory is smaller still (overlapping strides),
+ * that memory is copied and the view's strides kept.  (A dense copy of a broadcast mask of
+ * B x N x blocks took B x N times the memory: 16 GB for a fuzzed 8 MB view.) */
+static spattn_status copy_mask_cpu(const spattn_tensor *t, spattn_bsa_plan *pl) {
+    int64_t st[4], lo = 0, hi = 0; /* element offsets of the view: checked, no overflow */
+    size_t compact = 1;
+    for (int d = 3; d >= 0; d--) {
+        st[d] = t->strides[d] == 0 ? 0 : (int64_t)compact;
+        if (t->strides[d] != 0 && __builtin_mul_overflow(compact, (size_t)t->shape[d], &compact)) compact = SIZE_MAX;
+        const int64_t span = t->strides[d] * (t->shape[d] - 1);
+        if (span < 0) lo += span;
+        else hi += span;
+    }
+    const size_t extent = (size_t)(hi - lo) + 1;
+    const int packed = compact <= extent;
+    const size_t bytes = packed ? compact : extent;
+    uint8_t *m = (uint8_t *)malloc(bytes);
+    if (!m) return spattn_set_error(SPATTN_STATUS_OUT_OF_MEMORY, "bsa plan: cannot allocate %zu bytes", bytes);
+    const uint8_t *src = (const uint8_t *)t->data;
+    if (packed) {
+        for (int64_t b = 0; b < (st[0] ? t->shape[0] : 1); b++)
+            for (int64_t n = 0; n < (st[1] ? t->shape[1] : 1); n++)
+                for (int64_t r = 0; r < (st[2] ? t->shape[2] : 1); r++)
+                    for (int64_t c = 0; c < (st[3] ? t->shape[3] : 1); c++)
+                        m[b * st[0] + n * st[1] + r * st[2] + c * st[3]] = src[spattn_offset4(t, b, n, r, c)];
+        pl->mask = spattn_tensor_make(m, SPATTN_DTYPE_U8, 4, t->shape, st);
+    } else {
+        memcpy(m, src + lo, extent);
+        pl->mask = spattn_tensor_make(m - lo, SPATTN_DTYPE_U8, 4, t->shape, t->strides);
+    }
+    pl->mask_mem = m;
+    return SPATTN_STATUS_SUCCESS;
+}
+
 spattn_status spattn_bsa_plan_create(const spattn_tensor *block_mask, int64_t bx, int64_t by, int64_t Sq,
                                      int64_t Skv, int64_t Nkv, const spattn_options *opt,
                                      spattn_bsa_plan **plan) {
@@ -64,20 +101,11 @@ spattn_status spattn_bsa_plan_create(const spattn_tensor *block_mask, int64_t bx
             return s;
         }
     } else {
-        const int64_t shape[4] = {pl->B, pl->N, pl->nbx, pl->nby};
-        const size_t bytes = (size_t)(pl->B * pl->N) * (size_t)(pl->nbx * pl->nby);
-        uint8_t *m = (uint8_t *)malloc(bytes ? bytes : 1);
-        if (!m) {
+        spattn_status s = copy_mask_cpu(block_mask, pl);
+        if (s != SPATTN_STATUS_SUCCESS) {
             free(pl);
-            return spattn_set_error(SPATTN_STATUS_OUT_OF_MEMORY, "bsa plan: cannot allocate %zu bytes", bytes);
+            return s;
         }
-        const uint8_t *src = (const uint8_t *)block_mask->data;
-        size_t x = 0;
-        for (int64_t b = 0; b < pl->B; b++)
-            for (int64_t n = 0; n < pl->N; n++)
-                for (int64_t r = 0; r < pl->nbx; r++)
-                    for (int64_t c = 0; c < pl->nby; c++) m[x++] = src[spattn_offset4(block_mask, b, n, r, c)];
-        pl->mask = spattn_tensor_make(m, SPATTN_DTYPE_U8, 4, shape, NULL);
     }
     *plan = pl;
     return SPATTN_STATUS_SUCCESS;
@@ -86,7 +114,7 @@ spattn_status spattn_bsa_plan_create(const spattn_tensor *block_mask, int64_t bx
 void spattn_bsa_plan_destroy(spattn_bsa_plan *plan) {
     if (!plan) return;
     if (plan->cuda) spattn_cuda_bsa_plan_free(plan);  /* frees the device mask copy too */
-    else if (plan->device_type == SPATTN_DEVICE_CPU) free(plan->mask.data);
+    else if (plan->device_type == SPATTN_DEVICE_CPU) free(plan->mask_mem);
     free(plan);
 }
 

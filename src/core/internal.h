@@ -54,12 +54,14 @@ typedef struct spattn_bsa_problem {
     const struct spattn_bsa_plan *plan;
 } spattn_bsa_problem;
 
-/* A bsa plan (src/core/bsa_plan.c): shapes, an owned contiguous copy of the block mask on the
- * plan's device, and the backend's schedules (CUDA: src/cuda/bsa_plan.cu; CPU: none). */
+/* A bsa plan (src/core/bsa_plan.c): shapes, an owned copy of the block mask on the plan's
+ * device, and the backend's schedules (CUDA: src/cuda/bsa_plan.cu; CPU: none). */
 struct spattn_bsa_plan {
     int32_t device_type, device_id;
     int64_t B, N, Nkv, Sq, Skv, bx, by, nbx, nby;
-    spattn_tensor mask;  /* [B, N, nbx, nby] contiguous, owned */
+    spattn_tensor mask;  /* [B, N, nbx, nby], owned: contiguous (CUDA), or stride 0 where the
+                            caller's mask broadcasts (CPU, see bsa_plan.c) */
+    void *mask_mem;      /* the CPU copy's allocation (mask.data may point inside it) */
     void *cuda;          /* backend part, owned */
 };
 
