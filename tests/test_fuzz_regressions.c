@@ -167,7 +167,126 @@ static void fuzz_api_stride_int64_min(void) {
     TU_CHECK(untouched, "nothing written");
 }
 
+
+/* fuzz_api_more: sfa's CPU workspace layout multiplied shapes in int64 (UBSan: signed overflow
+ * in sfa_tile_layout_of with ~2^59 query heads of a stride-0 q).  The sizes now saturate and a
+ * query past SIZE_MAX answers OUT_OF_MEMORY with a message. */
+static void fuzz_api_more_sfa_workspace_overflow(void) {
+    float q[16] = {0}, k[5 * 16] = {0};
+    int32_t idx[2 * 4] = {0, 1, -1, 2, 0, 1, 2, -1};
+    const int64_t H = (int64_t)1 << 59;
+    int64_t qs[4] = {1, 2, H, 16}, qst[4] = {0, 0, 0, 1}, ks[4] = {1, 5, 1, 16}, is[4] = {1, 2, 1, 4};
+    spattn_tensor tq = spattn_tensor_make(q, SPATTN_DTYPE_F32, 4, qs, qst);
+    spattn_tensor tk = spattn_tensor_make(k, SPATTN_DTYPE_F32, 4, ks, NULL);
+    spattn_tensor ti = spattn_tensor_make(idx, SPATTN_DTYPE_I32, 4, is, NULL);
+    for (int bwd = 0; bwd < 2; bwd++) {
+        size_t bytes = 12345;
+        spattn_status st = spattn_sfa_workspace_size(&tq, NULL, &tk, NULL, NULL, &ti, 2, 0, bwd, NULL, &bytes);
+        TU_CHECK(st == SPATTN_STATUS_OUT_OF_MEMORY && strstr(spattn_last_error(), "SIZE_MAX"),
+                 "sfa %s workspace, 2^59 heads: status %d (%s), %zu bytes", bwd ? "bwd" : "fwd", st,
+                 spattn_last_error(), bytes);
+    }
+}
+
+/* fuzz_api_more: the address-space check formed the view's end offset as hi + 1 with hi =
+ * INT64_MAX elements (UBSan: signed overflow in spattn_check_strides); now BAD_STRIDE. */
+static void fuzz_api_more_stride_extent_int64_max(void) {
+    float q[16] = {0}, k[16] = {0}, o[16], lse[2];
+    for (int i = 0; i < 16; i++) o[i] = 42.f;
+    uint8_t mask[2] = {1, 1};
+    /* q's last element: (INT64_MAX - 7) + 7 = INT64_MAX */
+    int64_t s4[4] = {2, 1, 1, 8}, bad[4] = {INT64_MAX - 7, 8, 8, 1}, m4[4] = {2, 1, 1, 1}, l3[3] = {2, 1, 1};
+    spattn_tensor tq = spattn_tensor_make(q, SPATTN_DTYPE_F32, 4, s4, bad);
+    spattn_tensor tk = spattn_tensor_make(k, SPATTN_DTYPE_F32, 4, s4, NULL);
+    spattn_tensor tm = spattn_tensor_make(mask, SPATTN_DTYPE_U8, 4, m4, NULL);
+    spattn_tensor to = spattn_tensor_make(o, SPATTN_DTYPE_F32, 4, s4, NULL);
+    spattn_tensor tl = spattn_tensor_make(lse, SPATTN_DTYPE_F32, 3, l3, NULL);
+    spattn_status st = spattn_bsa_fwd(&tq, &tk, &tk, &tm, 1, 1, 0.0, &to, &tl);
+    TU_CHECK(st == SPATTN_STATUS_BAD_STRIDE, "last element at INT64_MAX: status %d (%s)", st, spattn_last_error());
+    int untouched = 1;
+    for (int i = 0; i < 16; i++) untouched &= o[i] == 42.f;
+    TU_CHECK(untouched, "nothing written");
+}
+
+/* fuzz_api_more: the CPU bsa workspace of a packed q of INT64_MAX - 1 rows (a stride-0 view)
+ * sized Delta as N x Tq floats rounded up in int64 (UBSan: signed overflow in bsa_round_up).
+ * Views that large now answer OUT_OF_MEMORY; a huge block size still answers the real need. */
+static void fuzz_api_more_bsa_varlen_rows_int64(void) {
+    float q[8 * 8] = {0}, k[10 * 8] = {0};
+    int32_t cuq[3] = {0, 3, 8}, cuk[3] = {0, 4, 10};
+    uint8_t mask[2] = {1, 1};
+    int64_t qs[3] = {8, 1, 8}, ks[3] = {10, 1, 8}, ms[4] = {2, 1, 1, 1}, cs[1] = {3};
+    int64_t huge[3] = {INT64_MAX - 1, 1, 8}, hst[3] = {0, 8, 1};
+    spattn_tensor th = spattn_tensor_make(q, SPATTN_DTYPE_F32, 3, huge, hst);
+    spattn_tensor tq = spattn_tensor_make(q, SPATTN_DTYPE_F32, 3, qs, NULL);
+    spattn_tensor tk = spattn_tensor_make(k, SPATTN_DTYPE_F32, 3, ks, NULL);
+    spattn_tensor tm = spattn_tensor_make(mask, SPATTN_DTYPE_U8, 4, ms, NULL);
+    spattn_tensor tcq = spattn_tensor_make(cuq, SPATTN_DTYPE_I32, 1, cs, NULL);
+    spattn_tensor tck = spattn_tensor_make(cuk, SPATTN_DTYPE_I32, 1, cs, NULL);
+    spattn_varlen vl;
+    memset(&vl, 0, sizeof vl);
+    vl.cu_seqlens_q = &tcq;
+    vl.cu_seqlens_kv = &tck;
+    vl.max_seqlen_q = 5;
+    vl.max_seqlen_kv = 6;
+    for (int bwd = 0; bwd < 2; bwd++) {
+        size_t bytes = 0;
+        spattn_status st = spattn_bsa_varlen_workspace_size(&th, &tk, &tk, &tm, 5, 6, &vl, bwd, NULL, &bytes);
+        TU_CHECK(st == SPATTN_STATUS_OUT_OF_MEMORY && strstr(spattn_last_error(), "SIZE_MAX"),
+                 "bsa varlen %s workspace, Tq = INT64_MAX - 1: status %d (%s), %zu bytes", bwd ? "bwd" : "fwd", st,
+                 spattn_last_error(), bytes);
+        st = spattn_bsa_varlen_workspace_size(&tq, &tk, &tk, &tm, INT64_MAX, INT64_MAX, &vl, bwd, NULL, &bytes);
+        TU_CHECK(st == SPATTN_STATUS_SUCCESS && bytes < ((size_t)1 << 30),
+                 "bsa varlen %s workspace, huge blocks: status %d (%s), %zu bytes", bwd ? "bwd" : "fwd", st,
+                 spattn_last_error(), bytes);
+    }
+}
+
+/* CI's fuzz_api_more timed out (20 s for one input) after the seed corpus: options.num_threads
+ * up to 1024 on a tiny problem started 1024 OpenMP threads, with a barrier per tile of the sfa
+ * backward (0.5-1 s per call instead of 7 ms on 2 cores, more with two fuzzers at once), and
+ * sized a workspace region per thread (bsa: ~400 MB at D = 128).  Now no more threads than work
+ * items: the workspace of 1024 requested threads is that of the items' count. */
+static void fuzz_api_more_thread_team(void) {
+    enum { S = 8, D = 128 };
+    static float q[S * D], k[S * D];
+    uint8_t mask[1] = {1};
+    int64_t s4[4] = {1, 1, S, D}, m4[4] = {1, 1, 1, 1};
+    spattn_tensor tq = spattn_tensor_make(q, SPATTN_DTYPE_F32, 4, s4, NULL);
+    spattn_tensor tk = spattn_tensor_make(k, SPATTN_DTYPE_F32, 4, s4, NULL);
+    spattn_tensor tm = spattn_tensor_make(mask, SPATTN_DTYPE_U8, 4, m4, NULL);
+    spattn_options opt;
+    spattn_options_init(&opt);
+    opt.backend = SPATTN_BACKEND_CPU;
+    size_t many = 0, few = 0;
+    for (int bwd = 0; bwd < 2; bwd++) {
+        opt.num_threads = 1024;
+        spattn_status s1 = spattn_bsa_workspace_size(&tq, &tk, &tk, &tm, S, S, bwd, &opt, &many);
+        opt.num_threads = 2 * S + 1; /* >= the bound on this problem's items */
+        spattn_status s2 = spattn_bsa_workspace_size(&tq, &tk, &tk, &tm, S, S, bwd, &opt, &few);
+        TU_CHECK(s1 == SPATTN_STATUS_SUCCESS && s2 == SPATTN_STATUS_SUCCESS && many == few,
+                 "bsa %s workspace: 1024 threads %zu bytes, %d threads %zu bytes", bwd ? "bwd" : "fwd", many,
+                 2 * S + 1, few);
+    }
+    int32_t idx[S * 4];
+    for (int i = 0; i < S * 4; i++) idx[i] = i % 4 < 2 ? i % S : -1;
+    int64_t qs[4] = {1, S, 1, D}, is[4] = {1, S, 1, 4};
+    spattn_tensor sq = spattn_tensor_make(q, SPATTN_DTYPE_F32, 4, qs, NULL);
+    spattn_tensor sk = spattn_tensor_make(k, SPATTN_DTYPE_F32, 4, qs, NULL);
+    spattn_tensor si = spattn_tensor_make(idx, SPATTN_DTYPE_I32, 4, is, NULL);
+    opt.num_threads = 1024;
+    spattn_status s1 = spattn_sfa_workspace_size(&sq, NULL, &sk, NULL, NULL, &si, 1, 0, 0, &opt, &many);
+    opt.num_threads = S;
+    spattn_status s2 = spattn_sfa_workspace_size(&sq, NULL, &sk, NULL, NULL, &si, 1, 0, 0, &opt, &few);
+    TU_CHECK(s1 == SPATTN_STATUS_SUCCESS && s2 == SPATTN_STATUS_SUCCESS && many == few,
+             "sfa fwd workspace: 1024 threads %zu bytes, %d threads %zu bytes", many, S, few);
+}
+
 int main(void) {
+    fuzz_api_more_sfa_workspace_overflow();
+    fuzz_api_more_stride_extent_int64_max();
+    fuzz_api_more_bsa_varlen_rows_int64();
+    fuzz_api_more_thread_team();
     fuzz_api_stride_int64_min();
     fuzz_api_more_varlen_huge_block();
     fuzz_api_num_threads_limit();

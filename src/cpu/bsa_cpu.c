@@ -7,16 +7,28 @@
 #include "bsa_tiles.h"
 #include "cpu_isa.h"
 
-static int resolve_threads(int n) { return n > 0 ? n : omp_get_max_threads(); }
+/* Threads of a call: the request (0 = OpenMP's default), but no more than an upper bound on the
+ * work items of any of its parallel loops (a tile holds at least one token, so the tokens bound
+ * the tiles), since each thread gets a workspace region: 1024 threads on a tiny problem asked
+ * for ~400 MB of regions at D = 128.  Results do not depend on the count. */
+static int resolve_threads(const spattn_bsa_problem *p, int backward, int n) {
+    int t = n > 0 ? n : omp_get_max_threads();
+    const spattn_seqs *s = p->seqs;
+    const double tq = s ? (double)s->Tq + (double)s->B : (double)p->B * (double)p->Sq;
+    const double tk = s ? (double)s->Tkv + (double)s->B : (double)p->B * (double)p->Skv;
+    const double items = (double)p->N * tq + (backward ? (double)p->Nkv * tk : 0.0) + 1.0;
+    if ((double)t > items) t = (int)items;
+    return t < 1 ? 1 : t;
+}
 
 size_t spattn_cpu_bsa_workspace(const spattn_bsa_problem *p, int backward, int num_threads) {
-    return bsa_workspace_bytes(p, backward, resolve_threads(num_threads));
+    return bsa_workspace_bytes(p, backward, resolve_threads(p, backward, num_threads));
 }
 
 typedef void (*bsa_kernel_fn)(const spattn_bsa_problem *, float *, int);
 
 static spattn_status run(const spattn_bsa_problem *p, const spattn_exec *ex, int backward) {
-    int threads = resolve_threads(ex->num_threads);
+    int threads = resolve_threads(p, backward, ex->num_threads);
     size_t need = bsa_workspace_bytes(p, backward, threads);
     void *mem = ex->workspace;
     void *own = NULL;
