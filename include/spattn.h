@@ -153,7 +153,8 @@ typedef enum spattn_backend {
 
 typedef struct spattn_options {
     int32_t backend;          /* spattn_backend */
-    int32_t num_threads;      /* CPU threads, 0 .. 1024; 0 = OpenMP's default.  Results do not
+    int32_t num_threads;      /* CPU threads, 0 .. 1024; 0 = OpenMP's default.  A call starts
+                                 no more than it has work items (tiles).  Results do not
                                  depend on it. */
     void *cuda_stream;        /* cudaStream_t the CUDA kernels run on; NULL = default stream */
     void *workspace;          /* optional scratch on the tensors' device; NULL = library allocates */
