@@ -358,8 +358,8 @@ static int parse_line(const char *file, int line, char *text, sp_case *c, char *
                                                "dense, causal, window, bigbird or random",
                                                "a finite number", "shared or separate",
                                                "bsa or sfa", "a non-negative integer",
-                                               "comma-separated lengths L or L*n, at most "
-                                               "1024 entries"};
+                                               ("comma-separated lengths L or L*n, at most "
+                                                "1024 entries")};
             fail(err, errlen, file, line, "case %s: bad value '%s' for key '%s' (expected %s)",
                  c->name, val, tok, want[kKeys[ki].type]);
             return -1;
