@@ -623,6 +623,7 @@ extern "C" size_t spattn_cuda_bsa_varlen_workspace(const spattn_bsa_problem *pb,
 }
 
 extern "C" spattn_status spattn_cuda_bsa_fwd_varlen(const spattn_bsa_problem *pb, const spattn_exec *ex) {
+    if (stream_capturing((cudaStream_t)ex->stream)) return capture_refusal("the varlen bsa forward");
     VlViews w;
     vl_views(pb, &w);
     const spattn_bsa_problem *vp = &w.p;
@@ -702,6 +703,7 @@ extern "C" spattn_status spattn_cuda_bsa_fwd_varlen(const spattn_bsa_problem *pb
 // without the Hopper backward (fp32, D > 128, views TMA cannot read) are refused before anything
 // runs: SPATTN_STATUS_NOT_SUPPORTED, naming the CPU backend.
 extern "C" spattn_status spattn_cuda_bsa_bwd_varlen(const spattn_bsa_problem *pb, const spattn_exec *ex) {
+    if (stream_capturing((cudaStream_t)ex->stream)) return capture_refusal("the varlen bsa backward");
     VlViews w;
     vl_views(pb, &w);
     const spattn_bsa_problem *vp = &w.p;

@@ -6,6 +6,22 @@
 
 #include "../core/internal.h"
 
+// True while `st` is being captured into a CUDA graph.  A call then cannot read a device verdict
+// back (no synchronisation is allowed, and a captured read-back runs only at replay): the sfa
+// forward still gates its writes on the device check; calls that need the verdict before their
+// kernels refuse with NOT_SUPPORTED (capture_refusal) before enqueuing anything, so the capture
+// stays valid.
+static inline bool stream_capturing(cudaStream_t st) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    return cudaStreamIsCapturing(st, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusActive;
+}
+static inline spattn_status capture_refusal(const char *what) {
+    return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
+                            "%s cannot be captured into a CUDA graph: it reads its input checks back to the "
+                            "host (one synchronisation) before its kernels run; call it outside stream capture",
+                            what);
+}
+
 struct cuda_scratch {
     char *base = nullptr;
     bool owned = false;

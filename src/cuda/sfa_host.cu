@@ -525,9 +525,13 @@ namespace {
 // stream-ordered pool gives memory back at every synchronisation (release threshold 0), so a
 // per-call cudaMallocAsync remapped pages each time (~60 us); a pageable copy target would add a
 // staged, synchronous copy.
+// Under stream capture (CUDA graphs) the word is a stream-ordered allocation of the graph itself
+// (a graph replayed beside eager calls of the same thread must not share their word) and the
+// verdict is not read back: the gated kernels write nothing for a bad index, without a status.
 struct IdxCheck {
     unsigned long long *d_bad = nullptr, *h_bad = nullptr;
-    bool owned = false;  // a device word for this call only (device ordinal >= 64)
+    bool owned = false;     // a device word for this call only (device ordinal >= 64)
+    bool captured = false;  // stream capture: d_bad from cudaMallocAsync on the stream
 };
 
 // The device and pinned host words of this host thread and device.
@@ -552,10 +556,21 @@ spattn_status gate_words(IdxCheck *c) {
 }
 
 spattn_status check_launch(const spattn_sfa_problem *p, cudaStream_t st, IdxCheck *c) {
-    spattn_status s0 = gate_words(c);
-    if (s0 != SPATTN_STATUS_SUCCESS) return s0;
+    cudaError_t e;
+    if (stream_capturing(st)) {
+        c->captured = true;
+        if ((e = cudaMallocAsync((void **)&c->d_bad, 8, st)) != cudaSuccess) {
+            cudaGetLastError();
+            c->d_bad = nullptr;
+            return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "sfa cuda: index check word under capture: %s",
+                                    cudaGetErrorString(e));
+        }
+    } else {
+        spattn_status s0 = gate_words(c);
+        if (s0 != SPATTN_STATUS_SUCCESS) return s0;
+    }
     const spattn_tensor *t = p->idx;
-    cudaError_t e = cudaMemsetAsync(c->d_bad, 0xff, 8, st);
+    e = cudaMemsetAsync(c->d_bad, 0xff, 8, st);
     if (e == cudaSuccess) {
         check_idx_kernel<<<grid_for(p->B * p->S1 * p->N2, 8), 256, 0, st>>>(
             (const int32_t *)t->data, t->strides[0], t->strides[1], t->strides[2], t->strides[3],
@@ -565,6 +580,7 @@ spattn_status check_launch(const spattn_sfa_problem *p, cudaStream_t st, IdxChec
     if (e != cudaSuccess) {
         cudaGetLastError();
         if (c->owned) cudaFree(c->d_bad);
+        if (c->captured) cudaFreeAsync(c->d_bad, st);
         c->d_bad = nullptr;
         return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "sfa cuda: index check failed: %s",
                                 cudaGetErrorString(e));
@@ -576,6 +592,12 @@ spattn_status check_launch(const spattn_sfa_problem *p, cudaStream_t st, IdxChec
 spattn_status check_finish(const spattn_sfa_problem *p, cudaStream_t st, IdxCheck *c, cudaError_t prior) {
     const spattn_tensor *t = p->idx;
     cudaError_t e = prior;
+    if (c->captured) {  // no read-back inside a graph (see IdxCheck)
+        cudaFreeAsync(c->d_bad, st);
+        if (e == cudaSuccess) return SPATTN_STATUS_SUCCESS;
+        cudaGetLastError();
+        return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "sfa cuda: %s", cudaGetErrorString(e));
+    }
     if (e == cudaSuccess) e = cudaMemcpyAsync(c->h_bad, c->d_bad, 8, cudaMemcpyDeviceToHost, st);
     if (e == cudaSuccess) e = cudaStreamSynchronize(st);
     if (c->owned) cudaFree(c->d_bad);
@@ -610,6 +632,8 @@ spattn_status check_finish(const spattn_sfa_problem *p, cudaStream_t st, IdxChec
 extern "C" spattn_status spattn_cuda_sfa_check_indices(const spattn_sfa_problem *p,
                                                        const spattn_exec *ex) {
     cudaStream_t st = (cudaStream_t)ex->stream;
+    // the verdict before ungated kernels (backward, simple kernels): not under capture
+    if (stream_capturing(st)) return capture_refusal("this sfa call (backward, or a shape of the simple kernels)");
     IdxCheck c;
     spattn_status s = check_launch(p, st, &c);
     if (s != SPATTN_STATUS_SUCCESS) return s;
@@ -1089,6 +1113,7 @@ cudaError_t vl_store(const float *src, const spattn_tensor *t, int64_t D, int dt
 }
 
 spattn_status vl_fwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
+    if (stream_capturing((cudaStream_t)ex->stream)) return capture_refusal("the varlen sfa forward");
     const spattn_seqs *s = p->seqs;
     VlView w;
     vl_view(p, true, &w);
@@ -1279,6 +1304,7 @@ spattn_status vl_bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, co
 }
 
 spattn_status vl_bwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
+    if (stream_capturing((cudaStream_t)ex->stream)) return capture_refusal("the varlen sfa backward");
     VlView w;
     vl_view(p, true, &w);
     if (!vl_fast(p, w, 1)) return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED, "%s", vl_bwd_unsupported_msg());

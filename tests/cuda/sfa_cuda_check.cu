@@ -658,6 +658,67 @@ static void test_determinism(int N1) {
     printf("  fp32-atomic backward vs deterministic dK: %s\n", k1 == a[2] ? "bitwise equal" : "differs (expected: order-dependent rounding)");
 }
 
+// CUDA graphs: the Hopper forward captured on a stream and replayed gives the eager call's bits;
+// a bad index inside the graph leaves o / lse unwritten (no status can be returned there); the
+// backward refuses (NOT_SUPPORTED) before enqueuing anything, so the capture stays valid.
+static void test_graph_capture(int N1) {
+    Cfg c = mk("graph", 1, 64, 256, N1, 1, 64, 1, 3, SPATTN_DTYPE_BF16);
+    Prob P;
+    setup(P, c, 17);
+    check(run_fwd(P) == SPATTN_STATUS_SUCCESS, "graph: eager fwd%s", "");
+    CK(cudaDeviceSynchronize());
+    const std::vector<unsigned char> o0 = snap(P.o), l0 = snap(P.lse);
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    spattn_options opt;
+    spattn_options_init(&opt);
+    opt.backend = SPATTN_BACKEND_CUDA;
+    opt.cuda_stream = st;
+    auto fwd = [&]() {
+        return spattn_sfa_fwd_ex(&P.tq, &P.tqr, &P.tk, &P.tkr, nullptr, &P.tidx, c.sbs, c.mode, 0.0, &P.to, &P.tlse,
+                                 &opt);
+    };
+    cudaGraph_t g = nullptr;
+    cudaGraphExec_t ge = nullptr;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    spattn_status s = fwd();
+    CK(cudaStreamEndCapture(st, &g));
+    check(s == SPATTN_STATUS_SUCCESS, "graph: captured fwd: status %lld", "", s);
+    if (s == SPATTN_STATUS_SUCCESS) {
+        CK(cudaGraphInstantiate(&ge, g, 0));
+        poison(P.o);
+        poison(P.lse);
+        CK(cudaGraphLaunch(ge, st));
+        CK(cudaStreamSynchronize(st));
+        check(snap(P.o) == o0 && snap(P.lse) == l0, "graph: replay bitwise equal to the eager forward%s", "");
+        // a bad index: the replay writes nothing
+        const int32_t bad = 1 << 30;
+        CK(cudaMemcpy(P.idx.p, &bad, 4, cudaMemcpyHostToDevice));
+        poison(P.o);
+        const std::vector<unsigned char> po = snap(P.o);
+        CK(cudaGraphLaunch(ge, st));
+        CK(cudaStreamSynchronize(st));
+        check(snap(P.o) == po, "graph: a bad index leaves o unwritten%s", "");
+        CK(cudaMemcpy(P.idx.p, P.hidx.data(), 4, cudaMemcpyHostToDevice));
+        CK(cudaGraphExecDestroy(ge));
+    }
+    if (g) CK(cudaGraphDestroy(g));
+    // the backward under capture: refused before anything is enqueued
+    opt.deterministic = 1;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    s = spattn_sfa_bwd_ex(&P.tq, &P.tqr, &P.tk, &P.tkr, nullptr, &P.to, &P.tdo, &P.tlse, &P.tidx, c.sbs, c.mode, 0.0,
+                          &P.tdq, &P.tdqr, &P.tdk, &P.tdkr, nullptr, &opt);
+    g = nullptr;
+    const cudaError_t ee = cudaStreamEndCapture(st, &g);
+    check(s == SPATTN_STATUS_NOT_SUPPORTED && strstr(spattn_last_error(), "CUDA graph"),
+          "graph: backward under capture -> NOT_SUPPORTED (%s)", spattn_last_error());
+    check(ee == cudaSuccess, "graph: the capture stays valid after the refusal%s", "");
+    if (g) CK(cudaGraphDestroy(g));
+    cudaGetLastError();
+    CK(cudaStreamDestroy(st));
+    printf("  CUDA graph capture (N1 = %d): forward replayed, bad index gated, backward refused\n", N1);
+}
+
 // The SPLIT form of the key-major backward (SPATTN_SFA_BWD_SMALL_SPLIT=1, gated until measured)
 // runs the same GEMMs and fp32 formulas as the duplicated form: its deterministic dq / dk must
 // be bitwise the same.
@@ -766,6 +827,8 @@ static int small_tests(bool quick) {
         test_fallback();
         test_determinism(64);
         test_determinism(8);
+        test_graph_capture(16);
+        test_graph_capture(64);
         test_split_bitwise(8);
         test_split_bitwise(16);
         test_split_bitwise(3);
