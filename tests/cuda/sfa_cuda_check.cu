@@ -683,7 +683,7 @@ static void test_graph_capture(int N1) {
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
     spattn_status s = fwd();
     CK(cudaStreamEndCapture(st, &g));
-    check(s == SPATTN_STATUS_SUCCESS, "graph: captured fwd: status %lld", "", s);
+    check(s == SPATTN_STATUS_SUCCESS, "graph: captured fwd: status%s %lld", "", s);
     if (s == SPATTN_STATUS_SUCCESS) {
         CK(cudaGraphInstantiate(&ge, g, 0));
         poison(P.o);
