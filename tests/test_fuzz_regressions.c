@@ -29,6 +29,37 @@ static spattn_status tiny_bsa_run(tiny_bsa *p, const spattn_options *opt) {
     return spattn_bsa_fwd_ex(&p->tq, &p->tk, &p->tv, &p->tm, 8, 8, 0.0, &p->to, &p->tl, opt);
 }
 
+/* Two packed sequences (3 and 5 queries, 4 and 6 keys; D = 8, one head), one block each:
+ * q [8, 1, 8], k, v [10, 1, 8], mask [2, 1, 1, 1], max_seqlen 5 / 6. */
+enum { VQ = 8, VK = 10, VD = 8 };
+typedef struct tiny_varlen {
+    float q[VQ * VD], k[VK * VD], v[VK * VD];
+    int32_t cuq[3], cuk[3];
+    uint8_t mask[2];
+    spattn_tensor tq, tk, tv, tm, tcq, tck;
+    spattn_varlen vl;
+} tiny_varlen;
+
+static void tiny_varlen_init(tiny_varlen *p) {
+    const int64_t qs[3] = {VQ, 1, VD}, ks[3] = {VK, 1, VD}, ms[4] = {2, 1, 1, 1}, cs[1] = {3};
+    for (int i = 0; i < VQ * VD; i++) p->q[i] = (float)((i * 7) % 11) / 11.0f;
+    for (int i = 0; i < VK * VD; i++) p->k[i] = (float)((i * 5) % 13) / 13.0f, p->v[i] = (float)(i % 9) / 9.0f;
+    p->cuq[0] = 0, p->cuq[1] = 3, p->cuq[2] = 8;
+    p->cuk[0] = 0, p->cuk[1] = 4, p->cuk[2] = 10;
+    p->mask[0] = p->mask[1] = 1;
+    p->tq = spattn_tensor_make(p->q, SPATTN_DTYPE_F32, 3, qs, NULL);
+    p->tk = spattn_tensor_make(p->k, SPATTN_DTYPE_F32, 3, ks, NULL);
+    p->tv = spattn_tensor_make(p->v, SPATTN_DTYPE_F32, 3, ks, NULL);
+    p->tm = spattn_tensor_make(p->mask, SPATTN_DTYPE_U8, 4, ms, NULL);
+    p->tcq = spattn_tensor_make(p->cuq, SPATTN_DTYPE_I32, 1, cs, NULL);
+    p->tck = spattn_tensor_make(p->cuk, SPATTN_DTYPE_I32, 1, cs, NULL);
+    memset(&p->vl, 0, sizeof p->vl);
+    p->vl.cu_seqlens_q = &p->tcq;
+    p->vl.cu_seqlens_kv = &p->tck;
+    p->vl.max_seqlen_q = 5;
+    p->vl.max_seqlen_kv = 6;
+}
+
 /* fuzz_api: options with deterministic outside {0, 1} or a nonzero reserved field were
  * accepted (the header says reserved fields are zero); now BAD_OPTIONS, nothing written. */
 static void fuzz_api_options_deterministic_reserved(void) {
@@ -106,38 +137,23 @@ static void fuzz_api_num_threads_limit(void) {
  * overflow in the CPU tiling).  Now a block longer than every sequence is the whole sequence,
  * as in the dense call: the result equals the call with bx = max_seqlen_q, by = max_seqlen_kv. */
 static void fuzz_api_more_varlen_huge_block(void) {
-    enum { TQ = 8, TK = 10, D = 8 };
-    float q[TQ * D], k[TK * D], v[TK * D], o1[TQ * D], o2[TQ * D], l1[TQ], l2[TQ];
-    for (int i = 0; i < TQ * D; i++) q[i] = (float)((i * 7) % 11) / 11.0f;
-    for (int i = 0; i < TK * D; i++) k[i] = (float)((i * 5) % 13) / 13.0f, v[i] = (float)(i % 9) / 9.0f;
-    int32_t cuq[3] = {0, 3, 8}, cuk[3] = {0, 4, 10};
-    uint8_t mask[2] = {1, 1};
-    int64_t qs[3] = {TQ, 1, D}, ks[3] = {TK, 1, D}, ms[4] = {2, 1, 1, 1}, ls[2] = {TQ, 1}, cs[1] = {3};
-    spattn_tensor tq = spattn_tensor_make(q, SPATTN_DTYPE_F32, 3, qs, NULL);
-    spattn_tensor tk = spattn_tensor_make(k, SPATTN_DTYPE_F32, 3, ks, NULL);
-    spattn_tensor tv = spattn_tensor_make(v, SPATTN_DTYPE_F32, 3, ks, NULL);
-    spattn_tensor tm = spattn_tensor_make(mask, SPATTN_DTYPE_U8, 4, ms, NULL);
+    tiny_varlen p;
+    tiny_varlen_init(&p);
+    float o1[VQ * VD], o2[VQ * VD], l1[VQ], l2[VQ];
+    const int64_t qs[3] = {VQ, 1, VD}, ls[2] = {VQ, 1};
     spattn_tensor to1 = spattn_tensor_make(o1, SPATTN_DTYPE_F32, 3, qs, NULL);
     spattn_tensor to2 = spattn_tensor_make(o2, SPATTN_DTYPE_F32, 3, qs, NULL);
     spattn_tensor tl1 = spattn_tensor_make(l1, SPATTN_DTYPE_F32, 2, ls, NULL);
     spattn_tensor tl2 = spattn_tensor_make(l2, SPATTN_DTYPE_F32, 2, ls, NULL);
-    spattn_tensor tcq = spattn_tensor_make(cuq, SPATTN_DTYPE_I32, 1, cs, NULL);
-    spattn_tensor tck = spattn_tensor_make(cuk, SPATTN_DTYPE_I32, 1, cs, NULL);
-    spattn_varlen vl;
-    memset(&vl, 0, sizeof vl);
-    vl.cu_seqlens_q = &tcq;
-    vl.cu_seqlens_kv = &tck;
-    vl.max_seqlen_q = 5;
-    vl.max_seqlen_kv = 6;
-    spattn_status st = spattn_bsa_fwd_varlen(&tq, &tk, &tv, &tm, 5, 6, 0.0, &vl, &to1, &tl1, NULL);
+    spattn_status st = spattn_bsa_fwd_varlen(&p.tq, &p.tk, &p.tv, &p.tm, 5, 6, 0.0, &p.vl, &to1, &tl1, NULL);
     TU_CHECK(st == SPATTN_STATUS_SUCCESS, "varlen bx = max_seqlen: %s", spattn_last_error());
-    st = spattn_bsa_fwd_varlen(&tq, &tk, &tv, &tm, INT64_MAX - 1, INT64_MAX, 0.0, &vl, &to2, &tl2, NULL);
+    st = spattn_bsa_fwd_varlen(&p.tq, &p.tk, &p.tv, &p.tm, INT64_MAX - 1, INT64_MAX, 0.0, &p.vl, &to2, &tl2, NULL);
     TU_CHECK(st == SPATTN_STATUS_SUCCESS, "varlen bx near INT64_MAX: status %d (%s)", st,
              spattn_last_error());
     TU_CHECK(st != SPATTN_STATUS_SUCCESS || (!memcmp(o1, o2, sizeof o1) && !memcmp(l1, l2, sizeof l1)),
              "varlen: a huge block differs from a block of max_seqlen");
     size_t bytes = 0;
-    st = spattn_bsa_varlen_workspace_size(&tq, &tk, &tv, &tm, INT64_MAX, INT64_MAX, &vl, 1, NULL, &bytes);
+    st = spattn_bsa_varlen_workspace_size(&p.tq, &p.tk, &p.tv, &p.tm, INT64_MAX, INT64_MAX, &p.vl, 1, NULL, &bytes);
     TU_CHECK(st == SPATTN_STATUS_SUCCESS && bytes < ((size_t)1 << 30),
              "varlen workspace, huge blocks: status %d, %zu bytes", st, bytes);
 }
@@ -212,30 +228,17 @@ static void fuzz_api_more_stride_extent_int64_max(void) {
  * sized Delta as N x Tq floats rounded up in int64 (UBSan: signed overflow in bsa_round_up).
  * Views that large now answer OUT_OF_MEMORY; a huge block size still answers the real need. */
 static void fuzz_api_more_bsa_varlen_rows_int64(void) {
-    float q[8 * 8] = {0}, k[10 * 8] = {0};
-    int32_t cuq[3] = {0, 3, 8}, cuk[3] = {0, 4, 10};
-    uint8_t mask[2] = {1, 1};
-    int64_t qs[3] = {8, 1, 8}, ks[3] = {10, 1, 8}, ms[4] = {2, 1, 1, 1}, cs[1] = {3};
-    int64_t huge[3] = {INT64_MAX - 1, 1, 8}, hst[3] = {0, 8, 1};
-    spattn_tensor th = spattn_tensor_make(q, SPATTN_DTYPE_F32, 3, huge, hst);
-    spattn_tensor tq = spattn_tensor_make(q, SPATTN_DTYPE_F32, 3, qs, NULL);
-    spattn_tensor tk = spattn_tensor_make(k, SPATTN_DTYPE_F32, 3, ks, NULL);
-    spattn_tensor tm = spattn_tensor_make(mask, SPATTN_DTYPE_U8, 4, ms, NULL);
-    spattn_tensor tcq = spattn_tensor_make(cuq, SPATTN_DTYPE_I32, 1, cs, NULL);
-    spattn_tensor tck = spattn_tensor_make(cuk, SPATTN_DTYPE_I32, 1, cs, NULL);
-    spattn_varlen vl;
-    memset(&vl, 0, sizeof vl);
-    vl.cu_seqlens_q = &tcq;
-    vl.cu_seqlens_kv = &tck;
-    vl.max_seqlen_q = 5;
-    vl.max_seqlen_kv = 6;
+    tiny_varlen p;
+    tiny_varlen_init(&p);
+    const int64_t huge[3] = {INT64_MAX - 1, 1, VD}, hst[3] = {0, VD, 1};
+    spattn_tensor th = spattn_tensor_make(p.q, SPATTN_DTYPE_F32, 3, huge, hst);
     for (int bwd = 0; bwd < 2; bwd++) {
         size_t bytes = 0;
-        spattn_status st = spattn_bsa_varlen_workspace_size(&th, &tk, &tk, &tm, 5, 6, &vl, bwd, NULL, &bytes);
+        spattn_status st = spattn_bsa_varlen_workspace_size(&th, &p.tk, &p.tv, &p.tm, 5, 6, &p.vl, bwd, NULL, &bytes);
         TU_CHECK(st == SPATTN_STATUS_OUT_OF_MEMORY && strstr(spattn_last_error(), "SIZE_MAX"),
                  "bsa varlen %s workspace, Tq = INT64_MAX - 1: status %d (%s), %zu bytes", bwd ? "bwd" : "fwd", st,
                  spattn_last_error(), bytes);
-        st = spattn_bsa_varlen_workspace_size(&tq, &tk, &tk, &tm, INT64_MAX, INT64_MAX, &vl, bwd, NULL, &bytes);
+        st = spattn_bsa_varlen_workspace_size(&p.tq, &p.tk, &p.tv, &p.tm, INT64_MAX, INT64_MAX, &p.vl, bwd, NULL, &bytes);
         TU_CHECK(st == SPATTN_STATUS_SUCCESS && bytes < ((size_t)1 << 30),
                  "bsa varlen %s workspace, huge blocks: status %d (%s), %zu bytes", bwd ? "bwd" : "fwd", st,
                  spattn_last_error(), bytes);
