@@ -15,6 +15,11 @@
 #   python   bash python/device_check.sh (the package's torch tests on CUDA tensors)
 #   varlen   spattn verify --backend cuda on bsa_varlen and sfa_varlen, then spattn bench
 #            --varlen-baselines on the 32-sequence 32K-token cases (issue 14, item 6)
+#   ab       A/B of a gated kernel form in one call: spattn bench on AB_SUITE (sfa) --pass
+#            AB_PASS (bwd) --case AB_CASE, deterministic 1 and 0, with AB_VAR unset and =1,
+#            interleaved (off, on, off, on), then the ratios (--load off --compare on: ratio =
+#            time on / time off, < 1 means the gated form is faster); e.g.
+#            AB_VAR=SPATTN_SFA_BWD_SMALL_SPLIT AB_CASE='sfa0[1256]|sfa1[0458]'
 #   checks   the CMake-built GPU checks (bsa/sfa[_varlen]/robust_cuda_check), compute-sanitizer
 #            (memcheck, racecheck, synccheck, initcheck) on their quick sets and memcheck on
 #            `spattn verify --backend cuda --suite tests/cuda/odd_shapes.cases`
@@ -139,6 +144,24 @@ if has varlen; then
     --case "${VL_CASE:-^(bsav06|bsav08|sfav07)_}" --varlen-baselines --quiet --repeats ${REPEATS:-10} \
     --json "$OUT/varlen_baselines.json" > "$OUT/varlen_baselines.log" 2>&1
   echo "bench --varlen-baselines exit $?"; tail -12 "$OUT/varlen_baselines.log"
+  el
+fi
+
+if has ab; then
+  : "${AB_VAR:?the ab step needs AB_VAR (the gate variable)}"
+  echo "== ab: $AB_VAR unset vs =1 on ${AB_SUITE:-sfa} ${AB_PASS:-bwd} ${AB_CASE:-all}"
+  ab_sel=(); [ -n "${AB_CASE:-}" ] && ab_sel=(--case "$AB_CASE")
+  for det in 1 0; do
+    for round in 1 2; do
+      for form in off on; do
+        env $([ $form = on ] && echo "$AB_VAR=1") timeout ${BENCH_TIMEOUT:-200} "$SP" bench --backend cuda \
+          --suite "${AB_SUITE:-sfa}" --pass "${AB_PASS:-bwd}" "${ab_sel[@]}" --deterministic $det --quiet \
+          --repeats ${REPEATS:-10} --json "$OUT/ab_det${det}_${form}${round}.json" > "$OUT/ab_det${det}_${form}${round}.log" 2>&1
+        echo "det $det round $round $form: exit $?"
+      done
+    done
+    "$SP" bench --load "$OUT/ab_det${det}_off2.json" --compare "$OUT/ab_det${det}_on2.json" 2>&1 | tee "$OUT/ab_det${det}.txt"
+  done
   el
 fi
 
