@@ -268,6 +268,30 @@ template <typename T> __global__ void rows_kernel(const Params p, SmallLists L) 
 }
 
 // ---- main kernel -------------------------------------------------------------------------------
+// A 64 x 32 accumulator (this thread's 16 values: element i = 4 j + 2 hh + e is key r0 + 8 hh,
+// token-head row 8 j + 2 q4 + e) as the A fragments of the two k-steps of an m64 RS wgmma.
+template <typename T> __device__ __forceinline__ void pack_a(const float (&x)[16], uint32_t (&a)[2][4]) {
+#pragma unroll
+    for (int kk = 0; kk < 2; kk++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) a[kk][r] = hop::elt<T>::pack(x[8 * kk + 2 * r], x[8 * kk + 2 * r + 1]);
+}
+// Byte offset of element (key, th) in a dS tile [32 token-head rows th][64 keys] (one 128-byte
+// swizzled row per th: the K-major B operand of dQ^T).
+__device__ __forceinline__ uint32_t ds_at(int th, int key) { return hop::sw128(th, key >> 3) + (key & 7) * 2; }
+// This thread's dS^T values (layout of pack_a) into the dS tile.
+template <typename T> __device__ __forceinline__ void store_ds(unsigned char *sds, const float (&d)[16], int q4, int r0) {
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++)
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const uint32_t pk = hop::elt<T>::pack(d[4 * j + 2 * hh + e], 0.f);
+                *reinterpret_cast<uint16_t *>(sds + ds_at(8 * j + 2 * q4 + e, r0 + 8 * hh)) = (uint16_t)pk;
+            }
+}
+
 struct Sm {
     unsigned char *k, *st, *ds, *misc;
     uint64_t *full, *empty;  // [2] each
@@ -358,25 +382,11 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
                             dpa[i] = (sel >> i) & 1u ? scale * sa[i] * (dpa[i] - dl) : 0.f;
                         }
                     }
-#pragma unroll
-                for (int kk = 0; kk < 2; kk++)
-#pragma unroll
-                    for (int r = 0; r < 4; r++) {
-                        pa[kk][r] = hop::elt<T>::pack(sa[8 * kk + 2 * r], sa[8 * kk + 2 * r + 1]);
-                        da[kk][r] = hop::elt<T>::pack(dpa[8 * kk + 2 * r], dpa[8 * kk + 2 * r + 1]);
-                    }
+                pack_a<T>(sa, pa);
+                pack_a<T>(dpa, da);
                 hop::bar_sync(NB_DS0, 128);  // every thread of this warpgroup has read phase A
-                // ---- phase B: the dS tile (element (key, th)) and the P^T fragments
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++)
-#pragma unroll
-                        for (int hh = 0; hh < 2; hh++) {
-                            const int th = 8 * j + 2 * q4 + e, key = r0 + 8 * hh;
-                            const uint32_t pk = hop::elt<T>::pack(dpa[4 * j + 2 * hh + e], 0.f);
-                            *reinterpret_cast<uint16_t *>(sds + hop::sw128(th, key >> 3) + (key & 7) * 2) = (uint16_t)pk;
-                        }
+                // ---- phase B: the dS tile and the P^T fragments
+                store_ds<T>(sds, dpa, q4, r0);
 #pragma unroll
                 for (int kk = 0; kk < 2; kk++)
                     *reinterpret_cast<uint4 *>(s.ds + 4096 + (kk * 128 + t) * 16) = make_uint4(pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);
@@ -414,8 +424,8 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
                     for (int r = 0; r < 4; r++) {
                         const int i = 8 * kk + 2 * r, j = i >> 2, hh = (i >> 1) & 1;
                         const int th = 8 * j + 2 * q4, key = r0 + 8 * hh;
-                        const uint32_t lo = *reinterpret_cast<const uint16_t *>(sds + hop::sw128(th, key >> 3) + (key & 7) * 2);
-                        const uint32_t hi = *reinterpret_cast<const uint16_t *>(sds + hop::sw128(th + 1, key >> 3) + (key & 7) * 2);
+                        const uint32_t lo = *reinterpret_cast<const uint16_t *>(sds + ds_at(th, key));
+                        const uint32_t hi = *reinterpret_cast<const uint16_t *>(sds + ds_at(th + 1, key));
                         da[kk][r] = lo | hi << 16;
                     }
             }
@@ -452,28 +462,9 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
                     }
                 }
             }
-#pragma unroll
-            for (int kk = 0; kk < 2; kk++) {
-                pa[kk][0] = hop::elt<T>::pack(sa[8 * kk], sa[8 * kk + 1]);
-                pa[kk][1] = hop::elt<T>::pack(sa[8 * kk + 2], sa[8 * kk + 3]);
-                pa[kk][2] = hop::elt<T>::pack(sa[8 * kk + 4], sa[8 * kk + 5]);
-                pa[kk][3] = hop::elt<T>::pack(sa[8 * kk + 6], sa[8 * kk + 7]);
-                da[kk][0] = hop::elt<T>::pack(dpa[8 * kk], dpa[8 * kk + 1]);
-                da[kk][1] = hop::elt<T>::pack(dpa[8 * kk + 2], dpa[8 * kk + 3]);
-                da[kk][2] = hop::elt<T>::pack(dpa[8 * kk + 4], dpa[8 * kk + 5]);
-                da[kk][3] = hop::elt<T>::pack(dpa[8 * kk + 6], dpa[8 * kk + 7]);
-            }
-            // dS tile (row th, 64 keys = one 128-byte swizzled row): element (key, th)
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-#pragma unroll
-                for (int e = 0; e < 2; e++)
-#pragma unroll
-                    for (int hh = 0; hh < 2; hh++) {
-                        const int th = 8 * j + 2 * q4 + e, key = r0 + 8 * hh;
-                        const uint32_t pk = hop::elt<T>::pack(dpa[4 * j + 2 * hh + e], 0.f);
-                        *reinterpret_cast<uint16_t *>(sds + hop::sw128(th, key >> 3) + (key & 7) * 2) = (uint16_t)pk;
-                    }
+            pack_a<T>(sa, pa);
+            pack_a<T>(dpa, da);
+            store_ds<T>(sds, dpa, q4, r0);  // the dS tile (element (key, th))
             hop::fence_proxy_async();
             hop::bar_sync(NB_DS0 + C, 128);
         }
