@@ -24,6 +24,7 @@ HAVE_NUMPY = importlib.util.find_spec("numpy") is not None
 if HAVE_NUMPY:
     import numpy as np
 
+import libspy
 import spattn
 from spattn import _lib
 
@@ -39,30 +40,17 @@ _CALLS = ["spattn_bsa_fwd_ex", "spattn_bsa_bwd_ex", "spattn_sfa_fwd_ex", "spattn
 
 @contextlib.contextmanager
 def spy():
-    """Records (call name, options.deterministic) of every library call in _CALLS made inside.
-
-    The ctypes function objects of the loaded library are swapped for wrappers that read the
-    options struct the call receives (ctypes.byref(opt)._obj) and call the original."""
-    from spattn import _varlen
-    from spattn import block_mask as _bm
-    h = _lib.lib()
-    _varlen._h()        # argument types declared on the real functions before they are wrapped
-    _bm.plan_lib()
+    """Records (call name, options.deterministic) of every library call in _CALLS made inside:
+    wrappers read the options struct each call receives (ctypes.byref(opt)._obj)."""
     rec = []
-    saved = {}
-    for name in _CALLS:
-        orig = getattr(h, name)
-        saved[name] = orig
 
-        def wrapper(*args, _orig=orig, _name=name):
-            rec.append((_name, int(args[-1]._obj.deterministic)))
-            return _orig(*args)
-        setattr(h, name, wrapper)
-    try:
+    def make(name, orig):
+        def wrapper(*args):
+            rec.append((name, int(args[-1]._obj.deterministic)))
+            return orig(*args)
+        return wrapper
+    with libspy.wrapped(_CALLS, make):
         yield rec
-    finally:
-        for name, orig in saved.items():
-            setattr(h, name, orig)
 
 
 def backward_values(rec):

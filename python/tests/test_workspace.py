@@ -21,6 +21,7 @@ except ImportError:  # pragma: no cover - CI without torch
     torch = None
     HAVE_TORCH = False
 
+import libspy
 import spattn
 from spattn import _lib
 
@@ -80,20 +81,16 @@ def spy(size_answer=None):
     """Records [name, {argument: snap}, status] of every spied library call made inside (queries
     get "bytes": their answer).  size_answer(bytes): what the queries answer instead (None: they
     fail with status 101)."""
-    from spattn import _varlen
-    from spattn import block_mask as _bm
-    h = _lib.lib()
-    _varlen._h()  # argument types declared on the real functions before they are wrapped
-    _bm.plan_lib()
-    rec, saved = [], {}
-    for name, names in ARGS.items():
-        orig = saved[name] = getattr(h, name)
+    rec = []
 
-        def wrapper(*args, _orig=orig, _name=name, _names=names.split()):
-            entry = [_name, {n: snap(a) for n, a in zip(_names, args)}, None]
+    def make(name, orig):
+        names = ARGS[name].split()
+
+        def wrapper(*args):
+            entry = [name, {n: snap(a) for n, a in zip(names, args)}, None]
             rec.append(entry)
-            st = _orig(*args)
-            if _name.endswith("_workspace_size"):
+            st = orig(*args)
+            if name.endswith("_workspace_size"):
                 if size_answer is not None:
                     want = size_answer(args[-1]._obj.value)
                     if want is None:
@@ -103,12 +100,9 @@ def spy(size_answer=None):
                 entry[1]["bytes"] = args[-1]._obj.value
             entry[2] = st
             return st
-        setattr(h, name, wrapper)
-    try:
+        return wrapper
+    with libspy.wrapped(ARGS, make):
         yield rec
-    finally:
-        for name, orig in saved.items():
-            setattr(h, name, orig)
 
 
 @contextlib.contextmanager
