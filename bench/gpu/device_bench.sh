@@ -19,7 +19,7 @@
 #            AB_PASS (bwd) --case AB_CASE, deterministic 1 and 0, with AB_VAR unset and =1,
 #            interleaved (off, on, off, on), then the ratios (--load off --compare on: ratio =
 #            time on / time off, < 1 means the gated form is faster); e.g.
-#            AB_VAR=SPATTN_SFA_BWD_SMALL_SPLIT AB_CASE='sfa0[1256]|sfa1[0458]'
+#            AB_VAR=SPATTN_MY_GATE AB_CASE='sfa0[1256]|sfa1[0458]' (a gate read per call)
 #   checks   the CMake-built GPU checks (bsa/sfa[_varlen]/robust_cuda_check), compute-sanitizer
 #            (memcheck, racecheck, synccheck, initcheck) on their quick sets and memcheck on
 #            `spattn verify --backend cuda --suite tests/cuda/odd_shapes.cases`
