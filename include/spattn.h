@@ -453,11 +453,11 @@ SPATTN_API spattn_status spattn_sfa_workspace_size(const spattn_tensor *q, const
  * spattn_sfa_varlen_workspace_size bytes (CUDA forward: 16 bytes per query token, plus fp32 O
  * and LSE for shapes without a Hopper kernel; CUDA backward: 16 bytes per query token plus 9 x 576
  * bytes per key-side row and key head (packed rows, or num_pages * page_size page rows), plus a
- * count histogram).  CUDA forward: the Hopper kernels for fp16/bf16, D 512, Dr 64, shared
- * key/value, pages page_size rows apart; other shapes on the simple kernels.  CUDA backward: those
- * shapes only (the token-major Hopper backward; deterministic = 1: int64 fixed-point dK,
- * bitwise reproducible); other shapes give SPATTN_STATUS_NOT_SUPPORTED (use the CPU backend) and
- * a workspace size of 0.
+ * count histogram; shapes of the simple kernels: fp32 dq / dk / dv scratch plus 9 bytes per
+ * dk / dk_rope / dv element and key-side row).  CUDA: the Hopper kernels for fp16/bf16, D 512,
+ * Dr 64, shared key/value, pages page_size rows apart (the backward token-major); other shapes
+ * on the simple kernels (fp32 arithmetic on CUDA cores: correct, not fast).  The CUDA backward is
+ * bitwise reproducible with deterministic = 1 on both (int64 fixed-point dK / dV).
  */
 SPATTN_API spattn_status spattn_sfa_fwd_varlen(const spattn_tensor *q, const spattn_tensor *q_rope,
                                                const spattn_tensor *k, const spattn_tensor *k_rope,

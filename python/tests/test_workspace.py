@@ -289,16 +289,15 @@ class TestWorkspace(unittest.TestCase):
             for name, form in forms(dev).items():
                 if name not in DENSE:
                     continue
-                # CUDA sfa: a stride-0 dO takes the simple kernels, whose deterministic backward
-                # is refused (NOT_SUPPORTED: they add with fp32 atomics), so deterministic=0 there
-                det = not (dev == "cuda" and name == "sfa")
+                # CUDA sfa: a stride-0 dO takes the simple kernels (deterministic: int64 fixed point)
+                det = True
                 with self.subTest(device=dev, form=name):
                     with workspace_devices(()):
                         plain = forward_backward(form, det, "ones")
                     with workspace_devices(ws_devs), spy() as rec:
                         got = forward_backward(form, det, "ones")
                     self.check_plumbing(rec)
-                    assert_same(self, got, plain, dev == "cpu", name)  # (CUDA sfa: simple kernels)
+                    assert_same(self, got, plain, True, name)
 
     def test_failed_query_leaves_the_error_to_the_call(self):
         for dev, ws_devs in self.devices():

@@ -65,6 +65,10 @@ template <> struct Ty<__nv_bfloat16> {
     static __device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
     static __device__ __forceinline__ __nv_bfloat16 from_f(float x) { return __float2bfloat16_rn(x); }
 };
+template <> struct Ty<float> {  // the simple kernels' fp32 inputs (maxabs of the fixed-point bound)
+    static __device__ __forceinline__ float to_f(float x) { return x; }
+    static __device__ __forceinline__ float from_f(float x) { return x; }
+};
 template <> struct Ty<__half> {
     static __device__ __forceinline__ uint32_t pack(float a, float b) {
         __half2 v = __floats2half2_rn(a, b);

@@ -2,14 +2,14 @@
 // backward dispatch to the fast kernels (sfa_fwd*.cu, sfa_bwd90.cu, sfa_bwd_small.cu),
 // the deterministic fixed-point setup and the final dK / dQ conversions; the packed
 // variable-length / paged forward and backward (spattn_sfa_fwd_varlen / spattn_sfa_bwd_varlen:
-// device checks of the layout, the per-token pre-pass, dispatch; the varlen backward always runs
-// the token-major sfa_bwd90.cu, its dK accumulator over the key side's rows: packed [Tkv, N2, 576]
+// device checks of the layout, the per-token pre-pass, dispatch; the varlen backward runs the
+// token-major sfa_bwd90.cu, its dK accumulator over the key side's rows: packed [Tkv, N2, 576]
 // or page rows [num_pages * page_size, N2, 576], converted into dk / dk_rope of the same layout).
 //
 // Fast path: fp16/bf16, D = 512, Dr = 64, shared key/value (v == NULL), unit stride on the last
 // dimension, 16-byte aligned rows.  Every other valid input runs on the simple kernels of
-// sfa_ref.cu (fp32 arithmetic, outputs converted; the backward there only with deterministic = 0,
-// its dK/dV are fp32 atomics).
+// sfa_ref.cu (fp32 arithmetic, outputs converted; their backward, dense and varlen, adds dK/dV
+// with fp32 atomics when deterministic = 0, in int64 fixed point when deterministic = 1).
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -21,6 +21,7 @@
 #include "scratch.h"
 #include "sfa_adds.cuh"
 #include "sfa_bwd_small.h"
+#include "sfa_ref.h"
 #include "sfa_common.cuh"
 
 extern "C" cudaError_t spattn_sfa_fast_fwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
@@ -248,18 +249,38 @@ spattn_status limits_ok(const spattn_sfa_problem *p) {
     return SPATTN_STATUS_SUCCESS;
 }
 
-// Scratch of the simple-kernel path: fp32 O and LSE (forward); dQ, dQ_rope, dK, dK_rope, dV
-// (backward), each 256-byte aligned, in this order.
-size_t ref_parts(const spattn_sfa_problem *p, int backward, size_t off[5]) {
-    const size_t nq = (size_t)p->B * p->S1 * p->N1, nk = (size_t)p->B * p->S2 * p->N2;
-    const size_t sz[5] = {backward ? nq * p->D * 4 : nq * p->D * 4, backward ? nq * p->Dr * 4 : nq * 4,
-                          backward ? nk * p->D * 4 : 0, backward ? nk * p->Dr * 4 : 0,
-                          backward && !p->shared_kv ? nk * p->D * 4 : 0};
+// Scratch of the simple-kernel path, each part 256-byte aligned, off[RB_N] = the total.
+// Forward: fp32 O and LSE (RB_DQ, RB_DQR).  Backward: fp32 dQ, dQ_rope, dK, dK_rope, dV, then the
+// deterministic mode's int64 accumulators of dK, dK_rope, dV, their flag bytes, the count
+// histogram and the stats (sized for both modes: a workspace query does not know the mode).
+// krows: the key side's rows (default B S2); bins: the histogram's (default B N2 nblk).
+enum { RB_DQ, RB_DQR, RB_DK, RB_DKR, RB_DV, RB_AK, RB_AKR, RB_AV, RB_FK, RB_FKR, RB_FV, RB_HIST, RB_STATS, RB_N };
+size_t ref_parts(const spattn_sfa_problem *p, int backward, size_t off[RB_N + 1], int64_t krows = -1, int64_t bins = -1) {
+    if (krows < 0) krows = p->B * p->S2;
+    if (bins < 0) bins = p->B * p->N2 * p->nblk;
+    const size_t nq = (size_t)p->B * p->S1 * p->N1, nk = (size_t)krows * p->N2, sep = !p->shared_kv;
+    size_t sz[RB_N] = {0};
+    if (!backward) {
+        sz[RB_DQ] = nq * p->D * 4;
+        sz[RB_DQR] = nq * 4;
+    } else {
+        const size_t n[3] = {nk * p->D, nk * p->Dr, sep ? nk * p->D : 0};  // dK, dK_rope, dV elements
+        sz[RB_DQ] = nq * p->D * 4;
+        sz[RB_DQR] = nq * p->Dr * 4;
+        for (int i = 0; i < 3; i++) {
+            sz[RB_DK + i] = n[i] * 4;
+            sz[RB_AK + i] = n[i] * 8;
+            sz[RB_FK + i] = n[i];
+        }
+        sz[RB_HIST] = (size_t)bins * 4;
+        sz[RB_STATS] = 256;
+    }
     size_t t = 0;
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < RB_N; i++) {
         off[i] = t;
         t += (sz[i] + 255) & ~(size_t)255;
     }
+    off[RB_N] = t;
     return t;
 }
 
@@ -395,6 +416,23 @@ void launch_maxabs(const spattn_tensor *t, unsigned *out, cudaStream_t st) {
         t->strides[1], t->strides[2], vec, out);
 }
 
+// The count histogram of the fixed-point bound (hist [B N2 nblk], zeroed) and its maximum
+// (stats[4]).
+void launch_hist(const spattn_sfa_problem *p, unsigned *hist, unsigned *stats, cudaStream_t st) {
+    const spattn_tensor *ix = p->idx;
+    // per (b, n2): CTAs of 8 rows each, fewer when the bins outnumber the adds (each CTA
+    // flushes up to nblk bins); the grid's y extent is B N2 (< 2^31 rows, checked earlier)
+    const int hist_smem = p->nblk <= 12288;
+    int64_t cx = (p->S1 + 7) / 8;
+    const int64_t cap = hist_smem ? (p->S1 * p->K) / (16 * p->nblk) : 132 * 32;
+    cx = cx < (cap < 1 ? 1 : cap) ? cx : (cap < 1 ? 1 : cap);
+    cx = cx > 65535 ? 65535 : cx;
+    hist_kernel<<<dim3((unsigned)(cx < 1 ? 1 : cx), (unsigned)(p->B * p->N2)), 256, hist_smem ? p->nblk * 4 : 0, st>>>(
+        (const int32_t *)ix->data, ix->strides[0], ix->strides[1], ix->strides[2], ix->strides[3], p->S1, p->N2, p->K,
+        p->nblk, hist_smem, hist);
+    hist_max_kernel<<<grid_for(p->B * p->N2 * p->nblk, 256), 256, 0, st>>>(hist, p->B * p->N2 * p->nblk, stats);
+}
+
 template <typename T>
 spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::Params *kp) {
     cudaStream_t st = (cudaStream_t)ex->stream;
@@ -425,18 +463,7 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
         launch_maxabs<T>(p->k_rope, stats + 1, st);
         launch_maxabs<T>(p->o, stats + 2, st);
         launch_maxabs<T>(p->dout, stats + 3, st);
-        const spattn_tensor *ix = p->idx;
-        // per (b, n2): CTAs of 8 rows each, fewer when the bins outnumber the adds (each CTA
-        // flushes up to nblk bins); the grid's y extent is B N2 (< 2^31 rows, checked earlier)
-        const int hist_smem = p->nblk <= 12288;
-        int64_t cx = (p->S1 + 7) / 8;
-        const int64_t cap = hist_smem ? (p->S1 * p->K) / (16 * p->nblk) : 132 * 32;
-        cx = cx < (cap < 1 ? 1 : cap) ? cx : (cap < 1 ? 1 : cap);
-        cx = cx > 65535 ? 65535 : cx;
-        hist_kernel<<<dim3((unsigned)(cx < 1 ? 1 : cx), (unsigned)(p->B * p->N2)), 256, hist_smem ? p->nblk * 4 : 0, st>>>(
-            (const int32_t *)ix->data, ix->strides[0], ix->strides[1], ix->strides[2],
-            ix->strides[3], p->S1, p->N2, p->K, p->nblk, hist_smem, hist);
-        hist_max_kernel<<<grid_for(p->B * p->N2 * p->nblk, 256), 256, 0, st>>>(hist, p->B * p->N2 * p->nblk, stats);
+        launch_hist(p, hist, stats, st);
         fix_scale_kernel<<<1, 1, 0, st>>>(stats, p->scale, (int)p->D, (int)(p->N1 / p->N2));
         e = cudaGetLastError();
     }
@@ -505,7 +532,7 @@ size_t vl_bwd_workspace(const spattn_sfa_problem *p);
 }  // namespace
 
 extern "C" size_t spattn_cuda_sfa_workspace(const spattn_sfa_problem *p, int backward) {
-    size_t off[5];
+    size_t off[RB_N + 1];
     if (p->seqs) return backward ? vl_bwd_workspace(p) : vl_workspace(p);
     if (!fast_shape(p, backward)) return ref_parts(p, backward, off);
     if (!backward) return 0;
@@ -661,7 +688,7 @@ spattn_status ref_fwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
     spattn_status s = ref_grid_ok(p);
     if (s == SPATTN_STATUS_SUCCESS) s = spattn_cuda_sfa_check_indices(p, ex);
     if (s != SPATTN_STATUS_SUCCESS) return s;
-    size_t off[5];
+    size_t off[RB_N + 1];
     cuda_scratch w;
     if ((s = w.get(ex, ref_parts(p, 0, off), "sfa cuda")) != SPATTN_STATUS_SUCCESS) return s;
     float *o32 = reinterpret_cast<float *>(w.base + off[0]), *l32 = reinterpret_cast<float *>(w.base + off[1]);
@@ -675,25 +702,99 @@ spattn_status ref_fwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
     return SPATTN_STATUS_SUCCESS;
 }
 
-// The simple backward adds dK/dV with fp32 atomics: its rounding depends on the order, so it runs
-// only when the caller allows that (deterministic = 0).
+// ---- the simple-kernel backward (shapes without a Hopper kernel) --------------------------------
+// deterministic = 0: fp32 atomics into the fp32 dK / dK_rope / dV parts; deterministic = 1:
+// int64 fixed point (exact integer adds: bitwise reproducible), its scale from the same bound as
+// the Hopper path's (fix_scale_kernel) with |V| bounding |dP| / |O| (O is a convex combination
+// of V rows; k does not enter dK's bound beyond P <= 1), then converted into the fp32 parts.
+
+// stats[0..3] of the bound: max|q, q_rope|, max|v| twice (the |dP| and |O| bounds), max|dO|
+template <typename T>
+void ref_maxabs(const spattn_sfa_problem *p, unsigned *stats, cudaStream_t st) {
+    const spattn_tensor *v = p->shared_kv ? p->k : p->v;
+    launch_maxabs<T>(p->q, stats + 0, st);
+    if (p->q_rope && p->Dr) launch_maxabs<T>(p->q_rope, stats + 0, st);
+    launch_maxabs<T>(v, stats + 1, st);
+    launch_maxabs<T>(v, stats + 2, st);
+    launch_maxabs<T>(p->dout, stats + 3, st);
+}
+
+__global__ void fix_to_f32_kernel(const long long *acc, const uint8_t *flags, const float *inv_scale, float *out,
+                                  int64_t n) {
+    const float inv = *inv_scale;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = sfa::fix_value(acc[i], flags[i], inv);
+}
+
+// The simple backward into the fp32 parts of ref_parts at base (p: the problem or the varlen
+// views, tok their token table or NULL, krows the key side's rows).  hist(hist, stats) launches
+// the count histogram of the deterministic bound.
+template <typename T, typename Hist>
+spattn_status ref_bwd_core(const spattn_sfa_problem *p, const spattn_exec *ex, char *base, const size_t *off,
+                           const int4 *tok, int64_t krows, Hist hist) {
+    cudaStream_t st = (cudaStream_t)ex->stream;
+    const bool det = ex->deterministic != 0, rope = p->Dr > 0, sep = !p->shared_kv;
+    float *f[5];
+    for (int i = 0; i < 5; i++) f[i] = reinterpret_cast<float *>(base + off[i]);
+    const int64_t n[3] = {krows * p->N2 * p->D, rope ? krows * p->N2 * p->Dr : 0, sep ? krows * p->N2 * p->D : 0};
+    unsigned *stats = reinterpret_cast<unsigned *>(base + off[RB_STATS]);
+    sfa_ref_fix fix;
+    memset(&fix, 0, sizeof fix);
+    cudaError_t e = cudaSuccess;
+    if (det) {
+        e = cudaMemsetAsync(base + off[RB_AK], 0, off[RB_N] - off[RB_AK], st);
+        if (e == cudaSuccess) {
+            ref_maxabs<T>(p, stats, st);
+            hist(reinterpret_cast<unsigned *>(base + off[RB_HIST]), stats);
+            fix_scale_kernel<<<1, 1, 0, st>>>(stats, p->scale, (int)p->D, (int)(p->N1 / p->N2));
+            e = cudaGetLastError();
+        }
+        for (int i = 0; i < 3; i++) {
+            fix.acc[i] = n[i] ? reinterpret_cast<unsigned long long *>(base + off[RB_AK + i]) : nullptr;
+            fix.flags[i] = reinterpret_cast<uint32_t *>(base + off[RB_FK + i]);
+        }
+        fix.scale = reinterpret_cast<const float *>(stats + 5);
+    }
+    if (e == cudaSuccess) {
+        const spattn_status s = spattn_cuda_ref_sfa_bwd_into(p, ex, tok, krows, det ? &fix : nullptr, f[0], rope ? f[1] : nullptr,
+                                                             f[2], rope ? f[3] : nullptr, sep ? f[4] : nullptr);
+        if (s != SPATTN_STATUS_SUCCESS) return s;
+        for (int i = 0; det && i < 3 && e == cudaSuccess; i++) {
+            if (!n[i]) continue;
+            fix_to_f32_kernel<<<grid_for(n[i], 256), 256, 0, st>>>(reinterpret_cast<const long long *>(fix.acc[i]),
+                                                                   reinterpret_cast<const uint8_t *>(base + off[RB_FK + i]),
+                                                                   reinterpret_cast<const float *>(stats + 6),
+                                                                   f[2 + i], n[i]);
+            e = cudaGetLastError();
+        }
+    }
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "sfa cuda backward (simple kernels): %s", cudaGetErrorString(e));
+    }
+    return SPATTN_STATUS_SUCCESS;
+}
+
+template <typename Hist>
+spattn_status ref_bwd_any(const spattn_sfa_problem *p, const spattn_exec *ex, char *base, const size_t *off,
+                          const int4 *tok, int64_t krows, Hist hist) {
+    if (p->dtype == SPATTN_DTYPE_F32) return ref_bwd_core<float>(p, ex, base, off, tok, krows, hist);
+    if (p->dtype == SPATTN_DTYPE_F16) return ref_bwd_core<__half>(p, ex, base, off, tok, krows, hist);
+    return ref_bwd_core<__nv_bfloat16>(p, ex, base, off, tok, krows, hist);
+}
+
 spattn_status ref_bwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
-    if (ex->deterministic)
-        return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
-                                "sfa cuda: a deterministic backward has no GPU kernel for this shape "
-                                "(the Hopper kernels take fp16/bf16, D = 512, Dr = 64, shared key/value, "
-                                "rows of unit stride; the simple kernels add dK/dV with fp32 atomics): set "
-                                "spattn_options.deterministic = 0 or use the CPU backend");
     spattn_status s = ref_grid_ok(p);
     if (s != SPATTN_STATUS_SUCCESS) return s;
-    size_t off[5];
+    size_t off[RB_N + 1];
     cuda_scratch w;
     if ((s = w.get(ex, ref_parts(p, 1, off), "sfa cuda")) != SPATTN_STATUS_SUCCESS) return s;
+    s = ref_bwd_any(p, ex, w.base, off, nullptr, p->B * p->S2,
+                    [&](unsigned *hist, unsigned *stats) { launch_hist(p, hist, stats, w.st); });
+    if (s != SPATTN_STATUS_SUCCESS) return s;
     float *f[5];
     for (int i = 0; i < 5; i++) f[i] = reinterpret_cast<float *>(w.base + off[i]);
     const bool rope = p->Dr > 0, sep = !p->shared_kv;
-    s = spattn_cuda_ref_sfa_bwd(p, ex, f[0], rope ? f[1] : nullptr, f[2], rope ? f[3] : nullptr, sep ? f[4] : nullptr);
-    if (s != SPATTN_STATUS_SUCCESS) return s;
     cudaError_t e = cvt::to_tensor(f[0], p->dq, w.st);
     if (e == cudaSuccess) e = cvt::to_tensor(f[2], p->dk, w.st);
     if (e == cudaSuccess && rope) e = cvt::to_tensor(f[1], p->dq_rope, w.st);
@@ -1077,7 +1178,7 @@ spattn_status vl_limits(const spattn_sfa_problem *p, const VlView &w, bool fast)
 size_t vl_workspace(const spattn_sfa_problem *p) {
     VlView w;
     vl_view(p, true, &w);
-    size_t off[5];
+    size_t off[RB_N + 1];
     const size_t tb = align256((size_t)p->seqs->Tq * sizeof(int4));
     return vl_fast(p, w) ? tb : tb + ref_parts(&w.p, 0, off);
 }
@@ -1121,7 +1222,7 @@ spattn_status vl_fwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
     if (!fast) vl_view(p, false, &w);
     spattn_status r = vl_limits(p, w, fast);
     if (r != SPATTN_STATUS_SUCCESS) return r;
-    size_t off[5];
+    size_t off[RB_N + 1];
     const size_t tb = align256((size_t)s->Tq * sizeof(int4));
     cuda_scratch ws;
     if ((r = ws.get(ex, fast ? tb : tb + ref_parts(&w.p, 0, off), "sfa cuda")) != SPATTN_STATUS_SUCCESS) return r;
@@ -1191,17 +1292,23 @@ size_t vl_bwd_parts(const spattn_sfa_problem *p, size_t off[5]) {
     return t;
 }
 
-const char *vl_bwd_unsupported_msg() {
-    return "sfa cuda: spattn_sfa_bwd_varlen runs on the GPU only for the Hopper kernels' shapes (fp16/bf16, "
-           "D = 512, Dr = 64, shared key/value (v == NULL), rows of unit stride and 16-byte aligned, pages "
-           "page_size rows apart); the simple kernels have no varlen backward: use the CPU backend for this one";
+// The simple kernels' varlen backward: views with pages as they are (vl_view(.., false)), the
+// accumulator rows = the key side's rows (packed Tkv, or num_pages * page_size page rows).
+int64_t vl_krows(const spattn_sfa_problem *p) {
+    const spattn_seqs *s = p->seqs;
+    return s->table ? s->num_pages * s->page_size : s->Tkv;
+}
+size_t vl_ref_bwd_parts(const spattn_sfa_problem *p, const VlView &w, size_t off[RB_N + 1]) {
+    return align256((size_t)p->seqs->Tq * sizeof(int4)) + ref_parts(&w.p, 1, off, vl_krows(p), vl_hist_bins(p));
 }
 
 size_t vl_bwd_workspace(const spattn_sfa_problem *p) {
     VlView w;
     vl_view(p, true, &w);
-    size_t off[5];
-    return vl_fast(p, w, 1) ? vl_bwd_parts(p, off) : 0;  // other shapes: refused by the call
+    size_t off[RB_N + 1];
+    if (vl_fast(p, w, 1)) return vl_bwd_parts(p, off);
+    vl_view(p, false, &w);
+    return vl_ref_bwd_parts(p, w, off);
 }
 
 // One thread per index entry of the tokens [0, cu_q[B]) (values checked: -1 or a block of the
@@ -1303,11 +1410,52 @@ spattn_status vl_bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, co
     return SPATTN_STATUS_SUCCESS;
 }
 
+// Shapes without a Hopper kernel: the checks and their verdict first (as vl_bwd_impl), then the
+// simple kernels over the views (fp32 scratch, deterministic or fp32 atomics as the dense
+// ref_bwd), dq / dq_rope stored for the tokens before cu_seqlens_q[B], every key-side row of dk /
+// dk_rope / dv written (0 where no selected key adds).
+spattn_status vl_ref_bwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
+    const spattn_seqs *s = p->seqs;
+    VlView w;
+    vl_view(p, false, &w);
+    spattn_status r = vl_limits(p, w, false);
+    if (r != SPATTN_STATUS_SUCCESS) return r;
+    size_t off[RB_N + 1];
+    const size_t tb = align256((size_t)s->Tq * sizeof(int4));
+    cuda_scratch ws;
+    if ((r = ws.get(ex, vl_ref_bwd_parts(p, w, off), "sfa cuda")) != SPATTN_STATUS_SUCCESS) return r;
+    int4 *tok = reinterpret_cast<int4 *>(ws.base);
+    char *base = ws.base + tb;
+    cudaStream_t st = ws.st;
+    IdxCheck c;
+    if ((r = gate_words(&c)) != SPATTN_STATUS_SUCCESS) return r;
+    cudaError_t e = vl_launch_checks(p, st, tok, c.d_bad);
+    if ((r = vl_finish(p, st, &c, tok, e)) != SPATTN_STATUS_SUCCESS) return r;
+    const VlArgs a = vl_args(p);
+    r = ref_bwd_any(&w.p, ex, base, off, tok, vl_krows(p), [&](unsigned *hist, unsigned *stats) {
+        vl_hist_kernel<<<grid_for(a.Tq * a.N2 * a.K, 256), 256, 0, st>>>(a, tok, p->nblk, hist, stats);
+    });
+    if (r != SPATTN_STATUS_SUCCESS) return r;
+    float *f[5];
+    for (int i = 0; i < 5; i++) f[i] = reinterpret_cast<float *>(base + off[i]);
+    e = vl_store(f[0], p->dq, p->D, p->dtype, tok, st);
+    if (e == cudaSuccess) e = cvt::to_tensor(f[2], w.p.dk, st);
+    if (e == cudaSuccess && p->Dr) e = vl_store(f[1], p->dq_rope, p->Dr, p->dtype, tok, st);
+    if (e == cudaSuccess && p->Dr) e = cvt::to_tensor(f[3], w.p.dk_rope, st);
+    if (e == cudaSuccess && !p->shared_kv) e = cvt::to_tensor(f[4], w.p.dv, st);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "sfa cuda varlen backward (simple kernels): %s",
+                                cudaGetErrorString(e));
+    }
+    return SPATTN_STATUS_SUCCESS;
+}
+
 spattn_status vl_bwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
     if (stream_capturing((cudaStream_t)ex->stream)) return capture_refusal("the varlen sfa backward");
     VlView w;
     vl_view(p, true, &w);
-    if (!vl_fast(p, w, 1)) return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED, "%s", vl_bwd_unsupported_msg());
+    if (!vl_fast(p, w, 1)) return vl_ref_bwd(p, ex);
     spattn_status r = vl_limits(p, w, true);
     if (r != SPATTN_STATUS_SUCCESS) return r;
     return p->dtype == SPATTN_DTYPE_BF16 ? vl_bwd_impl<__nv_bfloat16>(p, ex, w) : vl_bwd_impl<__half>(p, ex, w);

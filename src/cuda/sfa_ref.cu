@@ -3,6 +3,9 @@
 // selected key for the dot products, no tensor cores, no tiling tricks, fp32 atomics for dK/dV.
 // Any D, Dr, dtype (fp16/bf16/fp32), strides, shared or separate v.  Outputs are CONTIGUOUS
 // fp32 device buffers (see src/core/internal.h).  The backward recomputes P, O and Delta itself.
+// The API's simple-kernel path (shapes without a Hopper kernel, sfa_host.cu) runs them too, the
+// backward there also in its varlen / paged form and, when deterministic, with int64 fixed-point
+// dK/dV adds instead of fp32 atomics (sfa_ref.h).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -10,6 +13,8 @@
 
 #include "../core/internal.h"
 #include "../core/seqs.h"
+#include "sfa_adds.cuh"
+#include "sfa_ref.h"
 
 namespace {
 
@@ -31,6 +36,8 @@ struct RefArgs {
     const int4 *tok;
     const int32_t *table;
     int64_t tab_s0, tab_s1, page_size;
+    // backward: int64 fixed-point accumulators of dk, dk_rope, dv (acc[0] NULL: fp32 atomics)
+    sfa_ref_fix fix;
 };
 
 // key of virtual slot v of the index row, or -1 (padding, out of range, past S2, past the
@@ -219,6 +226,18 @@ __global__ void ref_kernel(const RefArgs a, int backward, float *o, float *lse, 
     }
     for (int64_t i = tid; i < HC * DQ; i += NTH) sacc[i] = 0.f;  // now dQ
     __syncthreads();
+    // accumulator row of a key: the batch's (dense), the packed key row, or the page row
+    auto arow = [&](int64_t key) -> int64_t {
+        if (a.table) return (int64_t)a.table[tk.x * a.tab_s0 + (key / a.page_size) * a.tab_s1] * a.page_size + key % a.page_size;
+        return b * a.S2 + tk.y + key;
+    };
+    // fp32 atomics, or exact integer adds (order-free: bitwise reproducible) with flags for
+    // non-finite values (sfa_adds.cuh)
+    const float fs = a.fix.acc[0] ? *a.fix.scale : 1.f;
+    auto add = [&](int which, float *f32, int64_t i, float v) {
+        if (a.fix.acc[0]) sfa::add_fix(a.fix.acc[which], a.fix.flags[which], i, v, fs);
+        else atomicAdd(f32 + i, v);
+    };
 
     // ---- pass 3: dS, dQ, dK, dV ----
     for (int64_t c0 = 0; c0 < nslot; c0 += CH) {
@@ -254,18 +273,18 @@ __global__ void ref_kernel(const RefArgs a, int backward, float *o, float *lse, 
                     sacc[h * DQ + d] += a.scale * ds * kv;
                     gk += a.scale * ds * sq[h * DQ + d];
                 }
-                int64_t kr = (b * a.S2 + key) * a.N2 + n2;  // dense calls only (no varlen backward here)
+                const int64_t kr = arow(key) * a.N2 + n2;
                 if (d < a.D) {
                     float gv = 0.f;
                     for (int h = 0; h < nh; ++h) gv += sp[h * CH + j] * sdo[h * a.D + d];
                     if (a.shared_kv) {
-                        atomicAdd(dk + kr * a.D + d, gk + gv);
+                        add(0, dk, kr * a.D + d, gk + gv);
                     } else {
-                        atomicAdd(dk + kr * a.D + d, gk);
-                        atomicAdd(dv + kr * a.D + d, gv);
+                        add(0, dk, kr * a.D + d, gk);
+                        add(2, dv, kr * a.D + d, gv);
                     }
                 } else {
-                    atomicAdd(dkr + kr * a.Dr + (d - a.D), gk);
+                    add(1, dkr, kr * a.Dr + (d - a.D), gk);
                 }
             }
         }
@@ -320,11 +339,15 @@ void fill(const spattn_sfa_problem *p, RefArgs *a) {
     a->page_size = 1;
 }
 
+// krows: accumulator rows of dk / dk_rope / dv (B S2 dense; varlen: the key side's rows)
 spattn_status run(const spattn_sfa_problem *p, const spattn_exec *ex, int backward, float *o,
                   float *lse, float *dq, float *dqr, float *dk, float *dkr, float *dv,
-                  const int4 *tok = nullptr) {
+                  const int4 *tok = nullptr, int64_t krows = -1, const sfa_ref_fix *fix = nullptr) {
     RefArgs a;
     fill(p, &a);
+    memset(&a.fix, 0, sizeof a.fix);
+    if (fix) a.fix = *fix;
+    if (krows < 0) krows = p->B * p->S2;
     if (tok) {
         a.tok = tok;
         const spattn_seqs *s = p->seqs;
@@ -342,12 +365,12 @@ spattn_status run(const spattn_sfa_problem *p, const spattn_exec *ex, int backwa
     const int64_t H = p->N1 / p->N2;
     const int64_t nblocks = p->B * p->S1 * p->N2 * ((H + HC - 1) / HC);
     cudaError_t e = cudaSuccess;
-    if (backward) {
-        e = cudaMemsetAsync(dk, 0, sizeof(float) * p->B * p->S2 * p->N2 * p->D, st);
+    if (backward && !a.fix.acc[0]) {  // (the fixed-point accumulators come zeroed)
+        e = cudaMemsetAsync(dk, 0, sizeof(float) * krows * p->N2 * p->D, st);
         if (e == cudaSuccess && dkr && p->Dr)
-            e = cudaMemsetAsync(dkr, 0, sizeof(float) * p->B * p->S2 * p->N2 * p->Dr, st);
+            e = cudaMemsetAsync(dkr, 0, sizeof(float) * krows * p->N2 * p->Dr, st);
         if (e == cudaSuccess && dv)
-            e = cudaMemsetAsync(dv, 0, sizeof(float) * p->B * p->S2 * p->N2 * p->D, st);
+            e = cudaMemsetAsync(dv, 0, sizeof(float) * krows * p->N2 * p->D, st);
     }
 #define SFA_REF_LAUNCH(T)                                                                       \
     do {                                                                                        \
@@ -393,4 +416,11 @@ extern "C" spattn_status spattn_cuda_ref_sfa_bwd(const spattn_sfa_problem *p, co
 extern "C" spattn_status spattn_cuda_ref_sfa_fwd_varlen(const spattn_sfa_problem *p, const spattn_exec *ex,
                                                         const int4 *tok, float *o, float *lse) {
     return run(p, ex, 0, o, lse, nullptr, nullptr, nullptr, nullptr, nullptr, tok);
+}
+
+// The API's simple-kernel backward (sfa_ref.h).
+extern "C" spattn_status spattn_cuda_ref_sfa_bwd_into(const spattn_sfa_problem *p, const spattn_exec *ex,
+                                                     const int4 *tok, int64_t krows, const sfa_ref_fix *fix,
+                                                     float *dq, float *dq_rope, float *dk, float *dk_rope, float *dv) {
+    return run(p, ex, 1, nullptr, nullptr, dq, dq_rope, dk, dk_rope, dv, tok, krows, fix);
 }

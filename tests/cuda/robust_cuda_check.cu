@@ -1510,9 +1510,9 @@ int main(int argc, char **argv) {
             SfaNf c = a;  // more than 32 heads per key head: sfa_fwd.cu, sfa_bwd90.cu
             c.N1 = 64;
             check_nonfinite_sfa(c, {1, 0});
-            SfaNf d;  // simple kernels (separate v, D 64, no rope, GQA): deterministic 0 only
+            SfaNf d;  // simple kernels (separate v, D 64, no rope, GQA): fixed point with flags / fp32 atomics
             d.N1 = 4, d.N2 = 2, d.S2 = 256, d.D = 64, d.Dr = 0, d.K = 64, d.shared = false, d.dt = dt;
-            check_nonfinite_sfa(d, {0});
+            check_nonfinite_sfa(d, {1, 0});
         }
     }
     check_large_bsa();
