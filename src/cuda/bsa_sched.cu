@@ -259,8 +259,12 @@ __global__ void __launch_bounds__(kPrepThreads) bsa_vl_prep_kernel(const __grid_
                          : "memory");
         }
     }
-    __syncwarp();
     CUtensorMap *dst = a.tm + nm * b + which;
+    // the copy below reads its destination as it writes it (compute-sanitizer initcheck: ~465K
+    // uninitialised 4-byte reads per quick check in a fresh workspace); a plain store of the 128
+    // bytes first (one per lane, ordered before the copy by the warp barrier) makes it defined
+    reinterpret_cast<uint32_t *>(dst)[lane] = 0u;
+    __syncwarp();
     asm volatile(
         "tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu.sync.aligned [%0], [%1], 128;" ::"l"(
             dst),
