@@ -781,6 +781,15 @@ static int small_tests(bool quick) {
         test_case(c, seed++);
         printf("%-36s %s\n", c.name.c_str(), g_fail == before ? "ok" : "FAILED");
     }
+    if (quick) {  // the simple kernels' backward (both modes) under the sanitizers too
+        Cfg f = mk("fb_quick_sepv_d64_gqa", 1, 10, 40, 4, 2, 12, 2, 3, FP);
+        f.D = 64;
+        f.Dr = 0;
+        f.sep_v = 1;
+        int before = g_fail;
+        test_case(f, seed++, true, true);
+        printf("%-36s %s\n", f.name.c_str(), g_fail == before ? "ok" : "FAILED");
+    }
     if (!quick) {
         // reference kernels alone on shapes the fast path does not cover
         Cfg c = mk("ref_sep_v_fp32_d64", 1, 20, 40, 4, 2, 12, 2, 3, SPATTN_DTYPE_F32);
