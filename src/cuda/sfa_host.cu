@@ -16,6 +16,8 @@
 
 #include <limits.h>
 
+#include <mutex>
+
 #include "../core/seqs.h"
 #include "convert.cuh"
 #include "scratch.h"
@@ -555,11 +557,62 @@ namespace {
 // Under stream capture (CUDA graphs) the word is a stream-ordered allocation of the graph itself
 // (a graph replayed beside eager calls of the same thread must not share their word) and the
 // verdict is not read back: the gated kernels write nothing for a bad index, without a status.
+// Early verdict (gated: SPATTN_SFA_CHECK_ASYNC=1, until measured against the above): the verdict
+// is copied to the pinned word right after the scan and an event recorded there, so the call
+// waits for the scan only, not for the forward it gates (which runs on after the call returns,
+// as stream-ordered CUDA work does).  That forward may still read its device word when the
+// thread's next call starts (on another stream, say), so the word is then a per-call 8-byte
+// allocation from spattn's own stream-ordered pool (release threshold: keep, so no remapping),
+// freed in stream order after the gated kernel.
 struct IdxCheck {
     unsigned long long *d_bad = nullptr, *h_bad = nullptr;
     bool owned = false;     // a device word for this call only (device ordinal >= 64)
     bool captured = false;  // stream capture: d_bad from cudaMallocAsync on the stream
+    bool early = false;     // early verdict: d_bad from check_pool, ev recorded after the copy
+    cudaEvent_t ev = nullptr;
 };
+
+bool early_check() {
+    const char *v = getenv("SPATTN_SFA_CHECK_ASYNC");  // per call (A/B until measured)
+    return v && v[0] == '1';
+}
+
+// spattn's stream-ordered pool for the early verdict's words, one per device (NULL: none).
+cudaMemPool_t check_pool(int dev) {
+    static std::mutex mu;
+    static cudaMemPool_t pools[64];
+    static bool tried[64];
+    if (dev < 0 || dev >= 64) return nullptr;
+    std::lock_guard<std::mutex> lock(mu);
+    if (!tried[dev]) {
+        tried[dev] = true;
+        cudaMemPoolProps pr;
+        memset(&pr, 0, sizeof pr);
+        pr.allocType = cudaMemAllocationTypePinned;
+        pr.location.type = cudaMemLocationTypeDevice;
+        pr.location.id = dev;
+        cudaMemPool_t mp = nullptr;
+        if (cudaMemPoolCreate(&mp, &pr) == cudaSuccess) {
+            uint64_t keep = UINT64_MAX;
+            cudaMemPoolSetAttribute(mp, cudaMemPoolAttrReleaseThreshold, &keep);
+            pools[dev] = mp;
+        } else {
+            cudaGetLastError();
+        }
+    }
+    return pools[dev];
+}
+
+// The early verdict's event of this host thread and device (created once).
+cudaEvent_t check_event(int dev) {
+    static thread_local cudaEvent_t evs[64];
+    if (dev < 0 || dev >= 64) return nullptr;
+    if (!evs[dev] && cudaEventCreateWithFlags(&evs[dev], cudaEventDisableTiming) != cudaSuccess) {
+        cudaGetLastError();
+        evs[dev] = nullptr;
+    }
+    return evs[dev];
+}
 
 // The device and pinned host words of this host thread and device.
 spattn_status gate_words(IdxCheck *c) {
@@ -595,6 +648,19 @@ spattn_status check_launch(const spattn_sfa_problem *p, cudaStream_t st, IdxChec
     } else {
         spattn_status s0 = gate_words(c);
         if (s0 != SPATTN_STATUS_SUCCESS) return s0;
+        int dev = -1;
+        if (early_check() && !c->owned && cudaGetDevice(&dev) == cudaSuccess) {
+            cudaMemPool_t mp = check_pool(dev);
+            cudaEvent_t ev = check_event(dev);
+            unsigned long long *w = nullptr;
+            if (mp && ev && cudaMallocFromPoolAsync((void **)&w, 8, mp, st) == cudaSuccess) {
+                c->d_bad = w;
+                c->early = true;
+                c->ev = ev;
+            } else {
+                cudaGetLastError();  // the per-thread word and a synchronisation at the end, as without the gate
+            }
+        }
     }
     const spattn_tensor *t = p->idx;
     e = cudaMemsetAsync(c->d_bad, 0xff, 8, st);
@@ -604,10 +670,14 @@ spattn_status check_launch(const spattn_sfa_problem *p, cudaStream_t st, IdxChec
             p->B, p->S1, p->N2, p->K, p->nblk, c->d_bad);
         e = cudaGetLastError();
     }
+    if (e == cudaSuccess && c->early) {  // the verdict on its way to the host before the gated work
+        e = cudaMemcpyAsync(c->h_bad, c->d_bad, 8, cudaMemcpyDeviceToHost, st);
+        if (e == cudaSuccess) e = cudaEventRecord(c->ev, st);
+    }
     if (e != cudaSuccess) {
         cudaGetLastError();
         if (c->owned) cudaFree(c->d_bad);
-        if (c->captured) cudaFreeAsync(c->d_bad, st);
+        if (c->captured || c->early) cudaFreeAsync(c->d_bad, st);
         c->d_bad = nullptr;
         return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "sfa cuda: index check failed: %s",
                                 cudaGetErrorString(e));
@@ -625,9 +695,15 @@ spattn_status check_finish(const spattn_sfa_problem *p, cudaStream_t st, IdxChec
         cudaGetLastError();
         return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "sfa cuda: %s", cudaGetErrorString(e));
     }
-    if (e == cudaSuccess) e = cudaMemcpyAsync(c->h_bad, c->d_bad, 8, cudaMemcpyDeviceToHost, st);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(st);
-    if (c->owned) cudaFree(c->d_bad);
+    if (c->early) {
+        const cudaError_t e2 = cudaFreeAsync(c->d_bad, st);  // after the gated kernels, in stream order
+        if (e == cudaSuccess) e = e2;
+        if (e == cudaSuccess) e = cudaEventSynchronize(c->ev);  // the scan and the copy only
+    } else {
+        if (e == cudaSuccess) e = cudaMemcpyAsync(c->h_bad, c->d_bad, 8, cudaMemcpyDeviceToHost, st);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(st);
+        if (c->owned) cudaFree(c->d_bad);
+    }
     const unsigned long long bad = e == cudaSuccess ? *c->h_bad : ~0ull;
     // position [b, s, n, j] of the first bad value (row-major linear index)
     const int64_t j = (int64_t)(bad % p->K), r = (int64_t)(bad / p->K), n = r % p->N2, s = (r / p->N2) % p->S1,

@@ -368,11 +368,12 @@ static std::vector<unsigned char> snap(const Dev &a) {
     return x;
 }
 
-static spattn_status run_fwd(Prob &P, int det = 1) {
+static spattn_status run_fwd(Prob &P, int det = 1, cudaStream_t stream = nullptr) {
     spattn_options opt;
     spattn_options_init(&opt);
     opt.backend = SPATTN_BACKEND_CUDA;
     opt.deterministic = det;
+    opt.cuda_stream = stream;
     const Cfg &c = P.c;
     return spattn_sfa_fwd_ex(&P.tq, c.Dr ? &P.tqr : nullptr, &P.tk, c.Dr ? &P.tkr : nullptr,
                              c.sep_v ? &P.tv : nullptr, &P.tidx, c.sbs, c.mode, 0.0, &P.to, &P.tlse, &opt);
@@ -724,6 +725,67 @@ static void test_graph_capture(int N1) {
     printf("  CUDA graph capture (N1 = %d): forward replayed, bad index gated, backward refused\n", N1);
 }
 
+// The early verdict (SPATTN_SFA_CHECK_ASYNC=1, gated until measured): the forward returns once
+// the index scan's result is back and runs on.  Its outputs are bitwise those of the synchronous
+// form; a bad call on one stream followed at once by a good one on another stream of the same
+// thread (and the reverse): the bad one returns BAD_INDEX and writes nothing, the good one is
+// right (each call has its own gate word: the second's scan cannot open or close the first's
+// gate while its forward is still queued).
+static void test_early_verdict(int N1) {
+    Cfg c = mk("early", 1, 512, 2048, N1, 1, 512, 1, 3, SPATTN_DTYPE_BF16);
+    Prob P[2];
+    setup(P[0], c, 21);
+    setup(P[1], c, 22);
+    const char *old = getenv("SPATTN_SFA_CHECK_ASYNC");
+    const std::string keep = old ? old : "";
+    std::vector<unsigned char> ro[2], rl[2];
+    unsetenv("SPATTN_SFA_CHECK_ASYNC");
+    for (int i = 0; i < 2; i++) {
+        poison(P[i].o);
+        poison(P[i].lse);
+        check(run_fwd(P[i]) == SPATTN_STATUS_SUCCESS, "early: synchronous fwd%s", "");
+        CK(cudaDeviceSynchronize());
+        ro[i] = snap(P[i].o);
+        rl[i] = snap(P[i].lse);
+    }
+    setenv("SPATTN_SFA_CHECK_ASYNC", "1", 1);
+    poison(P[0].o);
+    poison(P[0].lse);
+    check(run_fwd(P[0]) == SPATTN_STATUS_SUCCESS, "early: fwd%s", "");
+    CK(cudaDeviceSynchronize());
+    check(bitwise_equal(P[0].o, ro[0]) && bitwise_equal(P[0].lse, rl[0]), "early: o / lse bitwise the synchronous form's%s", "");
+    cudaStream_t s[2];
+    CK(cudaStreamCreate(&s[0]));
+    CK(cudaStreamCreate(&s[1]));
+    for (int badfirst = 1; badfirst >= 0; badfirst--) {
+        const int ib = badfirst ? 0 : 1, ig = 1 - ib;  // the bad problem, the good one
+        std::vector<int32_t> bad = P[ib].hidx;
+        bad[bad.size() / 2] = 1 << 30;
+        CK(cudaMemcpy(P[ib].idx.p, bad.data(), P[ib].idx.n, cudaMemcpyHostToDevice));
+        for (int i = 0; i < 2; i++) {
+            poison(P[i].o);
+            poison(P[i].lse);
+        }
+        const std::vector<unsigned char> o0 = snap(P[ib].o), l0 = snap(P[ib].lse);
+        CK(cudaDeviceSynchronize());
+        spattn_status st[2];
+        st[0] = run_fwd(P[badfirst ? ib : ig], 1, s[0]);
+        st[1] = run_fwd(P[badfirst ? ig : ib], 1, s[1]);
+        const spattn_status sb = st[badfirst ? 0 : 1], sg = st[badfirst ? 1 : 0];
+        CK(cudaDeviceSynchronize());
+        check(sb == SPATTN_STATUS_BAD_INDEX, "early: the bad call's status %s%lld", "", sb);
+        check(sg == SPATTN_STATUS_SUCCESS, "early: the good call's status %s%lld", "", sg);
+        check(bitwise_equal(P[ib].o, o0) && bitwise_equal(P[ib].lse, l0), "early: the bad call wrote nothing%s", "");
+        check(bitwise_equal(P[ig].o, ro[ig]) && bitwise_equal(P[ig].lse, rl[ig]), "early: the good call's outputs%s", "");
+        CK(cudaMemcpy(P[ib].idx.p, P[ib].hidx.data(), P[ib].idx.n, cudaMemcpyHostToDevice));
+    }
+    CK(cudaStreamDestroy(s[0]));
+    CK(cudaStreamDestroy(s[1]));
+    if (old) setenv("SPATTN_SFA_CHECK_ASYNC", keep.c_str(), 1);
+    else unsetenv("SPATTN_SFA_CHECK_ASYNC");
+    printf("  early verdict (N1 = %d): bitwise the synchronous form; bad + good calls on two streams kept apart\n", N1);
+}
+
 static int small_tests(bool quick) {
     std::vector<Cfg> cs;
     const int BF = SPATTN_DTYPE_BF16, FP = SPATTN_DTYPE_F16;
@@ -811,6 +873,8 @@ static int small_tests(bool quick) {
         test_determinism(8);
         test_graph_capture(16);
         test_graph_capture(64);
+        test_early_verdict(16);
+        test_early_verdict(64);
     }
     printf("%d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
