@@ -386,11 +386,11 @@ SPATTN_API spattn_status spattn_bsa_varlen_workspace_size(const spattn_tensor *q
  * D and Dr: multiples of 8 (Dr may be 0), D <= 1024, Dr <= 256.  q/q_rope (and k/k_rope) may
  * be two strided views of one concatenated [.., D+Dr] buffer or separate buffers.
  * CUDA: the indices are checked on the device and read back once per call (one
- * synchronisation).  Under stream capture (CUDA graphs) the fp16/bf16 forward of the Hopper
- * kernels is captured without it: at replay a bad index leaves o and lse unwritten and no status
- * can say so (check indices outside the graph).  Calls that need the verdict before their
- * kernels (the backward, the simple kernels' shapes, every _varlen call) return
- * SPATTN_STATUS_NOT_SUPPORTED under capture, before enqueuing anything.
+ * synchronisation).  Under stream capture (CUDA graphs) the fp16/bf16 forward and backward of
+ * the Hopper kernels are captured without it: at replay a bad index leaves o and lse (backward:
+ * dq, dq_rope, dk, dk_rope) unwritten and no status can say so (check indices outside the
+ * graph).  Calls that need the verdict before their kernels (the simple kernels' shapes, every
+ * _varlen call) return SPATTN_STATUS_NOT_SUPPORTED under capture, before enqueuing anything.
  */
 SPATTN_API spattn_status spattn_sfa_fwd(const spattn_tensor *q, const spattn_tensor *q_rope,
                                         const spattn_tensor *k, const spattn_tensor *k_rope,

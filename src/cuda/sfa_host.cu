@@ -183,10 +183,16 @@ __global__ void fix_scale_kernel(unsigned *stats, float scale, int D, int H) {
 }
 
 // The key-major backward's dQ accumulator [B, S1, N1, 576] into dq / dq_rope.
+// gate (NULL, or under stream capture the index check's device word): nothing written unless ~0.
+__device__ __forceinline__ bool gate_closed(const unsigned long long *gate) {
+    return gate && *reinterpret_cast<const volatile unsigned long long *>(gate) != ~0ull;
+}
+
 template <typename T>
 __global__ void convert_dq_kernel(const void *acc, const uint8_t *flags, int det, const float *inv_scale, T *dq, T *dqr, int64_t B,
                                   int64_t S1, int64_t N1, int64_t sd0, int64_t sd1, int64_t sd2, int64_t sr0,
-                                  int64_t sr1, int64_t sr2) {
+                                  int64_t sr1, int64_t sr2, const unsigned long long *gate) {
+    if (gate_closed(gate)) return;
     const int64_t total = B * S1 * N1 * sfa::DQK;
     const float inv = det ? *inv_scale : 1.f;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
@@ -204,7 +210,8 @@ template <typename T>
 __global__ void convert_dk_kernel(const void *acc, const uint8_t *flags, int det, const float *inv_scale, T *dk,
                                   T *dkr, int64_t B, int64_t S2, int64_t N2, int64_t sd0,
                                   int64_t sd1, int64_t sd2, int64_t sd3, int64_t sr0, int64_t sr1,
-                                  int64_t sr2, int64_t sr3) {
+                                  int64_t sr2, int64_t sr3, const unsigned long long *gate) {
+    if (gate_closed(gate)) return;
     const int64_t total = B * S2 * N2 * sfa::DQK;
     const float inv = det ? *inv_scale : 1.f;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
@@ -500,7 +507,7 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
                 const spattn_tensor *dq = p->dq, *dqr = p->dq_rope;
                 convert_dq_kernel<T><<<grid_for((int64_t)nq * sfa::DQK, 256), 256, 0, st>>>(
                     sw + soff[0], sw + soff[8], det, (const float *)(stats + 8), (T *)dq->data, (T *)dqr->data, p->B, p->S1, p->N1,
-                    dq->strides[0], dq->strides[1], dq->strides[2], dqr->strides[0], dqr->strides[1], dqr->strides[2]);
+                    dq->strides[0], dq->strides[1], dq->strides[2], dqr->strides[0], dqr->strides[1], dqr->strides[2], kp->gate);
                 e = cudaGetLastError();
             }
         } else {
@@ -514,7 +521,7 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
         convert_dk_kernel<T><<<grid_for(p->B * p->S2 * p->N2 * sfa::DQK, 256), 256, 0, st>>>(
             ws, flags, det, (const float *)(stats + 6), (T *)dk->data, (T *)dkr->data, p->B, p->S2, p->N2,
             dk->strides[0], dk->strides[1], dk->strides[2], dk->strides[3], dkr->strides[0],
-            dkr->strides[1], dkr->strides[2], dkr->strides[3]);
+            dkr->strides[1], dkr->strides[2], dkr->strides[3], kp->gate);
         e = cudaGetLastError();
     }
     if (own) {
@@ -735,8 +742,12 @@ spattn_status check_finish(const spattn_sfa_problem *p, cudaStream_t st, IdxChec
 extern "C" spattn_status spattn_cuda_sfa_check_indices(const spattn_sfa_problem *p,
                                                        const spattn_exec *ex) {
     cudaStream_t st = (cudaStream_t)ex->stream;
-    // the verdict before ungated kernels (backward, simple kernels): not under capture
-    if (stream_capturing(st)) return capture_refusal("this sfa call (backward, or a shape of the simple kernels)");
+    if (stream_capturing(st)) {
+        // the Hopper backward checks on the device itself under capture, its writers gated on the
+        // verdict (spattn_cuda_sfa_bwd); the simple kernels need the verdict first: not captured
+        if (!p->seqs && p->dout && fast_shape(p, 1)) return SPATTN_STATUS_SUCCESS;
+        return capture_refusal("this sfa call (a shape of the simple kernels)");
+    }
     IdxCheck c;
     spattn_status s = check_launch(p, st, &c);
     if (s != SPATTN_STATUS_SUCCESS) return s;
@@ -1476,7 +1487,7 @@ spattn_status vl_bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, co
         }
         convert_dk_kernel<T><<<grid_for((int64_t)cells, 256), 256, 0, st>>>(
             acc, flags, det, (const float *)(stats + 6), (T *)dk->data, (T *)dkr->data, B, S, p->N2, sd[0], sd[1], sd[2],
-            sd[3], sr[0], sr[1], sr[2], sr[3]);
+            sd[3], sr[0], sr[1], sr[2], sr[3], nullptr);
         e = cudaGetLastError();
     }
     if (e != cudaSuccess) {
@@ -1569,6 +1580,20 @@ extern "C" spattn_status spattn_cuda_sfa_bwd(const spattn_sfa_problem *p, const 
     fill_params(p, &kp);
     kp.out_o = nullptr;
     kp.lse_in = (const float *)p->lse->data;
-    return p->dtype == SPATTN_DTYPE_BF16 ? bwd_impl<__nv_bfloat16>(p, ex, &kp)
-                                         : bwd_impl<__half>(p, ex, &kp);
+    // under stream capture (CUDA graphs) no verdict can come back before the kernels: the scan
+    // runs in the graph and every writer of dq / dq_rope / dk / dk_rope reads its word first (a bad
+    // index at replay leaves them unwritten, without a status), as the forward's kernels do
+    cudaStream_t st = (cudaStream_t)ex->stream;
+    IdxCheck c;
+    const bool cap = stream_capturing(st);
+    if (cap) {
+        if ((s = check_launch(p, st, &c)) != SPATTN_STATUS_SUCCESS) return s;
+        kp.gate = c.d_bad;
+    }
+    s = p->dtype == SPATTN_DTYPE_BF16 ? bwd_impl<__nv_bfloat16>(p, ex, &kp) : bwd_impl<__half>(p, ex, &kp);
+    if (cap) {
+        const spattn_status s2 = check_finish(p, st, &c, cudaSuccess);  // frees the word in the graph
+        if (s == SPATTN_STATUS_SUCCESS) s = s2;
+    }
+    return s;
 }
