@@ -19,7 +19,8 @@
 #            AB_PASS (bwd) --case AB_CASE, deterministic 1 and 0, with AB_VAR unset and =1,
 #            interleaved (off, on, off, on), then the ratios (--load off --compare on: ratio =
 #            time on / time off, < 1 means the gated form is faster); e.g.
-#            AB_VAR=SPATTN_MY_GATE AB_CASE='sfa0[1256]|sfa1[0458]' (a gate read per call)
+#            AB_VAR=SPATTN_MY_GATE AB_CASE='sfa0[1256]|sfa1[0458]' (a gate read per call;
+#            AB_VAL: its "on" value, default 1)
 #   checks   the CMake-built GPU checks (bsa/sfa[_varlen]/robust_cuda_check), compute-sanitizer
 #            (memcheck, racecheck, synccheck, initcheck) on their quick sets and memcheck on
 #            `spattn verify --backend cuda --suite tests/cuda/odd_shapes.cases`
@@ -158,12 +159,12 @@ fi
 
 if has ab; then
   : "${AB_VAR:?the ab step needs AB_VAR (the gate variable)}"
-  echo "== ab: $AB_VAR unset vs =1 on ${AB_SUITE:-sfa} ${AB_PASS:-bwd} ${AB_CASE:-all}"
+  echo "== ab: $AB_VAR unset vs =${AB_VAL:-1} on ${AB_SUITE:-sfa} ${AB_PASS:-bwd} ${AB_CASE:-all}"
   ab_sel=(); [ -n "${AB_CASE:-}" ] && ab_sel=(--case "$AB_CASE")
   for det in 1 0; do
     for round in 1 2; do
       for form in off on; do
-        env $([ $form = on ] && echo "$AB_VAR=1") timeout ${BENCH_TIMEOUT:-200} "$SP" bench --backend cuda \
+        env $([ $form = on ] && echo "$AB_VAR=${AB_VAL:-1}") timeout ${BENCH_TIMEOUT:-200} "$SP" bench --backend cuda \
           --suite "${AB_SUITE:-sfa}" --pass "${AB_PASS:-bwd}" "${ab_sel[@]}" --deterministic $det --quiet \
           --repeats ${REPEATS:-10} --json "$OUT/ab_det${det}_${form}${round}.json" > "$OUT/ab_det${det}_${form}${round}.log" 2>&1
         echo "det $det round $round $form: exit $?"
