@@ -337,17 +337,8 @@ class TestBlockMaskTorch(unittest.TestCase):
             o.backward(sdo)
             return o
 
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):                      # warm-up outside the capture
-            for _ in range(2):
-                step()
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        for x in (sq_, sk_, sv_):
-            x.grad = None
-        with torch.cuda.graph(g):
-            so = step()
+        from graphs import capture
+        g, so = capture(step)
         q2, k2, v2, do2, _ = self.inputs(case, torch.bfloat16, "cuda", 1)
         with torch.no_grad():
             for dst, src in ((sq_, q2), (sk_, k2), (sv_, v2), (sdo, do2)):

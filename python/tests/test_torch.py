@@ -416,6 +416,7 @@ class TestCudaSuiteShapes(unittest.TestCase):
     def test_sfa_cuda_graph(self):
         """sfa forward + backward on the Hopper kernels (16 heads: key-major backward; 64: token-
         major) captured in a CUDA graph, replayed on new inputs: bitwise the eager calls."""
+        from graphs import capture
         b, s1, s2, d, dr, kk = 1, 64, 256, 512, 64, 64
         idx = torch.tensor(topk_indices(3, b, s1, s2, 1, kk, 1, True), dtype=torch.int32, device="cuda")
         for n1 in (16, 64):
@@ -440,16 +441,7 @@ class TestCudaSuiteShapes(unittest.TestCase):
                     return o
 
                 run_or_skip(self, step)
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):                  # warm-up outside the capture
-                    for _ in range(2):
-                        step()
-                torch.cuda.current_stream().wait_stream(side)
-                g = torch.cuda.CUDAGraph()
-                sq.grad = sk.grad = None
-                with torch.cuda.graph(g):
-                    so = step()
+                g, so = capture(step)
                 q2, k2, do2 = inputs(1)
                 with torch.no_grad():
                     for dst, src in ((sq, q2), (sk, k2), (sdo, do2)):

@@ -243,7 +243,7 @@ template <typename T, bool VL>
 __global__ void __launch_bounds__(384, 1) sfa_bwd90_kernel(const __grid_constant__ Params p) {
     // under stream capture the index check's verdict is a device word (sfa_host.cu): a bad index
     // and the CTA writes nothing (its key ids are masked in range anyway); NULL otherwise
-    if (p.gate && *reinterpret_cast<const volatile unsigned long long *>(p.gate) != ~0ull) return;
+    if (sfa::gate_word(p.gate) != ~0ull) return;
     extern __shared__ unsigned char smem_raw[];
     unsigned char *sm = hop::align1024(smem_raw);
     Smem s;

@@ -43,8 +43,8 @@ struct Params {
     unsigned long long *acc_i64;
     uint32_t *acc_flags;      // deterministic: a byte per acc_i64 element, non-finite adds (sfa_adds.cuh)
     const float *fix_scale;   // device scalar 2^F (deterministic path)
-    // fwd: result of the index scan run just before (first bad position, ~0 = none); the kernel
-    // writes nothing unless it is ~0 (NULL: no gate)
+    // fwd (and bwd under stream capture): result of the index scan run just before (first bad
+    // position, ~0 = none); the kernel writes nothing unless it is ~0 (NULL: no gate; gate_word)
     const unsigned long long *gate;
     Varlen vl;  // fwd, varlen calls only (last: the dense kernels' parameter offsets stay)
 };
@@ -55,6 +55,12 @@ constexpr int DQK = D + DR;
 constexpr int NK = 32;     // keys per tile
 constexpr int PAD = 8;     // smem row padding (elements): rows of 584 / 520 / 40 halves
 constexpr int LDQK = DQK + PAD;
+
+// The index check's verdict for a gated kernel (Params::gate, or NULL: ungated): ~0 means every
+// index is valid and the kernel may write its outputs.  A volatile load: another kernel wrote it.
+__device__ __forceinline__ unsigned long long gate_word(const unsigned long long *gate) {
+    return gate ? *reinterpret_cast<const volatile unsigned long long *>(gate) : ~0ull;
+}
 
 template <typename T> struct Ty;
 template <> struct Ty<__nv_bfloat16> {

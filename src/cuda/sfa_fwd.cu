@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
     // The index scan ran just before: with a bad value the kernel computes (key_of masks every
     // out-of-range index, so nothing is read out of bounds) but writes nothing; the host reports
     // BAD_INDEX.  Loaded now, used at the stores: the load's latency hides behind the main loop.
-    const unsigned long long gate = p.gate ? *reinterpret_cast<const volatile unsigned long long *>(p.gate) : ~0ull;
+    const unsigned long long gate = sfa::gate_word(p.gate);
     if (threadIdx.x == 0) {
         for (int i = 0; i < 4; i++) {
             hop::mbar_init(rdy + i, 128);

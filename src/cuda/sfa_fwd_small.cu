@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_small_kernel(const __grid_cons
     // warp-uniform in the compiler's view (a shuffle), so wgmma is not in a divergent path
     const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 7), 0), t = threadIdx.x & 127;
     // the index scan's verdict (see sfa_fwd.cu): loaded now, used at the stores
-    const unsigned long long gate = p.gate ? *reinterpret_cast<const volatile unsigned long long *>(p.gate) : ~0ull;
+    const unsigned long long gate = sfa::gate_word(p.gate);
     if (threadIdx.x == 0) {
         for (int i = 0; i < 4; i++) {
             hop::mbar_init(rdy + i, 128);

@@ -183,16 +183,11 @@ __global__ void fix_scale_kernel(unsigned *stats, float scale, int D, int H) {
 }
 
 // The key-major backward's dQ accumulator [B, S1, N1, 576] into dq / dq_rope.
-// gate (NULL, or under stream capture the index check's device word): nothing written unless ~0.
-__device__ __forceinline__ bool gate_closed(const unsigned long long *gate) {
-    return gate && *reinterpret_cast<const volatile unsigned long long *>(gate) != ~0ull;
-}
-
 template <typename T>
 __global__ void convert_dq_kernel(const void *acc, const uint8_t *flags, int det, const float *inv_scale, T *dq, T *dqr, int64_t B,
                                   int64_t S1, int64_t N1, int64_t sd0, int64_t sd1, int64_t sd2, int64_t sr0,
                                   int64_t sr1, int64_t sr2, const unsigned long long *gate) {
-    if (gate_closed(gate)) return;
+    if (sfa::gate_word(gate) != ~0ull) return;  // under capture: the index check's word
     const int64_t total = B * S1 * N1 * sfa::DQK;
     const float inv = det ? *inv_scale : 1.f;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
@@ -211,7 +206,7 @@ __global__ void convert_dk_kernel(const void *acc, const uint8_t *flags, int det
                                   T *dkr, int64_t B, int64_t S2, int64_t N2, int64_t sd0,
                                   int64_t sd1, int64_t sd2, int64_t sd3, int64_t sr0, int64_t sr1,
                                   int64_t sr2, int64_t sr3, const unsigned long long *gate) {
-    if (gate_closed(gate)) return;
+    if (sfa::gate_word(gate) != ~0ull) return;  // under capture: the index check's word
     const int64_t total = B * S2 * N2 * sfa::DQK;
     const float inv = det ? *inv_scale : 1.f;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
