@@ -194,9 +194,9 @@ SPATTN_API void spattn_options_init(spattn_options *opt);
  * the table are read and checked (SPATTN_STATUS_BAD_INDEX) before any output is written.
  * Backends: the CPU; on CUDA the sfa forward and backward (spattn_sfa_fwd_varlen /
  * spattn_sfa_bwd_varlen: the lengths, the table and the indices are checked on the device, where
- * they stay; one synchronisation per call, as the dense sfa calls; the backward for the Hopper
- * kernels' shapes only), the bsa forward packed and paged (spattn_bsa_fwd_varlen: the prefix sums
- * and the table are checked on the device; one synchronisation per call) and the bsa backward,
+ * they stay; one wait per call for the checks' verdict, as the dense sfa calls), the bsa
+ * forward packed and paged (spattn_bsa_fwd_varlen: the prefix sums and the table are checked on
+ * the device; one synchronisation per call) and the bsa backward,
  * packed and paged (spattn_bsa_bwd_varlen, for fp16 / bf16, D <= 128 and TMA-readable views only;
  * paged: page sizes that are multiples of 8).  Other shapes give SPATTN_STATUS_NOT_SUPPORTED.
  */
@@ -385,8 +385,9 @@ SPATTN_API spattn_status spattn_bsa_varlen_workspace_size(const spattn_tensor *q
  *   lse      [B, S1, N1]        output, fp32; may be NULL
  * D and Dr: multiples of 8 (Dr may be 0), D <= 1024, Dr <= 256.  q/q_rope (and k/k_rope) may
  * be two strided views of one concatenated [.., D+Dr] buffer or separate buffers.
- * CUDA: the indices are checked on the device and read back once per call (one
- * synchronisation).  Under stream capture (CUDA graphs) the fp16/bf16 forward and backward of
+ * CUDA: the indices are checked on the device and the verdict read back once per call: the call
+ * waits for the scan (and the work queued before it on the stream), not for the attention
+ * kernels, which run on after it returns, gated on the verdict on the device.  Under stream capture (CUDA graphs) the fp16/bf16 forward and backward of
  * the Hopper kernels are captured without it: at replay a bad index leaves o and lse (backward:
  * dq, dq_rope, dk, dk_rope) unwritten and no status can say so (check indices outside the
  * graph).  Calls that need the verdict before their kernels (the simple kernels' shapes, every

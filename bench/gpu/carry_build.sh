@@ -20,11 +20,13 @@ if [ "${1:-pack}" = unpack ]; then
 fi
 BUILD=${SPATTN_BUILD:-build-dev}
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DSPATTN_CUDA=ON -DSPATTN_TESTS=ON > /dev/null
-cmake --build "$BUILD" -j"$(nproc)" --target spattn_cli_main \
+cmake --build "$BUILD" -j"$(nproc)" --target spattn spattn_cli_main \
   bsa_cuda_check bsa_varlen_cuda_check sfa_cuda_check sfa_varlen_cuda_check robust_cuda_check
 rm -rf build-carry && mkdir -p build-carry/tools build-x
 cp "$BUILD"/tools/spattn build-carry/tools/
 cp "$BUILD"/*_cuda_check build-carry/
-strip build-carry/tools/spattn build-carry/*_cuda_check
+# the shared library too, for python/device_check.sh (SPATTN_LIBRARY=$PWD/build-carry/libspattn.so)
+cp "$BUILD"/libspattn.so.0.1.0 build-carry/libspattn.so
+strip build-carry/tools/spattn build-carry/*_cuda_check build-carry/libspattn.so
 tar cJf build-x/bc.tar.xz build-carry
 ls -la build-x/bc.tar.xz

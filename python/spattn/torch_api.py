@@ -41,7 +41,8 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: Union[Te
     [B, N, ceil(max_seqlen_q/bx), ceil(max_seqlen_k/by)] (block indices restart per sequence),
     lse [Tq, N]; max_seqlen_* default to the mask's extent (no host read).  block_table int32
     [B, max_pages] makes k, v pages [num_pages, page_size, Nkv, D] (their gradients too: rows no
-    sequence uses get 0, a page shared by sequences the sum).  CPU only.
+    sequence uses get 0, a page shared by sequences the sum).  CPU and CUDA tensors (on CUDA the
+    shapes spattn.h lists for spattn_bsa_*_varlen; others raise SpattnNotSupportedError).
 
     deterministic (spattn_options.deterministic of the backward): None (default) reads
     torch.are_deterministic_algorithms_enabled() at this call (the value is kept for the
@@ -84,14 +85,14 @@ def sparse_flash_attention(q: Tensor, k: Tensor, indices: Tensor, v: Optional[Te
     sums [B+1] on q's device) q is [Tq, N1, D], k [Tkv, N2, D], indices [Tq, N2, K] (block
     positions inside each sequence's own keys; causal uses each sequence's lengths), lse
     [Tq, N1].  block_table int32 [B, max_pages] makes k, v, k_rope pages [num_pages, page_size,
-    N2, *] (forward and backward).  max_seqlen_* default to the token counts.  CPU only.
+    N2, *] (forward and backward).  max_seqlen_* default to the token counts.  CPU and CUDA
+    tensors.
 
     deterministic (spattn_options.deterministic of the backward): None (default) reads
     torch.are_deterministic_algorithms_enabled() at this call (the value is kept for the
     backward of the result); True = bitwise reproducible gradients; False lets the CUDA backward
-    use fp32 atomics, whose summation order varies from run to run (CUDA shapes without a
-    Hopper kernel have only that backward: True raises SpattnNotSupportedError there).  The
-    forward and the CPU backend are deterministic either way.
+    use fp32 atomics, whose summation order varies from run to run (both modes run on every CUDA
+    shape).  The forward and the CPU backend are deterministic either way.
     """
     det = _ops.resolve_deterministic(deterministic)
     if cu_seqlens_q is not None or cu_seqlens_k is not None or block_table is not None:

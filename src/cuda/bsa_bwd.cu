@@ -40,7 +40,6 @@
 //     the sequences sharing a page row in ascending b, 0 for rows nobody uses).  The VL
 //     postprocess then writes dQ only.  The packed VL instantiations are unchanged.
 #include <math.h>
-#include <stdlib.h>
 
 #include "bsa_common.cuh"
 #include "bsa_launch.h"
@@ -262,41 +261,28 @@ __global__ void __launch_bounds__(384, 1)
                     rank = qc - lo;
                 }
                 hop::mbar_wait(dqfull + buf, (it >> 1) & 1);
-                int *sp = sem + at * BSA_DQ_PIECES_MAX;  // a semaphore per piece
-                // the tile's NH halves are contiguous in the buffer and in the accumulator: one add,
-                // or (det > 1) det pieces, each waiting for its own turn and passed on as soon as
-                // it has landed, so the next key tile's writer starts on piece 0 while piece 1..
-                // still travel.  det: the first in the order (rank 0) stores instead, so the
-                // accumulator needs no zeroing (the postprocess writes 0 for query tiles nothing
-                // reaches)
-                const int np = det > 1 ? det : 1;
-                const uint32_t pbytes = (uint32_t)(NH * BM * 64 * 4) / np;
+                int *sp = sem + at;
+                if (det) hop::spin_until_eq(sp, rank);
+                // the tile's NH halves are contiguous in the buffer and in the accumulator: one add.
+                // det: the first in the order (rank 0) stores instead, so the accumulator needs no
+                // zeroing (the postprocess writes 0 for query tiles nothing reaches)
                 float *dst = dqacc + at * NH * (long long)(BM * 64);
                 const uint32_t src = hop::smem_u32(sDQ + buf * NH * BM * 64);
-                for (int pc = 0; pc < np; pc++) {
-                    if (det) hop::spin_until_eq(sp + pc, rank);
-                    float *d = dst + pc * (pbytes / 4);
-                    const uint32_t sr = src + pc * pbytes;
-                    if (det && rank == 0)
-                        asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(d), "r"(sr),
-                                     "r"(pbytes)
-                                     : "memory");
-                    else
-                        asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(d),
-                                     "r"(sr), "r"(pbytes)
-                                     : "memory");
-                    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-                    if (pc > 0) {  // every piece but this one has landed: pass the previous one on
-                        asm volatile("cp.async.bulk.wait_group 1;\n" ::: "memory");
-                        hop::release_inc(sp + pc - 1);
-                    }
-                }
+                if (det && rank == 0)
+                    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+                                 "r"(NH * BM * 64 * 4)
+                                 : "memory");
+                else
+                    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+                                 "r"(src), "r"(NH * BM * 64 * 4)
+                                 : "memory");
+                asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
                 asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the buffer is read
                 hop::mbar_arrive(dqempty + buf);
                 if (det) {
                     asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the add has landed
                     // a release add (no full fence: membar.sc cost ~1 us per link of the chain)
-                    hop::release_inc(sp + np - 1);
+                    hop::release_inc(sp);
                 }
             }
             asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
@@ -675,8 +661,7 @@ extern "C" size_t spattn_bsa_bwd90_acc_bytes(const bsa_params *p, int dp) {
 static long long key_rows(const bsa_params *p) { return (long long)p->B * p->Nkv * ((p->Skv + BN - 1) / BN); }
 extern "C" size_t spattn_bsa_bwd90_sem_bytes(const bsa_params *p, int dp) {
     (void)dp;
-    // per query tile (dQ order, a semaphore per piece), per key tile (split rows), slots
-    return (size_t)(BSA_DQ_PIECES_MAX * acc_tiles(p) + 2 * key_rows(p)) * 4;
+    return (size_t)(acc_tiles(p) + 2 * key_rows(p)) * 4;  // per query tile (dQ order), per key tile (split rows), slots
 }
 
 extern "C" cudaError_t spattn_bsa_launch_bwd90(const bsa_params *p, const bsa_bwd_tmaps *tm, int dp, int bf16, float *dqacc,
@@ -685,7 +670,7 @@ extern "C" cudaError_t spattn_bsa_launch_bwd90(const bsa_params *p, const bsa_bw
     sp.splits = bsa_bwd90_splits(p->G, p->nqt);
     sp.chunk = bsa_bwd90_chunk(p->G, p->nqt);
     sp.buf = kvbuf;
-    sp.sem = sem + BSA_DQ_PIECES_MAX * acc_tiles(p);
+    sp.sem = sem + acc_tiles(p);
     int *slot = sp.sem + key_rows(p);
     sp.slot = slot;
     if (sp.splits > 1) {
@@ -693,12 +678,6 @@ extern "C" cudaError_t spattn_bsa_launch_bwd90(const bsa_params *p, const bsa_bw
                                                             (int)bsa_bwd90_split_slots(p->G, p->nqt, key_rows(p), dp),
                                                             slot, st);
         if (e != cudaSuccess) return e;
-    }
-    // det > 1: the deterministic chain in det pieces per tile (gated: SPATTN_BSA_DQ_PIECES=4 until
-    // measured against one piece)
-    if (det) {
-        const char *v = getenv("SPATTN_BSA_DQ_PIECES");  // per call
-        det = v && v[0] == '4' ? 4 : v && v[0] == '2' ? 2 : 1;
     }
     if (!p->vl.seq) return launch_dt<false>(*p, *tm, dp, bf16, dqacc, sem, det, sp, st);
     return p->vl.table ? launch_dt<true, true>(*p, *tm, dp, bf16, dqacc, sem, det, sp, st)

@@ -148,7 +148,7 @@ Layout layout(const spattn_bsa_problem *p, int kind) {
             sz[5] = kr * (size_t)(p->N / p->Nkv) * nqt * 4;  // key-major lists
         }
         sz[6] = nq * 64 * (size_t)dp * 4;              // dQ accumulator (fp32)
-        sz[7] = (BSA_DQ_PIECES_MAX * nq + 2 * kr) * 4;  // semaphores: dQ order per query tile, split rows per key tile; slots
+        sz[7] = (nq + 2 * kr) * 4;                     // semaphores: dQ order per query tile, split rows per key tile; slots
         sz[8] = (size_t)bsa_bwd90_kvbuf_bytes(p->N / p->Nkv, (long long)nqt, (long long)kr, dp);  // split rows' dK / dV
     } else if (backward || !fwd_fast(p)) {  // the simple kernels (and a conversion)
         if (!backward) {
@@ -597,7 +597,7 @@ VlBwdLayout vl_bwd_layout(const spattn_bsa_problem *vp) {
                            kr * 4,
                            kr * (size_t)(vp->N / vp->Nkv) * nqt * 4,
                            at * 64 * (size_t)dp * 4,
-                           (BSA_DQ_PIECES_MAX * at + 2 * kr) * 4,  // semaphores: per accumulator tile, per key tile; split slots
+                           (at + 2 * kr) * 4,  // semaphores: per accumulator tile, per key tile; split slots
                            (size_t)bsa_bwd90_kvbuf_bytes(vp->N / vp->Nkv, (long long)nqt, (long long)kr, dp),
                            kvs,
                            kvs,

@@ -88,9 +88,6 @@ struct bsa_bwd_tmaps {
 // split rows' slots), both zeroed beforehand (by spattn_bsa_launch_delta).
 size_t spattn_bsa_bwd90_acc_bytes(const bsa_params *p, int dp);
 size_t spattn_bsa_bwd90_sem_bytes(const bsa_params *p, int dp);
-// Semaphores per query tile of the deterministic dQ order: its tile added in up to this many
-// pieces, each passed on down the chain as soon as it has landed (bsa_bwd.cu, the dQ writer).
-#define BSA_DQ_PIECES_MAX 4
 // kvbuf: bsa_bwd90_kvbuf_bytes (bsa_tiles.h; 0 when no key tile's list can be split); the fp32
 // dK / dV sums of split rows, read only after being written (no zeroing).
 // Split of long key-major lists over several CTAs (bsa_tiles.h); sem: per key tile, zeroed;
