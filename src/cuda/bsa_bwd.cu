@@ -102,11 +102,13 @@ __global__ void __launch_bounds__(384, 1)
     uint64_t *dqfull = fullLD + ST, *dqempty = dqfull + 2;  // the two dQ staging buffers
 
     const int nkt = (p.Skv + BN - 1) / BN, nqt = p.nqt;
-    // blocks: chunk fastest, then key tile descending (see the header); row = (b * Nkv + hk) * nkt + nt
+    // blocks: chunk fastest, then key tile descending (see the header); row = (b * Nkv + hk) * nkt + nt;
+    // non-deterministic mode with p.sk.order: rows heaviest first (no dQ order to keep)
     const int ck = (int)(blockIdx.x % sp.splits);
     const long long bx = blockIdx.x / sp.splits;
-    const int nt = nkt - 1 - (int)(bx % nkt);
-    const long long bh = bx / nkt, row = bh * nkt + nt;
+    const long long row = !det && p.sk.order ? (long long)p.sk.order[bx] : bx / nkt * nkt + (nkt - 1 - bx % nkt);
+    const int nt = (int)(row % nkt);
+    const long long bh = row / nkt;
     const int hk = (int)(bh % p.Nkv), b = (int)(bh / p.Nkv);
     // VL: sequence b's lengths, rows and maps; tensors are [1, H, T, D] views (batch index 0),
     // the mask keeps b

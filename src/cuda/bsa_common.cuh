@@ -27,7 +27,8 @@ struct bsa_sched {
     const int *cnt;
     const int *list;
     int stride;
-    const int *order;  // forward: rows heaviest first (a permutation of the rows; launch order only)
+    const int *order;  // rows heaviest first (a permutation of the rows; launch order only): the forward's,
+                       // and the key-major rows of the non-deterministic backward
 };
 
 struct bsa_mask_view {

@@ -73,10 +73,10 @@ static spattn_status plan_make(spattn_bsa_plan *pl, const spattn_tensor *mask, c
     const int kv_nqt = (p.Sq + tk.bm - 1) / tk.bm;
     const size_t k_rows = (size_t)p.B * p.Nkv * ((p.Skv + tk.bn - 1) / tk.bn), k_w = (size_t)p.G * kv_nqt;
     const size_t mask_bytes = BN * (size_t)p.nbx * p.nby;
-    size_t off[8], total = 0;
-    const size_t sz[8] = {mask_bytes, f_rows * 4, f_rows * f_w * 8, q_rows * 4, q_rows * q_w * 4, k_rows * 4,
-                          k_rows * k_w * 4, f_rows * 4};
-    for (int i = 0; i < 8; i++) {
+    size_t off[9], total = 0;
+    const size_t sz[9] = {mask_bytes, f_rows * 4, f_rows * f_w * 8, q_rows * 4, q_rows * q_w * 4, k_rows * 4,
+                          k_rows * k_w * 4, f_rows * 4, k_rows * 4};
+    for (int i = 0; i < 9; i++) {
         off[i] = total;
         total += up(sz[i]);
     }
@@ -96,7 +96,10 @@ static spattn_status plan_make(spattn_bsa_plan *pl, const spattn_tensor *mask, c
     int *order = reinterpret_cast<int *>(base + off[7]);
     c->fwd = bsa_sched{reinterpret_cast<int *>(base + off[1]), reinterpret_cast<int *>(base + off[2]), (int)f_w, order};
     c->dq = bsa_sched{reinterpret_cast<int *>(base + off[3]), reinterpret_cast<int *>(base + off[4]), (int)q_w, nullptr};
-    c->kv = bsa_sched{reinterpret_cast<int *>(base + off[5]), reinterpret_cast<int *>(base + off[6]), (int)k_w, nullptr};
+    // the key-major rows heaviest first: the launch order of the non-deterministic backward (the
+    // deterministic one keeps key tiles descending, its dQ order)
+    int *korder = reinterpret_cast<int *>(base + off[8]);
+    c->kv = bsa_sched{reinterpret_cast<int *>(base + off[5]), reinterpret_cast<int *>(base + off[6]), (int)k_w, korder};
     if ((e = cudaGetLastError()) == cudaSuccess)
         e = spattn_bsa_launch_sched_fwd(&p, tf.bm, c->fwd_bn, const_cast<int *>(c->fwd.cnt),
                                         reinterpret_cast<int2 *>(const_cast<int *>(c->fwd.list)), st);
@@ -105,6 +108,7 @@ static spattn_status plan_make(spattn_bsa_plan *pl, const spattn_tensor *mask, c
         e = spattn_bsa_launch_sched_q(&p, tq.bm, tq.bn, const_cast<int *>(c->dq.cnt), const_cast<int *>(c->dq.list), st);
     if (e == cudaSuccess)
         e = spattn_bsa_launch_sched_k(&p, tk.bm, tk.bn, const_cast<int *>(c->kv.cnt), const_cast<int *>(c->kv.list), st);
+    if (e == cudaSuccess) e = spattn_bsa_launch_order(c->kv.cnt, (long long)k_rows, 1, korder, st);
     if (e == cudaSuccess) e = cudaStreamSynchronize(st);
     if (e != cudaSuccess) {
         cudaFree(c->buf);

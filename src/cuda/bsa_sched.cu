@@ -407,7 +407,8 @@ extern "C" cudaError_t spattn_bsa_launch_split_slots(const int *cnt, long long r
     return cudaGetLastError();
 }
 
-// Launch order of the forward's CTAs: rows by decreasing tile count (ceil(cnt / per_tile)),
+// Launch order of the forward's CTAs (and of the non-deterministic backward's, per_tile = 1): rows
+// by decreasing tile count (ceil(cnt / per_tile)),
 // so that the longest rows start first and the short ones fill the tail.  A counting sort in
 // one CTA: histogram, scan, placement.  Placement within a bin uses atomics: the order of equal
 // rows varies, which changes nothing but the launch order (every row's result is computed by
