@@ -103,10 +103,10 @@ __global__ void __launch_bounds__(384, 1)
 
     const int nkt = (p.Skv + BN - 1) / BN, nqt = p.nqt;
     // blocks: chunk fastest, then key tile descending (see the header); row = (b * Nkv + hk) * nkt + nt;
-    // non-deterministic mode with p.sk.order: rows heaviest first (no dQ order to keep)
+    // non-deterministic and fixed-point modes with p.sk.order: rows heaviest first (no dQ order to keep)
     const int ck = (int)(blockIdx.x % sp.splits);
     const long long bx = blockIdx.x / sp.splits;
-    const long long row = !det && p.sk.order ? (long long)p.sk.order[bx] : bx / nkt * nkt + (nkt - 1 - bx % nkt);
+    const long long row = det != 1 && p.sk.order ? (long long)p.sk.order[bx] : bx / nkt * nkt + (nkt - 1 - bx % nkt);
     const int nt = (int)(row % nkt);
     const long long bh = row / nkt;
     const int hk = (int)(bh % p.Nkv), b = (int)(bh / p.Nkv);
@@ -261,40 +261,49 @@ __global__ void __launch_bounds__(384, 1)
                 }
                 return qc - lo;
             };
+            // det 2 (int64 fixed point, gated A/B): no order, no rank; one staging buffer of int64
+            const int nbuf = det == 2 ? 1 : 2;
             for (int base = 0; base < cnt; base += 32) {
                 const int nstep = min(32, cnt - base);
-                const int my_rank = det && lane < nstep ? rank_of(base + lane) : 0;
+                const int my_rank = det == 1 && lane < nstep ? rank_of(base + lane) : 0;
                 for (int i = 0; i < nstep; i++) {
                     const int pre = __shfl_sync(0xffffffffu, my_rank, i);
                     if (lane == 0) {
                         const int it = base + i;
-                        const int buf = it & 1;
+                        const int buf = it % nbuf;
                         const int e = lst[it] >> 4, g = e / nqt, m = e % nqt, n = hk * p.G + g;
                         long long at;  // accumulator tile
                         // VL: q0 read again per step (the writer runs on 24 registers: keeping it live spilled)
                         if constexpr (VL) at = (long long)n * p.vl.ntile + bsa_vl_qtile(p.vl.seq[b].x, b, m);
                         else at = ((long long)b * p.N + n) * nqt + m;
                         const int rank = pre;
-                        hop::mbar_wait(dqfull + buf, (it >> 1) & 1);
+                        hop::mbar_wait(dqfull + buf, (it / nbuf) & 1);
                         int *sp = sem + at;
-                        if (det) hop::spin_until_eq(sp, rank);
+                        if (det == 1) hop::spin_until_eq(sp, rank);
                         // the tile's NH halves are contiguous in the buffer and in the accumulator: one
-                        // add. det: the first in the order (rank 0) stores instead, so the accumulator
+                        // add. det 1: the first in the order (rank 0) stores instead, so the accumulator
                         // needs no zeroing (the postprocess writes 0 for query tiles nothing reaches)
-                        float *dst = dqacc + at * NH * (long long)(BM * 64);
                         const uint32_t src = hop::smem_u32(sDQ + buf * NH * BM * 64);
-                        if (det && rank == 0)
-                            asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst),
-                                         "r"(src), "r"(NH * BM * 64 * 4)
+                        if (det == 2) {
+                            long long *dst = reinterpret_cast<long long *>(dqacc) + at * NH * (long long)(BM * 64);
+                            asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.u64 [%0], [%1], %2;\n" ::"l"(dst),
+                                         "r"(src), "r"(NH * BM * 64 * 8)
                                          : "memory");
-                        else
-                            asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
-                                         "r"(src), "r"(NH * BM * 64 * 4)
-                                         : "memory");
+                        } else {
+                            float *dst = dqacc + at * NH * (long long)(BM * 64);
+                            if (det && rank == 0)
+                                asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst),
+                                             "r"(src), "r"(NH * BM * 64 * 4)
+                                             : "memory");
+                            else
+                                asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+                                             "r"(src), "r"(NH * BM * 64 * 4)
+                                             : "memory");
+                        }
                         asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
                         asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the buffer is read
                         hop::mbar_arrive(dqempty + buf);
-                        if (det) {
+                        if (det == 1) {
                             asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the add has landed
                             // a release add (no full fence: membar.sc cost ~1 us per link of the chain)
                             hop::release_inc(sp);
@@ -324,6 +333,7 @@ __global__ void __launch_bounds__(384, 1)
         return hop::desc_add(base, (kk >> 2) * rows * 128 + (kk & 3) * 32);
     };
 
+    const float fs = det == 2 ? bsa_fix_scale(p.fix, p.D) : 0.f;  // 2^F of the fixed-point dQ
     if (cnt > 0) hop::mbar_wait(barKV, 0);
     for (int it = 0; it < cnt; it++) {
         const int s = it % ST;
@@ -461,16 +471,46 @@ __global__ void __launch_bounds__(384, 1)
         hop::reg_fence(dv);
         if (has_dq) {
             hop::reg_fence(dq);
-            // fp32 partial to shared memory (row-major 64 x 64) once the writer's add of two steps
-            // ago has read the buffer; the writer adds it
-            const int buf = it & 1;
-            hop::mbar_wait(dqempty + buf, ((it >> 1) & 1) ^ 1);
-            // in fragment order (dq_frag_off): one conflict-free 16-byte store per thread and j
-            float4 *sq = reinterpret_cast<float4 *>(sDQ + (buf * NH + c) * BM * 64);
+            if (det == 2) {
+                // int64 fixed point (x 2^F, bsa_fix_scale) into the one staging buffer once the
+                // writer's add of the previous step has read it; a non-finite partial adds 0 and
+                // sets its element's flag byte (rare: one atomic per such element)
+                hop::mbar_wait(dqempty, (it & 1) ^ 1);
+                long long *sq = reinterpret_cast<long long *>(sDQ) + c * BM * 64;
 #pragma unroll
-            for (int j = 0; j < 8; j++) sq[(warp * 8 + j) * 32 + lane] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
-            hop::fence_proxy_async();
-            hop::mbar_arrive(dqfull + buf);
+                for (int j = 0; j < 8; j++) {
+                    const int x = ((warp * 8 + j) * 32 + lane) * 4;  // dq_frag_off order, as below
+                    long long v[4];
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        const float f = dq[4 * j + k];
+                        v[k] = fabsf(f) <= 3.402823466e38f ? __float2ll_rn(f * fs) : 0ll;
+                        if constexpr (!VL) {
+                            if (!(fabsf(f) <= 3.402823466e38f)) {
+                                const int e = e2 >> 4, g = e / p.nqt, m = e % p.nqt, n = hk * p.G + g;
+                                const long long idx = ((((long long)b * p.N + n) * p.nqt + m) * NH + c) * (BM * 64) + x + k;
+                                const unsigned bit = f != f ? 1u : f > 0.f ? 2u : 4u;
+                                atomicOr(p.fix_flags + (idx >> 2), bit << (8 * (int)(idx & 3)));
+                            }
+                        }
+                    }
+                    reinterpret_cast<longlong2 *>(sq + x)[0] = make_longlong2(v[0], v[1]);
+                    reinterpret_cast<longlong2 *>(sq + x)[1] = make_longlong2(v[2], v[3]);
+                }
+                hop::fence_proxy_async();
+                hop::mbar_arrive(dqfull);
+            } else {
+                // fp32 partial to shared memory (row-major 64 x 64) once the writer's add of two steps
+                // ago has read the buffer; the writer adds it
+                const int buf = it & 1;
+                hop::mbar_wait(dqempty + buf, ((it >> 1) & 1) ^ 1);
+                // in fragment order (dq_frag_off): one conflict-free 16-byte store per thread and j
+                float4 *sq = reinterpret_cast<float4 *>(sDQ + (buf * NH + c) * BM * 64);
+#pragma unroll
+                for (int j = 0; j < 8; j++) sq[(warp * 8 + j) * 32 + lane] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+                hop::fence_proxy_async();
+                hop::mbar_arrive(dqfull + buf);
+            }
         }
     }
 
@@ -598,6 +638,33 @@ template <int DP, typename T> __global__ void bsa_dq_post_kernel(const bsa_param
     }
 }
 
+// The fixed-point form (det 2): dq = scale * 2^-F * accumulator, or the IEEE sum of the flagged
+// non-finite partials (NaN with a NaN or with both infinities, else the infinity).  The
+// accumulator is zeroed by the Delta kernel, so a query tile nothing reaches reads 0.
+template <int DP, typename T> __global__ void bsa_dq_post_fix_kernel(const bsa_params p, const long long *acc) {
+    constexpr int NH = DP / 64, CPR = DP / 8;
+    const int g = threadIdx.x % CPR, c = (g * 8) & 63, h = g >> 3;
+    if (g * 8 >= p.D) return;
+    const float inv = p.scale / bsa_fix_scale(p.fix, p.D);  // 2^-F exact: one rounding in the product
+    const uint8_t *flags = reinterpret_cast<const uint8_t *>(p.fix_flags);
+    const long long rows = (long long)p.B * p.N * p.Sq, rstep = (long long)gridDim.x * (blockDim.x / CPR);
+    for (long long x = blockIdx.x * (long long)(blockDim.x / CPR) + threadIdx.x / CPR; x < rows; x += rstep) {
+        const long long bn = x / p.Sq;
+        const int i = (int)(x - bn * p.Sq), b = (int)(bn / p.N), n = (int)(bn - (long long)b * p.N);
+        const long long base = ((bn * p.nqt + (i >> 6)) * NH + h) * (BM * 64);
+        float v[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const long long o = base + dq_frag_off(i & 63, c + k);
+            const unsigned f = flags[o];
+            v[k] = f == 0 ? __ll2float_rn(acc[o]) * inv
+                 : (f & 1) || (f & 6) == 6 ? __int_as_float(0x7fc00000) : f == 2 ? INFINITY : -INFINITY;
+        }
+        T *dst = reinterpret_cast<T *>(p.dq.p) + (long long)b * p.dq.s0 + (long long)n * p.dq.s1 + (long long)i * p.dq.s2;
+        bsa_store8<T>(dst + (long long)(h * 64 + c) * p.dq.s3, p.dq.s3, v, min(8, p.D - h * 64 - c));
+    }
+}
+
 // VL: dq[0, n, t, :] = scale * accumulator for packed tokens t < cu_q[B] (sequence b of t by a
 // binary search over seq: the last b with seq[b].x <= t), then dK / dV rows [cu_kv[B], Tkv) = 0.
 // Nothing when the prefix sums are bad.  PG (paged): dQ only (bsa_pages.cu writes every page row).
@@ -652,6 +719,7 @@ cudaError_t launch(const bsa_params &p, const bsa_bwd_tmaps &tm, float *dqacc, i
     const long long blocks = (total + 2047) / 2048;  // 8 columns per thread (grid-stride loops)
     const unsigned grid = (unsigned)(blocks < 65536 ? (blocks < 1 ? 1 : blocks) : 65536);
     if constexpr (VL) bsa_vl_post_kernel<DP, T, PG><<<grid, 256, 0, st>>>(p, dqacc);
+    else if (det == 2) bsa_dq_post_fix_kernel<DP, T><<<grid, 256, 0, st>>>(p, reinterpret_cast<const long long *>(dqacc));
     else bsa_dq_post_kernel<DP, T><<<grid, 256, 0, st>>>(p, dqacc);
     return cudaGetLastError();
 }

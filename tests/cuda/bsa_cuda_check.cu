@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "core/internal.h"
@@ -295,6 +296,49 @@ static void run_shape(const Shape &s, bool check_ref_kernels) {
         }
         if (!det) printf("  FAIL %s backward not bitwise deterministic over 20 runs\n", tag);
         det ? g_pass++ : g_fail++;
+        // the int64 fixed-point dQ (SPATTN_BSA_DQ_FIX=1, gated while it is measured against the
+        // ordered fp32 adds): eco against the reference, then 4 more runs bitwise equal to the first
+        // (its adds are order-free: the launch order and the timing must not show)
+        {
+            const char *old_env = getenv("SPATTN_BSA_DQ_FIX");
+            const std::string keep = old_env ? old_env : "";
+            setenv("SPATTN_BSA_DQ_FIX", "1", 1);
+            char tf[260];
+            snprintf(tf, sizeof tf, "[fixed-point dQ] %s", tag);
+            std::vector<char> a0, k0, v0;
+            bool same = true;
+            spattn_status sf = SPATTN_STATUS_SUCCESS;
+            for (int rep = 0; rep < 5 && same && sf == SPATTN_STATUS_SUCCESS; rep++) {
+                CK(cudaMemset(gq_, 0xff, nq * esz(dt)));
+                CK(cudaMemset(gk_, 0xff, nk * esz(dt)));
+                CK(cudaMemset(gv_, 0xff, nk * esz(dt)));
+                sf = spattn_bsa_bwd_ex(&tq, &tk, &tv, &to, &tdo, &tl, &tm, s.bx, s.by, 0.0, &tgq, &tgk, &tgv, &opt);
+                CK(cudaStreamSynchronize(st));
+                if (sf != SPATTN_STATUS_SUCCESS) break;
+                std::vector<char> a2(nq * esz(dt)), bk2(nk * esz(dt)), bv2(nk * esz(dt));
+                CK(cudaMemcpy(a2.data(), gq_, a2.size(), cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(bk2.data(), gk_, bk2.size(), cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(bv2.data(), gv_, bv2.size(), cudaMemcpyDeviceToHost));
+                if (rep == 0) {
+                    std::vector<float> f(nq), fk(nk), fv(nk);
+                    for (size_t i = 0; i < nq; i++) f[i] = load_dt(a2.data(), i, dt);
+                    for (size_t i = 0; i < nk; i++) fk[i] = load_dt(bk2.data(), i, dt), fv[i] = load_dt(bv2.data(), i, dt);
+                    eco("dQ", f, rdq, dt, false, tf);
+                    eco("dK", fk, rdk, dt, false, tf);
+                    eco("dV", fv, rdv, dt, false, tf);
+                    a0 = a2;
+                    k0 = bk2;
+                    v0 = bv2;
+                } else {
+                    same = a0 == a2 && k0 == bk2 && v0 == bv2;
+                }
+            }
+            if (old_env) setenv("SPATTN_BSA_DQ_FIX", keep.c_str(), 1);
+            else unsetenv("SPATTN_BSA_DQ_FIX");
+            if (sf != SPATTN_STATUS_SUCCESS) printf("  FAIL %s status %d: %s\n", tf, sf, spattn_last_error());
+            else if (!same) printf("  FAIL %s not bitwise deterministic over 5 runs\n", tf);
+            sf == SPATTN_STATUS_SUCCESS && same ? g_pass++ : g_fail++;
+        }
     }
     if (check_ref_kernels) {  // the golden of `spattn verify --backend cuda` against fp64
         spattn_bsa_problem p = {};
