@@ -147,10 +147,11 @@ Layout layout(const spattn_bsa_problem *p, int kind) {
             sz[4] = kr * 4;                                // key-major counts
             sz[5] = kr * (size_t)(p->N / p->Nkv) * nqt * 4;  // key-major lists
         }
-        // dQ accumulator: fp32, or (fixed-point mode, gated A/B: sized for it whatever the gate
-        // says, as the size cannot depend on it) int64 + one flag byte per element
-        sz[6] = nq * 64 * (size_t)dp * 9;
-        sz[7] = (nq + 2 * kr) * 4;                     // semaphores: dQ order per query tile, split rows per key tile; slots
+        sz[6] = (nq + 2 * kr) * 4;                     // semaphores: dQ order per query tile, split rows per key tile; slots
+        // dQ accumulator (after the semaphores: one zeroed range covers both): fp32, or (fixed-point
+        // mode, gated A/B: sized for it whatever the gate says, as the size cannot depend on it)
+        // int64 + one flag byte per element
+        sz[7] = nq * 64 * (size_t)dp * 9;
         sz[8] = (size_t)bsa_bwd90_kvbuf_bytes(p->N / p->Nkv, (long long)nqt, (long long)kr, dp);  // split rows' dK / dV
         if (!plan_k90(p)) sz[9] = kr * 4;  // key-major launch order (non-deterministic mode)
         sz[10] = 16;                       // the fixed-point bound: max |dO|, |O|, |V|, |K|
@@ -296,8 +297,8 @@ static spattn_status bwd90_run(const spattn_bsa_problem *pb, const spattn_exec *
     float *delta = reinterpret_cast<float *>(ws.base + L.off[0]), *lse2 = reinterpret_cast<float *>(ws.base + L.off[1]);
     int *qcnt = reinterpret_cast<int *>(ws.base + L.off[2]), *qlist = reinterpret_cast<int *>(ws.base + L.off[3]);
     int *kcnt = reinterpret_cast<int *>(ws.base + L.off[4]), *klist = reinterpret_cast<int *>(ws.base + L.off[5]);
-    float *acc = reinterpret_cast<float *>(ws.base + L.off[6]);
-    int *sem = reinterpret_cast<int *>(ws.base + L.off[7]);
+    int *sem = reinterpret_cast<int *>(ws.base + L.off[6]);
+    float *acc = reinterpret_cast<float *>(ws.base + L.off[7]);
     float *kvbuf = reinterpret_cast<float *>(ws.base + L.off[8]);  // used only when lists are split
     // det: 0 fp32 adds in any order, 1 fp32 adds in a fixed order (semaphores), 2 int64 fixed point
     // (order-free; gated A/B: SPATTN_BSA_DQ_FIX=1 with deterministic = 1)
@@ -306,14 +307,15 @@ static spattn_status bwd90_run(const spattn_bsa_problem *pb, const spattn_exec *
         const char *v = getenv("SPATTN_BSA_DQ_FIX");  // per call
         if (v && v[0] == '1') det = 2;
     }
-    // zeroed by the Delta kernel: the semaphores, and the dQ accumulator unless det 1 (there the
-    // first add of each query tile is a store); det 2: the int64 accumulator and its flags
-    const size_t zb = (size_t)(reinterpret_cast<char *>(sem) - reinterpret_cast<char *>(acc)) + spattn_bsa_bwd90_sem_bytes(&p, dp);
-    void *z0 = det == 1 ? static_cast<void *>(sem) : static_cast<void *>(acc);
-    const size_t zn = ((det == 1 ? spattn_bsa_bwd90_sem_bytes(&p, dp) : zb) + 15) & ~(size_t)15;  // slot padding
-    if ((e = spattn_bsa_launch_delta(&p, bf16, delta, lse2, z0, zn, st)) != cudaSuccess) return fail(e, "delta kernel");
+    // zeroed by the Delta kernel, from the semaphores on: the semaphores, and the dQ accumulator
+    // unless det 1 (there the first add of each query tile is a store): det 0 its fp32 part, det 2
+    // the int64 accumulator and its flags
+    const size_t nacc = (size_t)p.B * p.N * ((p.Sq + 63) / 64) * 64 * (size_t)dp;
+    const size_t to_acc = (size_t)(reinterpret_cast<char *>(acc) - reinterpret_cast<char *>(sem));
+    const size_t zn = det == 1 ? (spattn_bsa_bwd90_sem_bytes(&p, dp) + 15) & ~(size_t)15  // slot padding
+                               : to_acc + nacc * (det == 2 ? 9 : 4);
+    if ((e = spattn_bsa_launch_delta(&p, bf16, delta, lse2, sem, zn, st)) != cudaSuccess) return fail(e, "delta kernel");
     if (det == 2) {
-        const size_t nacc = (size_t)p.B * p.N * ((p.Sq + 63) / 64) * 64 * (size_t)dp;
         unsigned *stats = reinterpret_cast<unsigned *>(ws.base + L.off[10]);
         p.fix = stats;
         p.fix_flags = reinterpret_cast<unsigned *>(reinterpret_cast<char *>(acc) + nacc * 8);
@@ -805,26 +807,12 @@ extern "C" spattn_status spattn_cuda_bsa_bwd_varlen(const spattn_bsa_problem *pb
         p.dv = sk;
         p.dv.p = sdv;
     }
-    // det: 0 fp32 adds in any order, 1 fp32 adds in a fixed order (semaphores), 2 int64 fixed point
-    // (order-free; gated A/B: SPATTN_BSA_DQ_FIX=1 with deterministic = 1)
-    int det = ex->deterministic ? 1 : 0;
-    if (det) {
-        const char *v = getenv("SPATTN_BSA_DQ_FIX");  // per call
-        if (v && v[0] == '1') det = 2;
-    }
-    // zeroed by the Delta kernel: the semaphores, and the dQ accumulator unless det 1 (there the
-    // first add of each query tile is a store); det 2: the int64 accumulator and its flags
+    // zeroed by the Delta kernel: the semaphores, and the dQ accumulator unless deterministic (there
+    // the first add of each query tile is a store)
     const size_t zb = (size_t)(reinterpret_cast<char *>(sem) - reinterpret_cast<char *>(acc)) + spattn_bsa_bwd90_sem_bytes(&p, dp);
-    void *z0 = det == 1 ? static_cast<void *>(sem) : static_cast<void *>(acc);
-    const size_t zn = ((det == 1 ? spattn_bsa_bwd90_sem_bytes(&p, dp) : zb) + 15) & ~(size_t)15;  // slot padding
+    void *z0 = ex->deterministic ? static_cast<void *>(sem) : static_cast<void *>(acc);
+    const size_t zn = ((ex->deterministic ? spattn_bsa_bwd90_sem_bytes(&p, dp) : zb) + 15) & ~(size_t)15;  // slot padding
     if ((e = spattn_bsa_launch_delta(&p, bf16, delta, lse2, z0, zn, st)) != cudaSuccess) return fail(e, "delta kernel");
-    if (det == 2) {
-        const size_t nacc = (size_t)p.B * p.N * ((p.Sq + 63) / 64) * 64 * (size_t)dp;
-        unsigned *stats = reinterpret_cast<unsigned *>(ws.base + L.off[10]);
-        p.fix = stats;
-        p.fix_flags = reinterpret_cast<unsigned *>(reinterpret_cast<char *>(acc) + nacc * 8);
-        if ((e = spattn_bsa_launch_fix_bound(&p, bf16, stats, st)) != cudaSuccess) return fail(e, "fixed-point bound");
-    }
     p.lse2 = lse2;
     p.delta = delta;
     p.nqt = (int)nqt;
