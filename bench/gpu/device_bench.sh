@@ -117,7 +117,9 @@ if has peers; then
     [ -d "$OUT/dump_$s" ] || { echo "peers $s: no $OUT/dump_$s (run the bench step first)"; continue; }
     if [ "$s" = bsa ]; then
       echo "== peers: FlexAttention, cuDNN SDPA"
-      PYTHONUNBUFFERED=1 timeout ${PEER_TIMEOUT:-300} python3 bench/peers/bsa_flex.py --dump "$OUT/dump_bsa" \
+      # FlexAttention compiles every mask (~18 s a case on the H200: the 17 cases need ~350 s;
+      # 240 s stopped it after 13 on 2026-12-02), so its limit is larger than the others'
+      PYTHONUNBUFFERED=1 timeout ${PEER_TIMEOUT:-420} python3 bench/peers/bsa_flex.py --dump "$OUT/dump_bsa" \
         --out-flex "$OUT/bsa_flex.json" --out-cudnn "$OUT/bsa_cudnn.json" --reps ${FLEX_REPS:-10} \
         > "$OUT/bsa_peers.log" 2>&1
     else
