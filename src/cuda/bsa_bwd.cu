@@ -45,6 +45,7 @@
 #include "bsa_launch.h"
 #include "bsa_paged.cuh"
 #include "bsa_tiles.h"
+#include "fixed_point.cuh"
 #include "hopper/hopper.cuh"
 
 namespace {
@@ -484,13 +485,12 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
                     for (int k = 0; k < 4; k++) {
                         const float f = dq[4 * j + k];
-                        v[k] = fabsf(f) <= 3.402823466e38f ? __float2ll_rn(f * fs) : 0ll;
+                        const bool fin = fabsf(f) <= 3.402823466e38f;  // false for NaN and +-inf
+                        v[k] = fin ? __float2ll_rn(f * fs) : 0ll;
                         if constexpr (!VL) {
-                            if (!(fabsf(f) <= 3.402823466e38f)) {
+                            if (!fin) {
                                 const int e = e2 >> 4, g = e / p.nqt, m = e % p.nqt, n = hk * p.G + g;
-                                const long long idx = ((((long long)b * p.N + n) * p.nqt + m) * NH + c) * (BM * 64) + x + k;
-                                const unsigned bit = f != f ? 1u : f > 0.f ? 2u : 4u;
-                                atomicOr(p.fix_flags + (idx >> 2), bit << (8 * (int)(idx & 3)));
+                                fix_flag(p.fix_flags, ((((long long)b * p.N + n) * p.nqt + m) * NH + c) * (BM * 64) + x + k, f);
                             }
                         }
                     }
@@ -622,46 +622,34 @@ __device__ __forceinline__ void dq_store8(const float *half, int r, int c, float
 }
 
 // dq[b, n, i, :] = scale * accumulator (layout [B*N][nqt][NH][64 x 64 in fragment order]); a
-// thread per 8 columns of a row.
-template <int DP, typename T> __global__ void bsa_dq_post_kernel(const bsa_params p, const float *acc) {
+// thread per 8 columns of a row.  FIX (det 2): the int64 fixed-point accumulator times 2^-F, or
+// what its flags say (fixed_point.cuh); it is zeroed by the Delta kernel, so a query tile nothing
+// reaches reads 0.
+template <int DP, typename T, bool FIX> __global__ void bsa_dq_post_kernel(const bsa_params p, const void *acc) {
     constexpr int NH = DP / 64, CPR = DP / 8;
     const int g = threadIdx.x % CPR, c = (g * 8) & 63, h = g >> 3;
     if (g * 8 >= p.D) return;
+    const float inv = FIX ? p.scale / bsa_fix_scale(p.fix, p.D) : 0.f;  // scale 2^-F
     const long long rows = (long long)p.B * p.N * p.Sq, rstep = (long long)gridDim.x * (blockDim.x / CPR);
     for (long long x = blockIdx.x * (long long)(blockDim.x / CPR) + threadIdx.x / CPR; x < rows; x += rstep) {
         const long long bn = x / p.Sq;
         const int i = (int)(x - bn * p.Sq), b = (int)(bn / p.N), n = (int)(bn - (long long)b * p.N);
-        const long long tile = bn * p.nqt + (i >> 6);
-        const float *half = acc + (tile * NH + h) * (BM * 64);
+        const long long tile = bn * p.nqt + (i >> 6), base = (tile * NH + h) * (BM * 64);
         T *dst = reinterpret_cast<T *>(p.dq.p) + (long long)b * p.dq.s0 + (long long)n * p.dq.s1 + (long long)i * p.dq.s2;
-        dq_store8<T>(half, i & 63, c, p.scale, dst + (long long)h * 64 * p.dq.s3, p.dq.s3, p.D - h * 64, p.sq.cnt[tile] == 0);
-    }
-}
-
-// The fixed-point form (det 2): dq = scale * 2^-F * accumulator, or the IEEE sum of the flagged
-// non-finite partials (NaN with a NaN or with both infinities, else the infinity).  The
-// accumulator is zeroed by the Delta kernel, so a query tile nothing reaches reads 0.
-template <int DP, typename T> __global__ void bsa_dq_post_fix_kernel(const bsa_params p, const long long *acc) {
-    constexpr int NH = DP / 64, CPR = DP / 8;
-    const int g = threadIdx.x % CPR, c = (g * 8) & 63, h = g >> 3;
-    if (g * 8 >= p.D) return;
-    const float inv = p.scale / bsa_fix_scale(p.fix, p.D);  // 2^-F exact: one rounding in the product
-    const uint8_t *flags = reinterpret_cast<const uint8_t *>(p.fix_flags);
-    const long long rows = (long long)p.B * p.N * p.Sq, rstep = (long long)gridDim.x * (blockDim.x / CPR);
-    for (long long x = blockIdx.x * (long long)(blockDim.x / CPR) + threadIdx.x / CPR; x < rows; x += rstep) {
-        const long long bn = x / p.Sq;
-        const int i = (int)(x - bn * p.Sq), b = (int)(bn / p.N), n = (int)(bn - (long long)b * p.N);
-        const long long base = ((bn * p.nqt + (i >> 6)) * NH + h) * (BM * 64);
-        float v[8];
+        if constexpr (FIX) {
+            const long long *a64 = static_cast<const long long *>(acc);
+            const uint8_t *flags = reinterpret_cast<const uint8_t *>(p.fix_flags);
+            float v[8];
 #pragma unroll
-        for (int k = 0; k < 8; k++) {
-            const long long o = base + dq_frag_off(i & 63, c + k);
-            const unsigned f = flags[o];
-            v[k] = f == 0 ? __ll2float_rn(acc[o]) * inv
-                 : (f & 1) || (f & 6) == 6 ? __int_as_float(0x7fc00000) : f == 2 ? INFINITY : -INFINITY;
+            for (int k = 0; k < 8; k++) {
+                const long long o = base + dq_frag_off(i & 63, c + k);
+                v[k] = fix_value(a64[o], flags[o], inv);
+            }
+            bsa_store8<T>(dst + (long long)(h * 64 + c) * p.dq.s3, p.dq.s3, v, min(8, p.D - h * 64 - c));
+        } else {
+            dq_store8<T>(static_cast<const float *>(acc) + base, i & 63, c, p.scale, dst + (long long)h * 64 * p.dq.s3,
+                         p.dq.s3, p.D - h * 64, p.sq.cnt[tile] == 0);
         }
-        T *dst = reinterpret_cast<T *>(p.dq.p) + (long long)b * p.dq.s0 + (long long)n * p.dq.s1 + (long long)i * p.dq.s2;
-        bsa_store8<T>(dst + (long long)(h * 64 + c) * p.dq.s3, p.dq.s3, v, min(8, p.D - h * 64 - c));
     }
 }
 
@@ -719,8 +707,8 @@ cudaError_t launch(const bsa_params &p, const bsa_bwd_tmaps &tm, float *dqacc, i
     const long long blocks = (total + 2047) / 2048;  // 8 columns per thread (grid-stride loops)
     const unsigned grid = (unsigned)(blocks < 65536 ? (blocks < 1 ? 1 : blocks) : 65536);
     if constexpr (VL) bsa_vl_post_kernel<DP, T, PG><<<grid, 256, 0, st>>>(p, dqacc);
-    else if (det == 2) bsa_dq_post_fix_kernel<DP, T><<<grid, 256, 0, st>>>(p, reinterpret_cast<const long long *>(dqacc));
-    else bsa_dq_post_kernel<DP, T><<<grid, 256, 0, st>>>(p, dqacc);
+    else if (det == 2) bsa_dq_post_kernel<DP, T, true><<<grid, 256, 0, st>>>(p, dqacc);
+    else bsa_dq_post_kernel<DP, T, false><<<grid, 256, 0, st>>>(p, dqacc);
     return cudaGetLastError();
 }
 

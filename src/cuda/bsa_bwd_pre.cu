@@ -1,8 +1,6 @@
 // Preprocess of the block-sparse attention backward (bsa_bwd.cu):
 //   bsa_delta_kernel  Delta = rowsum(dO * O), lse2 = LSE * log2(e) (+inf on empty rows); also
 //                     zeroes the backward's dQ accumulator and semaphores
-//   bsa_fix_bound_kernel  max over the finite elements of |dO|, |O|, |V|, |K| (the fixed-point
-//                     dQ's bound, bsa_fix_scale)
 //   VL (packed variable-length backward): rows (head n, packed token t) of [1, N, T, D] views,
 //   Delta / lse2 [N][Tq]; tokens past cu_q[B] (= seq[B-1].x + .y) are not read, nor is anything
 //   when the prefix sums are bad (*p.vl.err != ~0: the backward kernel then reads none of it).
@@ -80,55 +78,3 @@ extern "C" cudaError_t spattn_bsa_launch_delta(const bsa_params *p, int bf16, fl
     return cudaGetLastError();
 }
 
-// One warp per row of D elements of one of the four tensors (rows of dO and O: B * N * Sq; of V
-// and K: B * Nkv * Skv); a block's maximum goes to stats[t] with one atomicMax on the float bits
-// (non-negative floats order as their bits).  Non-finite elements are left out: the rows they
-// reach are flagged by the backward instead, and the others keep a finite bound.
-template <typename T>
-__global__ void bsa_fix_bound_kernel(const bsa_params p, unsigned *stats) {
-    __shared__ float red[4][8];
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const long long qrows = (long long)p.B * p.N * p.Sq, krows = (long long)p.B * p.Nkv * p.Skv;
-    float mx[4] = {0.f, 0.f, 0.f, 0.f};
-    const long long nw = (long long)gridDim.x * 8;
-    for (long long r = blockIdx.x * 8ll + w; r < 2 * qrows + 2 * krows; r += nw) {
-        const int t = r < qrows ? 0 : r < 2 * qrows ? 1 : r < 2 * qrows + krows ? 2 : 3;
-        const long long x = t < 2 ? r - t * qrows : r - 2 * qrows - (t - 2) * krows;
-        const bsa_view &v = t == 0 ? p.dout : t == 1 ? p.o : t == 2 ? p.v : p.k;
-        const int H = t < 2 ? p.N : p.Nkv, S = t < 2 ? p.Sq : p.Skv;
-        const long long bh = x / S;
-        const T *row = reinterpret_cast<const T *>(v.p) + (bh / H) * v.s0 + (bh % H) * v.s1 + (x % S) * v.s2;
-        float m = 0.f;
-        for (int d = lane; d < p.D; d += 32) {
-            const float a = fabsf(bsa_t<T>::tof(row[(long long)d * v.s3]));
-            if (a <= 3.402823466e38f) m = fmaxf(m, a);  // finite only (NaN fails the test)
-        }
-        mx[t] = fmaxf(mx[t], m);
-    }
-#pragma unroll
-    for (int t = 0; t < 4; t++) {
-        float m = mx[t];
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-        if (lane == 0) red[t][w] = m;
-    }
-    __syncthreads();
-    if (threadIdx.x < 4) {
-        float m = 0.f;
-        for (int i = 0; i < 8; i++) m = fmaxf(m, red[threadIdx.x][i]);
-        atomicMax(stats + threadIdx.x, __float_as_uint(m));
-    }
-}
-
-extern "C" cudaError_t spattn_bsa_launch_fix_bound(const bsa_params *p, int bf16, unsigned *stats, cudaStream_t st) {
-    cudaError_t e = cudaMemsetAsync(stats, 0, 4 * sizeof(unsigned), st);
-    if (e != cudaSuccess) return e;
-    const long long rows = 2ll * p->B * p->N * p->Sq + 2ll * p->B * p->Nkv * p->Skv;
-    long long blocks = (rows + 7) / 8;
-    if (blocks > 132 * 4) blocks = 132 * 4;  // 4 atomics per block: few blocks, many rows each
-    if (bf16)
-        bsa_fix_bound_kernel<__nv_bfloat16><<<(unsigned)blocks, 256, 0, st>>>(*p, stats);
-    else
-        bsa_fix_bound_kernel<__half><<<(unsigned)blocks, 256, 0, st>>>(*p, stats);
-    return cudaGetLastError();
-}

@@ -83,8 +83,8 @@ struct bsa_params {
     int nqt;       // query tiles of the key-major list
     bsa_varlen vl;  // varlen forward only (last: the dense kernels' parameter offsets stay)
     // backward, dQ as int64 fixed point (gated A/B, bsa_bwd.cu "det 2"): max over the finite
-    // elements of |dO|, |O|, |V|, |K| (float bits, spattn_bsa_launch_fix_bound), and one flag byte
-    // per accumulator element for non-finite partials (1 NaN, 2 +inf, 4 -inf)
+    // elements of |dO|, |O|, |V|, |K| (float bits, maxabs.cuh), and one flag byte
+    // per accumulator element for non-finite partials (fixed_point.cuh)
     const unsigned *fix;
     unsigned *fix_flags;
 };

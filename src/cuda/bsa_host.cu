@@ -17,6 +17,7 @@ extern "C" {
 }
 #include "bsa_launch.h"
 #include "convert.cuh"
+#include "maxabs.cuh"
 #include "scratch.h"
 #include "bsa_plan.h"
 
@@ -310,7 +311,7 @@ static spattn_status bwd90_run(const spattn_bsa_problem *pb, const spattn_exec *
     // zeroed by the Delta kernel, from the semaphores on: the semaphores, and the dQ accumulator
     // unless det 1 (there the first add of each query tile is a store): det 0 its fp32 part, det 2
     // the int64 accumulator and its flags
-    const size_t nacc = (size_t)p.B * p.N * ((p.Sq + 63) / 64) * 64 * (size_t)dp;
+    const size_t nacc = spattn_bsa_bwd90_acc_bytes(&p, dp) / 4;  // dQ accumulator elements
     const size_t to_acc = (size_t)(reinterpret_cast<char *>(acc) - reinterpret_cast<char *>(sem));
     const size_t zn = det == 1 ? (spattn_bsa_bwd90_sem_bytes(&p, dp) + 15) & ~(size_t)15  // slot padding
                                : to_acc + nacc * (det == 2 ? 9 : 4);
@@ -319,7 +320,13 @@ static spattn_status bwd90_run(const spattn_bsa_problem *pb, const spattn_exec *
         unsigned *stats = reinterpret_cast<unsigned *>(ws.base + L.off[10]);
         p.fix = stats;
         p.fix_flags = reinterpret_cast<unsigned *>(reinterpret_cast<char *>(acc) + nacc * 8);
-        if ((e = spattn_bsa_launch_fix_bound(&p, bf16, stats, st)) != cudaSuccess) return fail(e, "fixed-point bound");
+        // the bound (bsa_fix_scale): max over the finite elements of |dO|, |O|, |V|, |K|
+        if ((e = cudaMemsetAsync(stats, 0, 16, st)) != cudaSuccess) return fail(e, "fixed-point bound");
+        const spattn_tensor *const bt[4] = {pb->dout, pb->o, pb->v, pb->k};
+        for (int i = 0; i < 4; i++) {
+            if (bf16) spattn_launch_maxabs<__nv_bfloat16>(bt[i], stats + i, st);
+            else spattn_launch_maxabs<__half>(bt[i], stats + i, st);
+        }
     }
     p.lse2 = lse2;
     p.delta = delta;

@@ -142,9 +142,6 @@ spattn_status spattn_cuda_ref_bsa_fwd_varlen(const spattn_bsa_problem *p, const 
 // anything when *p->vl.err != ~0).
 // zero / zero_bytes: memory the kernel also sets to 0 (the dQ accumulator and semaphores of
 // spattn_bsa_launch_bwd90: one region from the accumulator to the end of the semaphores).
-// The fixed-point dQ's bound (bsa_fix_scale): stats[0..3] = max over the finite elements of |dO|,
-// |O|, |V|, |K| (zeroed here first).
-cudaError_t spattn_bsa_launch_fix_bound(const bsa_params *p, int bf16, unsigned *stats, cudaStream_t st);
 cudaError_t spattn_bsa_launch_delta(const bsa_params *p, int bf16, float *delta, float *lse2, void *zero, size_t zero_bytes,
                                     cudaStream_t st);
 }

@@ -4,6 +4,7 @@
 #pragma once
 #include <float.h>
 
+#include "fixed_point.cuh"
 #include "sfa_common.cuh"
 
 namespace sfa {
@@ -21,24 +22,12 @@ __device__ __forceinline__ void red_add_v4(float *a, float x, float y, float z, 
 __device__ __forceinline__ void red_add_u64(unsigned long long *a, unsigned long long x) {
     asm volatile("red.global.add.u64 [%0], %1;\n" ::"l"(a), "l"(x) : "memory");
 }
-// Fixed-point add of v * fs to acc[i].  An integer cannot hold NaN or Inf: a non-finite v sets a
-// bit in byte i of `flags` instead (1: +inf, 2: -inf, 4: NaN), and the conversion kernel gives
-// NaN for NaN or +inf with -inf, else the infinity (IEEE on the sum).  Finite values never
-// reach the flags (one predicated branch; non-finite inputs are the rare case).
+// Fixed-point add of v * fs to acc[i] (fixed_point.cuh: a non-finite v sets its flag byte instead;
+// finite values never reach the flags: one predicated branch, non-finite inputs are the rare case).
 __device__ __forceinline__ void add_fix(unsigned long long *acc, uint32_t *flags, int64_t i, float v, float fs) {
-    if (isfinite(v)) {
-        red_add_u64(acc + i, (unsigned long long)__float2ll_rn(v * fs));
-    } else {
-        const uint32_t code = v != v ? 4u : v > 0.f ? 1u : 2u;
-        atomicOr(flags + (i >> 2), code << (8 * (int)(i & 3)));
-    }
+    if (isfinite(v)) red_add_u64(acc + i, (unsigned long long)__float2ll_rn(v * fs));
+    else fix_flag(flags, i, v);
 }
-// The value of a fixed-point accumulator element: sum * inv, or what its flags say.
-__device__ __forceinline__ float fix_value(long long sum, uint8_t flag, float inv) {
-    if (flag) return (flag & 4) || (flag & 3) == 3 ? __int_as_float(0x7fc00000) : (flag & 1) ? INFINITY : -INFINITY;
-    return (float)((double)sum * (double)inv);
-}
-
 // One 64-row x 64-column fp32 tile in the wgmma m64n64 accumulator layout (this thread: rows
 // r0 = 16 warp + lane / 4 and r0 + 8, columns 8 j + 2 (lane % 4) (+1)) added to the dK accumulator
 // [B, S2, N2, 576] (p.acc_i64 or p.acc_f32): row r0 to key ka, row r0 + 8 to key kb (< 0: nothing),

@@ -20,6 +20,7 @@
 
 #include "../core/seqs.h"
 #include "convert.cuh"
+#include "maxabs.cuh"
 #include "scratch.h"
 #include "sfa_adds.cuh"
 #include "sfa_bwd_small.h"
@@ -100,42 +101,6 @@ __global__ void check_idx_kernel(const int32_t *idx, int64_t s0, int64_t s1, int
 // stats: [0] max|q,q_rope|  [1] max|k,k_rope|  [2] max|o|  [3] max|dout|  (float bits as uint)
 //        [4] max count of one index block over the rows of one (b, n2)
 //        [5] 2^F (float)  [6] 2^-F (float)
-// One warp per row of n3 contiguous elements (unit last stride, checked by the caller); vec: rows
-// start 16-byte aligned and n3 % 8 == 0, so 16-byte loads (the scalar form ran at a third of
-// the memory bandwidth: ncu, sfa07, 1.1 ms of a 25 ms backward).
-template <typename T>
-__global__ void maxabs_kernel(const T *x, int64_t n0, int64_t n1, int64_t n2, int64_t n3,
-                              int64_t s0, int64_t s1, int64_t s2, int vec, unsigned *out) {
-    const int lane = threadIdx.x & 31;
-    const int64_t rows = n0 * n1 * n2, nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
-    float m = 0.f;
-    // finite values only: non-finite contributions bypass the fixed point (sfa_adds.cuh flags),
-    // and an infinite maximum would zero every finite one
-    for (int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows; r += nw) {
-        int64_t c = r % n2, t = r / n2;
-        int64_t bb = t % n1, a = t / n1;
-        const T *rowp = x + a * s0 + bb * s1 + c * s2;
-        if (vec) {
-            for (int64_t j = lane * 8; j < n3; j += 256) {
-                const uint4 v = *reinterpret_cast<const uint4 *>(rowp + j);
-                const T *e = reinterpret_cast<const T *>(&v);
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    const float f = fabsf(sfa::Ty<T>::to_f(e[i]));
-                    if (f <= 3.4e38f) m = fmaxf(m, f);
-                }
-            }
-        } else {
-            for (int64_t j = lane; j < n3; j += 32) {
-                const float f = fabsf(sfa::Ty<T>::to_f(rowp[j]));
-                if (f <= 3.4e38f) m = fmaxf(m, f);
-            }
-        }
-    }
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (lane == 0) atomicMax(out, __float_as_uint(m));
-}
-
 // How often each index block is selected over the rows of one (b, n2) (blockIdx.y): one warp per
 // index row.  With hist_smem, the CTA counts into shared memory and adds its nonzero bins once
 // (popular blocks, e.g. the causal front, took ~1000 contended global adds each: 211 us on sfa05).
@@ -205,7 +170,7 @@ __global__ void convert_dq_kernel(const void *acc, const uint8_t *flags, int det
         const int64_t col = i % sfa::DQK, t = i / sfa::DQK;
         const int64_t n = t % N1, t2 = t / N1;
         const int64_t s = t2 % S1, b = t2 / S1;
-        const float v = det ? sfa::fix_value(reinterpret_cast<const long long *>(acc)[i], flags[i], inv)
+        const float v = det ? fix_value(reinterpret_cast<const long long *>(acc)[i], flags[i], inv)
                             : reinterpret_cast<const float *>(acc)[i];
         if (col < sfa::D) dq[b * sd0 + s * sd1 + n * sd2 + col] = sfa::Ty<T>::from_f(v);
         else dqr[b * sr0 + s * sr1 + n * sr2 + (col - sfa::D)] = sfa::Ty<T>::from_f(v);
@@ -225,7 +190,7 @@ __global__ void convert_dk_kernel(const void *acc, const uint8_t *flags, int det
         const int64_t col = i % sfa::DQK, t = i / sfa::DQK;
         const int64_t n = t % N2, t2 = t / N2;
         const int64_t s = t2 % S2, b = t2 / S2;
-        float v = det ? sfa::fix_value(reinterpret_cast<const long long *>(acc)[i], flags[i], inv)
+        float v = det ? fix_value(reinterpret_cast<const long long *>(acc)[i], flags[i], inv)
                       : reinterpret_cast<const float *>(acc)[i];
         if (col < sfa::D)
             dk[b * sd0 + s * sd1 + n * sd2 + col * sd3] = sfa::Ty<T>::from_f(v);
@@ -422,14 +387,6 @@ unsigned grid_for(int64_t n, int64_t per_block) {
     return (unsigned)g;
 }
 
-template <typename T>
-void launch_maxabs(const spattn_tensor *t, unsigned *out, cudaStream_t st) {
-    const int vec = sizeof(T) == 2 && t->shape[3] % 8 == 0 && t->strides[0] % 8 == 0 && t->strides[1] % 8 == 0 &&
-                    t->strides[2] % 8 == 0 && (uintptr_t)t->data % 16 == 0;
-    maxabs_kernel<T><<<grid_for(t->shape[0] * t->shape[1] * t->shape[2] * 32, 256), 256, 0, st>>>(
-        (const T *)t->data, t->shape[0], t->shape[1], t->shape[2], t->shape[3], t->strides[0],
-        t->strides[1], t->strides[2], vec, out);
-}
 
 // The count histogram of the fixed-point bound (hist [B N2 nblk], zeroed) and its maximum
 // (stats[4]).
@@ -472,12 +429,12 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
     if (e == cudaSuccess && small) e = cudaMemsetAsync(sw + soff[0], 0, nq * sfa::DQK * (det ? 8 : 4), st);
     if (e == cudaSuccess && small && det) e = cudaMemsetAsync(sw + soff[8], 0, nq * sfa::DQK, st);
     if (e == cudaSuccess && det) {
-        launch_maxabs<T>(p->q, stats + 0, st);
-        launch_maxabs<T>(p->q_rope, stats + 0, st);
-        launch_maxabs<T>(p->k, stats + 1, st);
-        launch_maxabs<T>(p->k_rope, stats + 1, st);
-        launch_maxabs<T>(p->o, stats + 2, st);
-        launch_maxabs<T>(p->dout, stats + 3, st);
+        spattn_launch_maxabs<T>(p->q, stats + 0, st);
+        spattn_launch_maxabs<T>(p->q_rope, stats + 0, st);
+        spattn_launch_maxabs<T>(p->k, stats + 1, st);
+        spattn_launch_maxabs<T>(p->k_rope, stats + 1, st);
+        spattn_launch_maxabs<T>(p->o, stats + 2, st);
+        spattn_launch_maxabs<T>(p->dout, stats + 3, st);
         launch_hist(p, hist, stats, st);
         fix_scale_kernel<<<1, 1, 0, st>>>(stats, p->scale, (int)p->D, (int)(p->N1 / p->N2));
         e = cudaGetLastError();
@@ -809,18 +766,18 @@ spattn_status ref_fwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
 template <typename T>
 void ref_maxabs(const spattn_sfa_problem *p, unsigned *stats, cudaStream_t st) {
     const spattn_tensor *v = p->shared_kv ? p->k : p->v;
-    launch_maxabs<T>(p->q, stats + 0, st);
-    if (p->q_rope && p->Dr) launch_maxabs<T>(p->q_rope, stats + 0, st);
-    launch_maxabs<T>(v, stats + 1, st);
-    launch_maxabs<T>(v, stats + 2, st);
-    launch_maxabs<T>(p->dout, stats + 3, st);
+    spattn_launch_maxabs<T>(p->q, stats + 0, st);
+    if (p->q_rope && p->Dr) spattn_launch_maxabs<T>(p->q_rope, stats + 0, st);
+    spattn_launch_maxabs<T>(v, stats + 1, st);
+    spattn_launch_maxabs<T>(v, stats + 2, st);
+    spattn_launch_maxabs<T>(p->dout, stats + 3, st);
 }
 
 __global__ void fix_to_f32_kernel(const long long *acc, const uint8_t *flags, const float *inv_scale, float *out,
                                   int64_t n) {
     const float inv = *inv_scale;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        out[i] = sfa::fix_value(acc[i], flags[i], inv);
+        out[i] = fix_value(acc[i], flags[i], inv);
 }
 
 // The simple backward into the fp32 parts of ref_parts at base (p: the problem or the varlen
@@ -1185,6 +1142,25 @@ spattn_status vl_finish(const spattn_sfa_problem *p, cudaStream_t st, IdxCheck *
     return bad == ~0ull ? SPATTN_STATUS_SUCCESS : vl_report(p, bad, tok);
 }
 
+// The varlen checks into a fresh verdict word, the verdict on its way to the host (check_launch's
+// varlen form); vl_finish reads it.
+spattn_status vl_check_launch(const spattn_sfa_problem *p, cudaStream_t st, int4 *tok, IdxCheck *c) {
+    spattn_status r = check_word(st, c);
+    if (r != SPATTN_STATUS_SUCCESS) return r;
+    const cudaError_t e = verdict_copy(st, c, vl_launch_checks(p, st, tok, c->d_bad));
+    if (e != cudaSuccess)
+        return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "sfa cuda varlen: checks failed: %s", cudaGetErrorString(e));
+    return SPATTN_STATUS_SUCCESS;
+}
+
+// The varlen checks and their verdict, for the calls that need it before their kernels.
+spattn_status vl_check_now(const spattn_sfa_problem *p, cudaStream_t st, int4 *tok) {
+    IdxCheck c;
+    spattn_status r = vl_check_launch(p, st, tok, &c);
+    if (r != SPATTN_STATUS_SUCCESS) return r;
+    return vl_finish(p, st, &c, tok, cudaSuccess);
+}
+
 // The problem over views the dense kernels index: B = 1, S1 = Tq, S2 = max_seqlen_kv; packed
 // [T, H, D] tensors as [1, T, H, D] with batch stride 0; pages either as they are (simple
 // kernels: page and row strides) or, for the Hopper kernels, as [1, num_pages * page_size, H, D]
@@ -1323,28 +1299,23 @@ spattn_status vl_fwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
     int4 *tok = reinterpret_cast<int4 *>(ws.base);
     cudaStream_t st = ws.st;
     IdxCheck c;
-    if ((r = check_word(st, &c)) != SPATTN_STATUS_SUCCESS) return r;
-    cudaError_t e = verdict_copy(st, &c, vl_launch_checks(p, st, tok, c.d_bad));
-    if (e != cudaSuccess)
-        return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "sfa cuda varlen: checks failed: %s", cudaGetErrorString(e));
-    if (fast) {  // checks, then the kernel gated on their verdict, one synchronisation
-        if (e == cudaSuccess) {
-            sfa::Params kp;
-            fill_params(&w.p, &kp);
-            kp.out_lse = p->lse ? (float *)p->lse->data : nullptr;
-            kp.o = nullptr;
-            kp.gate = c.d_bad;
-            set_vl(&kp, tok, s);
-            const int bf16 = p->dtype == SPATTN_DTYPE_BF16;
-            e = kp.H <= 32 ? spattn_sfa_small_fwd_launch(&kp, bf16, st) : spattn_sfa_fast_fwd_launch(&kp, bf16, st);
-        }
+    if ((r = vl_check_launch(p, st, tok, &c)) != SPATTN_STATUS_SUCCESS) return r;
+    if (fast) {  // checks, then the kernel gated on their verdict; the call waits for the checks only
+        sfa::Params kp;
+        fill_params(&w.p, &kp);
+        kp.out_lse = p->lse ? (float *)p->lse->data : nullptr;
+        kp.o = nullptr;
+        kp.gate = c.d_bad;
+        set_vl(&kp, tok, s);
+        const int bf16 = p->dtype == SPATTN_DTYPE_BF16;
+        const cudaError_t e = kp.H <= 32 ? spattn_sfa_small_fwd_launch(&kp, bf16, st) : spattn_sfa_fast_fwd_launch(&kp, bf16, st);
         return vl_finish(p, st, &c, tok, e);
     }
     // simple kernels: the verdict first (they write fp32 scratch, converted afterwards)
-    if ((r = vl_finish(p, st, &c, tok, e)) != SPATTN_STATUS_SUCCESS) return r;
+    if ((r = vl_finish(p, st, &c, tok, cudaSuccess)) != SPATTN_STATUS_SUCCESS) return r;
     float *o32 = reinterpret_cast<float *>(ws.base + tb + off[0]), *l32 = reinterpret_cast<float *>(ws.base + tb + off[1]);
     if ((r = spattn_cuda_ref_sfa_fwd_varlen(&w.p, ex, tok, o32, l32)) != SPATTN_STATUS_SUCCESS) return r;
-    e = vl_store(o32, p->o, p->D, p->dtype, tok, st);
+    cudaError_t e = vl_store(o32, p->o, p->D, p->dtype, tok, st);
     if (e == cudaSuccess && p->lse) e = vl_store(l32, p->lse, 1, SPATTN_DTYPE_F32, tok, st);
     if (e != cudaSuccess) {
         cudaGetLastError();
@@ -1450,21 +1421,16 @@ spattn_status vl_bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, co
     const bool det = ex->deterministic != 0;
     const size_t cells = (size_t)s->Tkv * p->N2 * sfa::DQK;
     // the layout and the index values, verdict first: nothing is written for a refused call
-    IdxCheck c;
-    if ((r = check_word(st, &c)) != SPATTN_STATUS_SUCCESS) return r;
-    cudaError_t e = verdict_copy(st, &c, vl_launch_checks(p, st, tok, c.d_bad));
-    if (e != cudaSuccess)
-        return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "sfa cuda varlen: checks failed: %s", cudaGetErrorString(e));
-    if ((r = vl_finish(p, st, &c, tok, e)) != SPATTN_STATUS_SUCCESS) return r;
+    if ((r = vl_check_now(p, st, tok)) != SPATTN_STATUS_SUCCESS) return r;
     // deterministic: the int64 accumulator, its flags, the histogram and the stats; else the fp32 one
-    e = det ? cudaMemsetAsync(acc, 0, need - off[1], st) : cudaMemsetAsync(acc, 0, cells * 4, st);
+    cudaError_t e = det ? cudaMemsetAsync(acc, 0, need - off[1], st) : cudaMemsetAsync(acc, 0, cells * 4, st);
     if (e == cudaSuccess && det) {
-        launch_maxabs<T>(w.p.q, stats + 0, st);
-        launch_maxabs<T>(w.p.q_rope, stats + 0, st);
-        launch_maxabs<T>(w.p.k, stats + 1, st);  // every key-side row (unused ones too: a looser bound)
-        launch_maxabs<T>(w.p.k_rope, stats + 1, st);
-        launch_maxabs<T>(w.p.o, stats + 2, st);
-        launch_maxabs<T>(w.p.dout, stats + 3, st);
+        spattn_launch_maxabs<T>(w.p.q, stats + 0, st);
+        spattn_launch_maxabs<T>(w.p.q_rope, stats + 0, st);
+        spattn_launch_maxabs<T>(w.p.k, stats + 1, st);  // every key-side row (unused ones too: a looser bound)
+        spattn_launch_maxabs<T>(w.p.k_rope, stats + 1, st);
+        spattn_launch_maxabs<T>(w.p.o, stats + 2, st);
+        spattn_launch_maxabs<T>(w.p.dout, stats + 3, st);
         const VlArgs a = vl_args(p);
         vl_hist_kernel<<<grid_for(a.Tq * a.N2 * a.K, 256), 256, 0, st>>>(a, tok, p->nblk, hist, stats);
         fix_scale_kernel<<<1, 1, 0, st>>>(stats, p->scale, (int)p->D, (int)(p->N1 / p->N2));
@@ -1525,12 +1491,7 @@ spattn_status vl_ref_bwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
     int4 *tok = reinterpret_cast<int4 *>(ws.base);
     char *base = ws.base + tb;
     cudaStream_t st = ws.st;
-    IdxCheck c;
-    if ((r = check_word(st, &c)) != SPATTN_STATUS_SUCCESS) return r;
-    cudaError_t e = verdict_copy(st, &c, vl_launch_checks(p, st, tok, c.d_bad));
-    if (e != cudaSuccess)
-        return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "sfa cuda varlen: checks failed: %s", cudaGetErrorString(e));
-    if ((r = vl_finish(p, st, &c, tok, e)) != SPATTN_STATUS_SUCCESS) return r;
+    if ((r = vl_check_now(p, st, tok)) != SPATTN_STATUS_SUCCESS) return r;
     const VlArgs a = vl_args(p);
     r = ref_bwd_any(&w.p, ex, base, off, tok, vl_krows(p), [&](unsigned *hist, unsigned *stats) {
         vl_hist_kernel<<<grid_for(a.Tq * a.N2 * a.K, 256), 256, 0, st>>>(a, tok, p->nblk, hist, stats);
@@ -1538,7 +1499,7 @@ spattn_status vl_ref_bwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
     if (r != SPATTN_STATUS_SUCCESS) return r;
     float *f[5];
     for (int i = 0; i < 5; i++) f[i] = reinterpret_cast<float *>(base + off[i]);
-    e = vl_store(f[0], p->dq, p->D, p->dtype, tok, st);
+    cudaError_t e = vl_store(f[0], p->dq, p->D, p->dtype, tok, st);
     if (e == cudaSuccess) e = cvt::to_tensor(f[2], w.p.dk, st);
     if (e == cudaSuccess && p->Dr) e = vl_store(f[1], p->dq_rope, p->Dr, p->dtype, tok, st);
     if (e == cudaSuccess && p->Dr) e = cvt::to_tensor(f[3], w.p.dk_rope, st);

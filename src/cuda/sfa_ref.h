@@ -8,7 +8,7 @@
 
 // Deterministic dK/dV: int64 fixed-point accumulators (value * *scale rounded) of dk, dk_rope,
 // dv (in that order; [krows, N2, D] / [.., Dr] / [.., D], zeroed by the caller) with a flag byte
-// per element for non-finite values (sfa_adds.cuh: add_fix / fix_value).
+// per element for non-finite values (fixed_point.cuh).
 struct sfa_ref_fix {
     unsigned long long *acc[3];
     uint32_t *flags[3];

@@ -262,37 +262,50 @@ static void run_shape(const Shape &s, bool check_ref_kernels) {
         CK(cudaMemcpy(o_, ho.data(), ho.size(), cudaMemcpyHostToDevice));
         CK(cudaMemcpy(l_, hl.data(), nrow * 4, cudaMemcpyHostToDevice));
     }
+    // the gradients back to the host (raw bytes), eco of all three against the fp64 reference, and a
+    // backward into outputs poisoned first
+    const auto grads = [&](std::vector<char> &a, std::vector<char> &bk, std::vector<char> &bv) {
+        a.resize(nq * esz(dt));
+        bk.resize(nk * esz(dt));
+        bv.resize(nk * esz(dt));
+        CK(cudaMemcpy(a.data(), gq_, a.size(), cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(bk.data(), gk_, bk.size(), cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(bv.data(), gv_, bv.size(), cudaMemcpyDeviceToHost));
+    };
+    const auto eco3 = [&](const std::vector<char> &a, const std::vector<char> &bk, const std::vector<char> &bv,
+                          const char *t) {
+        std::vector<float> f(nq), fk(nk), fv(nk);
+        for (size_t i = 0; i < nq; i++) f[i] = load_dt(a.data(), i, dt);
+        for (size_t i = 0; i < nk; i++) fk[i] = load_dt(bk.data(), i, dt), fv[i] = load_dt(bv.data(), i, dt);
+        eco("dQ", f, rdq, dt, false, t);
+        eco("dK", fk, rdk, dt, false, t);
+        eco("dV", fv, rdv, dt, false, t);
+    };
+    const auto poisoned_bwd = [&]() {
+        CK(cudaMemset(gq_, 0xff, nq * esz(dt)));
+        CK(cudaMemset(gk_, 0xff, nk * esz(dt)));
+        CK(cudaMemset(gv_, 0xff, nk * esz(dt)));
+        const spattn_status r =
+            spattn_bsa_bwd_ex(&tq, &tk, &tv, &to, &tdo, &tl, &tm, s.bx, s.by, 0.0, &tgq, &tgk, &tgv, &opt);
+        CK(cudaStreamSynchronize(st));
+        return r;
+    };
     spattn_status st2 = spattn_bsa_bwd_ex(&tq, &tk, &tv, &to, &tdo, &tl, &tm, s.bx, s.by, 0.0, &tgq, &tgk, &tgv, &opt);
     CK(cudaStreamSynchronize(st));
     if (st2 != SPATTN_STATUS_SUCCESS) {
         printf("  FAIL %s bwd status %d: %s\n", tag, st2, spattn_last_error());
         g_fail++;
     } else {
-        std::vector<char> a(nq * esz(dt)), bk(nk * esz(dt)), bv(nk * esz(dt));
-        CK(cudaMemcpy(a.data(), gq_, a.size(), cudaMemcpyDeviceToHost));
-        CK(cudaMemcpy(bk.data(), gk_, bk.size(), cudaMemcpyDeviceToHost));
-        CK(cudaMemcpy(bv.data(), gv_, bv.size(), cudaMemcpyDeviceToHost));
-        std::vector<float> f(nq), fk(nk), fv(nk);
-        for (size_t i = 0; i < nq; i++) f[i] = load_dt(a.data(), i, dt);
-        for (size_t i = 0; i < nk; i++) fk[i] = load_dt(bk.data(), i, dt), fv[i] = load_dt(bv.data(), i, dt);
-        eco("dQ", f, rdq, dt, false, tag);
-        eco("dK", fk, rdk, dt, false, tag);
-        eco("dV", fv, rdv, dt, false, tag);
+        std::vector<char> a, bk, bv, a2, bk2, bv2;
+        grads(a, bk, bv);
+        eco3(a, bk, bv, tag);
         // determinism: 19 more backwards (poisoned in between) are bitwise identical to the first
         // (the dQ adds of the Hopper backward are ordered by semaphores; a wrong order shows here)
         bool det = true;
         for (int rep = 0; rep < 19 && det; rep++) {
-            CK(cudaMemset(gq_, 0xff, nq * esz(dt)));
-            CK(cudaMemset(gk_, 0xff, nk * esz(dt)));
-            CK(cudaMemset(gv_, 0xff, nk * esz(dt)));
-            spattn_bsa_bwd_ex(&tq, &tk, &tv, &to, &tdo, &tl, &tm, s.bx, s.by, 0.0, &tgq, &tgk, &tgv, &opt);
-            CK(cudaStreamSynchronize(st));
-            std::vector<char> a2(a.size()), bk2(bk.size()), bv2(bv.size());
-            CK(cudaMemcpy(a2.data(), gq_, a2.size(), cudaMemcpyDeviceToHost));
-            CK(cudaMemcpy(bk2.data(), gk_, bk2.size(), cudaMemcpyDeviceToHost));
-            CK(cudaMemcpy(bv2.data(), gv_, bv2.size(), cudaMemcpyDeviceToHost));
-            det = !memcmp(a.data(), a2.data(), a.size()) && !memcmp(bk.data(), bk2.data(), bk.size()) &&
-                  !memcmp(bv.data(), bv2.data(), bv.size());
+            poisoned_bwd();
+            grads(a2, bk2, bv2);
+            det = a == a2 && bk == bk2 && bv == bv2;
         }
         if (!det) printf("  FAIL %s backward not bitwise deterministic over 20 runs\n", tag);
         det ? g_pass++ : g_fail++;
@@ -305,32 +318,18 @@ static void run_shape(const Shape &s, bool check_ref_kernels) {
             setenv("SPATTN_BSA_DQ_FIX", "1", 1);
             char tf[260];
             snprintf(tf, sizeof tf, "[fixed-point dQ] %s", tag);
-            std::vector<char> a0, k0, v0;
             bool same = true;
             spattn_status sf = SPATTN_STATUS_SUCCESS;
             for (int rep = 0; rep < 5 && same && sf == SPATTN_STATUS_SUCCESS; rep++) {
-                CK(cudaMemset(gq_, 0xff, nq * esz(dt)));
-                CK(cudaMemset(gk_, 0xff, nk * esz(dt)));
-                CK(cudaMemset(gv_, 0xff, nk * esz(dt)));
-                sf = spattn_bsa_bwd_ex(&tq, &tk, &tv, &to, &tdo, &tl, &tm, s.bx, s.by, 0.0, &tgq, &tgk, &tgv, &opt);
-                CK(cudaStreamSynchronize(st));
-                if (sf != SPATTN_STATUS_SUCCESS) break;
-                std::vector<char> a2(nq * esz(dt)), bk2(nk * esz(dt)), bv2(nk * esz(dt));
-                CK(cudaMemcpy(a2.data(), gq_, a2.size(), cudaMemcpyDeviceToHost));
-                CK(cudaMemcpy(bk2.data(), gk_, bk2.size(), cudaMemcpyDeviceToHost));
-                CK(cudaMemcpy(bv2.data(), gv_, bv2.size(), cudaMemcpyDeviceToHost));
+                if ((sf = poisoned_bwd()) != SPATTN_STATUS_SUCCESS) break;
+                grads(a2, bk2, bv2);
                 if (rep == 0) {
-                    std::vector<float> f(nq), fk(nk), fv(nk);
-                    for (size_t i = 0; i < nq; i++) f[i] = load_dt(a2.data(), i, dt);
-                    for (size_t i = 0; i < nk; i++) fk[i] = load_dt(bk2.data(), i, dt), fv[i] = load_dt(bv2.data(), i, dt);
-                    eco("dQ", f, rdq, dt, false, tf);
-                    eco("dK", fk, rdk, dt, false, tf);
-                    eco("dV", fv, rdv, dt, false, tf);
-                    a0 = a2;
-                    k0 = bk2;
-                    v0 = bv2;
+                    eco3(a2, bk2, bv2, tf);
+                    a = a2;
+                    bk = bk2;
+                    bv = bv2;
                 } else {
-                    same = a0 == a2 && k0 == bk2 && v0 == bv2;
+                    same = a == a2 && bk == bk2 && bv == bv2;
                 }
             }
             if (old_env) setenv("SPATTN_BSA_DQ_FIX", keep.c_str(), 1);
