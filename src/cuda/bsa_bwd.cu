@@ -45,7 +45,6 @@
 #include "bsa_launch.h"
 #include "bsa_paged.cuh"
 #include "bsa_tiles.h"
-#include "fixed_point.cuh"
 #include "hopper/hopper.cuh"
 
 namespace {
@@ -104,10 +103,10 @@ __global__ void __launch_bounds__(384, 1)
 
     const int nkt = (p.Skv + BN - 1) / BN, nqt = p.nqt;
     // blocks: chunk fastest, then key tile descending (see the header); row = (b * Nkv + hk) * nkt + nt;
-    // non-deterministic and fixed-point modes with p.sk.order: rows heaviest first (no dQ order to keep)
+    // non-deterministic mode with p.sk.order: rows heaviest first (no dQ order to keep)
     const int ck = (int)(blockIdx.x % sp.splits);
     const long long bx = blockIdx.x / sp.splits;
-    const long long row = det != 1 && p.sk.order ? (long long)p.sk.order[bx] : bx / nkt * nkt + (nkt - 1 - bx % nkt);
+    const long long row = !det && p.sk.order ? (long long)p.sk.order[bx] : bx / nkt * nkt + (nkt - 1 - bx % nkt);
     const int nt = (int)(row % nkt);
     const long long bh = row / nkt;
     const int hk = (int)(bh % p.Nkv), b = (int)(bh / p.Nkv);
@@ -262,49 +261,40 @@ __global__ void __launch_bounds__(384, 1)
                 }
                 return qc - lo;
             };
-            // det 2 (int64 fixed point, gated A/B): no order, no rank; one staging buffer of int64
-            const int nbuf = det == 2 ? 1 : 2;
             for (int base = 0; base < cnt; base += 32) {
                 const int nstep = min(32, cnt - base);
-                const int my_rank = det == 1 && lane < nstep ? rank_of(base + lane) : 0;
+                const int my_rank = det && lane < nstep ? rank_of(base + lane) : 0;
                 for (int i = 0; i < nstep; i++) {
                     const int pre = __shfl_sync(0xffffffffu, my_rank, i);
                     if (lane == 0) {
                         const int it = base + i;
-                        const int buf = it % nbuf;
+                        const int buf = it & 1;
                         const int e = lst[it] >> 4, g = e / nqt, m = e % nqt, n = hk * p.G + g;
                         long long at;  // accumulator tile
                         // VL: q0 read again per step (the writer runs on 24 registers: keeping it live spilled)
                         if constexpr (VL) at = (long long)n * p.vl.ntile + bsa_vl_qtile(p.vl.seq[b].x, b, m);
                         else at = ((long long)b * p.N + n) * nqt + m;
                         const int rank = pre;
-                        hop::mbar_wait(dqfull + buf, (it / nbuf) & 1);
+                        hop::mbar_wait(dqfull + buf, (it >> 1) & 1);
                         int *sp = sem + at;
-                        if (det == 1) hop::spin_until_eq(sp, rank);
+                        if (det) hop::spin_until_eq(sp, rank);
                         // the tile's NH halves are contiguous in the buffer and in the accumulator: one
-                        // add. det 1: the first in the order (rank 0) stores instead, so the accumulator
+                        // add. det: the first in the order (rank 0) stores instead, so the accumulator
                         // needs no zeroing (the postprocess writes 0 for query tiles nothing reaches)
+                        float *dst = dqacc + at * NH * (long long)(BM * 64);
                         const uint32_t src = hop::smem_u32(sDQ + buf * NH * BM * 64);
-                        if (det == 2) {
-                            long long *dst = reinterpret_cast<long long *>(dqacc) + at * NH * (long long)(BM * 64);
-                            asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.u64 [%0], [%1], %2;\n" ::"l"(dst),
-                                         "r"(src), "r"(NH * BM * 64 * 8)
+                        if (det && rank == 0)
+                            asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst),
+                                         "r"(src), "r"(NH * BM * 64 * 4)
                                          : "memory");
-                        } else {
-                            float *dst = dqacc + at * NH * (long long)(BM * 64);
-                            if (det && rank == 0)
-                                asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst),
-                                             "r"(src), "r"(NH * BM * 64 * 4)
-                                             : "memory");
-                            else
-                                asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
-                                             "r"(src), "r"(NH * BM * 64 * 4)
-                                             : "memory");
-                        }
+                        else
+                            asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+                                         "r"(src), "r"(NH * BM * 64 * 4)
+                                         : "memory");
                         asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
                         asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the buffer is read
                         hop::mbar_arrive(dqempty + buf);
-                        if (det == 1) {
+                        if (det) {
                             asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the add has landed
                             // a release add (no full fence: membar.sc cost ~1 us per link of the chain)
                             hop::release_inc(sp);
@@ -334,7 +324,6 @@ __global__ void __launch_bounds__(384, 1)
         return hop::desc_add(base, (kk >> 2) * rows * 128 + (kk & 3) * 32);
     };
 
-    const float fs = det == 2 ? bsa_fix_scale(p.fix, p.D) : 0.f;  // 2^F of the fixed-point dQ
     if (cnt > 0) hop::mbar_wait(barKV, 0);
     for (int it = 0; it < cnt; it++) {
         const int s = it % ST;
@@ -472,45 +461,16 @@ __global__ void __launch_bounds__(384, 1)
         hop::reg_fence(dv);
         if (has_dq) {
             hop::reg_fence(dq);
-            if (det == 2) {
-                // int64 fixed point (x 2^F, bsa_fix_scale) into the one staging buffer once the
-                // writer's add of the previous step has read it; a non-finite partial adds 0 and
-                // sets its element's flag byte (rare: one atomic per such element)
-                hop::mbar_wait(dqempty, (it & 1) ^ 1);
-                long long *sq = reinterpret_cast<long long *>(sDQ) + c * BM * 64;
+            // fp32 partial to shared memory (row-major 64 x 64) once the writer's add of two steps
+            // ago has read the buffer; the writer adds it
+            const int buf = it & 1;
+            hop::mbar_wait(dqempty + buf, ((it >> 1) & 1) ^ 1);
+            // in fragment order (dq_frag_off): one conflict-free 16-byte store per thread and j
+            float4 *sq = reinterpret_cast<float4 *>(sDQ + (buf * NH + c) * BM * 64);
 #pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    const int x = ((warp * 8 + j) * 32 + lane) * 4;  // dq_frag_off order, as below
-                    long long v[4];
-#pragma unroll
-                    for (int k = 0; k < 4; k++) {
-                        const float f = dq[4 * j + k];
-                        const bool fin = fabsf(f) <= 3.402823466e38f;  // false for NaN and +-inf
-                        v[k] = fin ? __float2ll_rn(f * fs) : 0ll;
-                        if constexpr (!VL) {
-                            if (!fin) {
-                                const int e = e2 >> 4, g = e / p.nqt, m = e % p.nqt, n = hk * p.G + g;
-                                fix_flag(p.fix_flags, ((((long long)b * p.N + n) * p.nqt + m) * NH + c) * (BM * 64) + x + k, f);
-                            }
-                        }
-                    }
-                    reinterpret_cast<longlong2 *>(sq + x)[0] = make_longlong2(v[0], v[1]);
-                    reinterpret_cast<longlong2 *>(sq + x)[1] = make_longlong2(v[2], v[3]);
-                }
-                hop::fence_proxy_async();
-                hop::mbar_arrive(dqfull);
-            } else {
-                // fp32 partial to shared memory (row-major 64 x 64) once the writer's add of two steps
-                // ago has read the buffer; the writer adds it
-                const int buf = it & 1;
-                hop::mbar_wait(dqempty + buf, ((it >> 1) & 1) ^ 1);
-                // in fragment order (dq_frag_off): one conflict-free 16-byte store per thread and j
-                float4 *sq = reinterpret_cast<float4 *>(sDQ + (buf * NH + c) * BM * 64);
-#pragma unroll
-                for (int j = 0; j < 8; j++) sq[(warp * 8 + j) * 32 + lane] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
-                hop::fence_proxy_async();
-                hop::mbar_arrive(dqfull + buf);
-            }
+            for (int j = 0; j < 8; j++) sq[(warp * 8 + j) * 32 + lane] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+            hop::fence_proxy_async();
+            hop::mbar_arrive(dqfull + buf);
         }
     }
 
@@ -622,34 +582,19 @@ __device__ __forceinline__ void dq_store8(const float *half, int r, int c, float
 }
 
 // dq[b, n, i, :] = scale * accumulator (layout [B*N][nqt][NH][64 x 64 in fragment order]); a
-// thread per 8 columns of a row.  FIX (det 2): the int64 fixed-point accumulator times 2^-F, or
-// what its flags say (fixed_point.cuh); it is zeroed by the Delta kernel, so a query tile nothing
-// reaches reads 0.
-template <int DP, typename T, bool FIX> __global__ void bsa_dq_post_kernel(const bsa_params p, const void *acc) {
+// thread per 8 columns of a row.
+template <int DP, typename T> __global__ void bsa_dq_post_kernel(const bsa_params p, const float *acc) {
     constexpr int NH = DP / 64, CPR = DP / 8;
     const int g = threadIdx.x % CPR, c = (g * 8) & 63, h = g >> 3;
     if (g * 8 >= p.D) return;
-    const float inv = FIX ? p.scale / bsa_fix_scale(p.fix, p.D) : 0.f;  // scale 2^-F
     const long long rows = (long long)p.B * p.N * p.Sq, rstep = (long long)gridDim.x * (blockDim.x / CPR);
     for (long long x = blockIdx.x * (long long)(blockDim.x / CPR) + threadIdx.x / CPR; x < rows; x += rstep) {
         const long long bn = x / p.Sq;
         const int i = (int)(x - bn * p.Sq), b = (int)(bn / p.N), n = (int)(bn - (long long)b * p.N);
-        const long long tile = bn * p.nqt + (i >> 6), base = (tile * NH + h) * (BM * 64);
+        const long long tile = bn * p.nqt + (i >> 6);
+        const float *half = acc + (tile * NH + h) * (BM * 64);
         T *dst = reinterpret_cast<T *>(p.dq.p) + (long long)b * p.dq.s0 + (long long)n * p.dq.s1 + (long long)i * p.dq.s2;
-        if constexpr (FIX) {
-            const long long *a64 = static_cast<const long long *>(acc);
-            const uint8_t *flags = reinterpret_cast<const uint8_t *>(p.fix_flags);
-            float v[8];
-#pragma unroll
-            for (int k = 0; k < 8; k++) {
-                const long long o = base + dq_frag_off(i & 63, c + k);
-                v[k] = fix_value(a64[o], flags[o], inv);
-            }
-            bsa_store8<T>(dst + (long long)(h * 64 + c) * p.dq.s3, p.dq.s3, v, min(8, p.D - h * 64 - c));
-        } else {
-            dq_store8<T>(static_cast<const float *>(acc) + base, i & 63, c, p.scale, dst + (long long)h * 64 * p.dq.s3,
-                         p.dq.s3, p.D - h * 64, p.sq.cnt[tile] == 0);
-        }
+        dq_store8<T>(half, i & 63, c, p.scale, dst + (long long)h * 64 * p.dq.s3, p.dq.s3, p.D - h * 64, p.sq.cnt[tile] == 0);
     }
 }
 
@@ -707,8 +652,7 @@ cudaError_t launch(const bsa_params &p, const bsa_bwd_tmaps &tm, float *dqacc, i
     const long long blocks = (total + 2047) / 2048;  // 8 columns per thread (grid-stride loops)
     const unsigned grid = (unsigned)(blocks < 65536 ? (blocks < 1 ? 1 : blocks) : 65536);
     if constexpr (VL) bsa_vl_post_kernel<DP, T, PG><<<grid, 256, 0, st>>>(p, dqacc);
-    else if (det == 2) bsa_dq_post_kernel<DP, T, true><<<grid, 256, 0, st>>>(p, dqacc);
-    else bsa_dq_post_kernel<DP, T, false><<<grid, 256, 0, st>>>(p, dqacc);
+    else bsa_dq_post_kernel<DP, T><<<grid, 256, 0, st>>>(p, dqacc);
     return cudaGetLastError();
 }
 

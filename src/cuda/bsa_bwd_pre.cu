@@ -77,4 +77,3 @@ extern "C" cudaError_t spattn_bsa_launch_delta(const bsa_params *p, int bf16, fl
     }
     return cudaGetLastError();
 }
-

@@ -82,25 +82,7 @@ struct bsa_params {
     bsa_sched sk;  // key-major (dK/dV): entry = (g * nqt + m) * 2 + partial
     int nqt;       // query tiles of the key-major list
     bsa_varlen vl;  // varlen forward only (last: the dense kernels' parameter offsets stay)
-    // backward, dQ as int64 fixed point (gated A/B, bsa_bwd.cu "det 2"): max over the finite
-    // elements of |dO|, |O|, |V|, |K| (float bits, maxabs.cuh), and one flag byte
-    // per accumulator element for non-finite partials (fixed_point.cuh)
-    const unsigned *fix;
-    unsigned *fix_flags;
 };
-
-// 2^F of the int64 fixed-point dQ: every partial sum of dQ (unscaled: sum_j dS_ij K_j) is bounded
-// by b = D max|dO| (max|V| + max|O|) max|K| (|dS_ij| <= P_ij (|dP_ij| + |Delta_i|), sum_j P_ij = 1),
-// so 2^F b <= 2^60 leaves 8x headroom below the int64 range (a P summing to more than 1, from an
-// LSE that is not the forward's, up to 8).  b = 0: F = 0 (all partials are 0).
-__device__ __forceinline__ float bsa_fix_scale(const unsigned *fix, int D) {
-    const double b = (double)D * __uint_as_float(fix[0]) * ((double)__uint_as_float(fix[2]) + __uint_as_float(fix[1])) *
-                     __uint_as_float(fix[3]);
-    if (!(b > 0.0)) return 1.f;
-    int e;
-    frexp(b, &e);  // b < 2^e
-    return ldexpf(1.f, max(-126, min(126, 60 - e)));
-}
 
 // ---- element types ------------------------------------------------------------------------
 template <typename T> struct bsa_t;

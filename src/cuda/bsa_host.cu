@@ -17,7 +17,6 @@ extern "C" {
 }
 #include "bsa_launch.h"
 #include "convert.cuh"
-#include "maxabs.cuh"
 #include "scratch.h"
 #include "bsa_plan.h"
 
@@ -124,7 +123,7 @@ const bsa_sched *plan_k90(const spattn_bsa_problem *p) {
 
 // Workspace layout: offsets of each piece and the total (exact bytes).
 struct Layout {
-    size_t off[11];
+    size_t off[10];
     size_t total;
 };
 
@@ -133,7 +132,7 @@ Layout layout(const spattn_bsa_problem *p, int kind) {
     Layout L = {};
     const int backward = kind != 0;
     const size_t rows = (size_t)p->B * p->N * p->Sq;
-    size_t sz[11] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    size_t sz[10] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     if (kind == 1) {  // Hopper backward: tiles of 64 query rows x 128 keys
         const int dp = bsa_dpad(p->D);
         const size_t nqt = (size_t)((p->Sq + 63) / 64), nkt = (size_t)((p->Skv + 127) / 128);
@@ -148,14 +147,10 @@ Layout layout(const spattn_bsa_problem *p, int kind) {
             sz[4] = kr * 4;                                // key-major counts
             sz[5] = kr * (size_t)(p->N / p->Nkv) * nqt * 4;  // key-major lists
         }
-        sz[6] = (nq + 2 * kr) * 4;                     // semaphores: dQ order per query tile, split rows per key tile; slots
-        // dQ accumulator (after the semaphores: one zeroed range covers both): fp32, or (fixed-point
-        // mode, gated A/B: sized for it whatever the gate says, as the size cannot depend on it)
-        // int64 + one flag byte per element
-        sz[7] = nq * 64 * (size_t)dp * 9;
+        sz[6] = nq * 64 * (size_t)dp * 4;              // dQ accumulator (fp32)
+        sz[7] = (nq + 2 * kr) * 4;                     // semaphores: dQ order per query tile, split rows per key tile; slots
         sz[8] = (size_t)bsa_bwd90_kvbuf_bytes(p->N / p->Nkv, (long long)nqt, (long long)kr, dp);  // split rows' dK / dV
         if (!plan_k90(p)) sz[9] = kr * 4;  // key-major launch order (non-deterministic mode)
-        sz[10] = 16;                       // the fixed-point bound: max |dO|, |O|, |V|, |K|
     } else if (backward || !fwd_fast(p)) {  // the simple kernels (and a conversion)
         if (!backward) {
             sz[0] = rows * p->D * 4;  // o fp32
@@ -177,7 +172,7 @@ Layout layout(const spattn_bsa_problem *p, int kind) {
             sz[2] = nq * 4;       // launch order
         }
     }
-    L.total = place(sz, 11, L.off);
+    L.total = place(sz, 10, L.off);
     return L;
 }
 
@@ -298,36 +293,15 @@ static spattn_status bwd90_run(const spattn_bsa_problem *pb, const spattn_exec *
     float *delta = reinterpret_cast<float *>(ws.base + L.off[0]), *lse2 = reinterpret_cast<float *>(ws.base + L.off[1]);
     int *qcnt = reinterpret_cast<int *>(ws.base + L.off[2]), *qlist = reinterpret_cast<int *>(ws.base + L.off[3]);
     int *kcnt = reinterpret_cast<int *>(ws.base + L.off[4]), *klist = reinterpret_cast<int *>(ws.base + L.off[5]);
-    int *sem = reinterpret_cast<int *>(ws.base + L.off[6]);
-    float *acc = reinterpret_cast<float *>(ws.base + L.off[7]);
+    float *acc = reinterpret_cast<float *>(ws.base + L.off[6]);
+    int *sem = reinterpret_cast<int *>(ws.base + L.off[7]);
     float *kvbuf = reinterpret_cast<float *>(ws.base + L.off[8]);  // used only when lists are split
-    // det: 0 fp32 adds in any order, 1 fp32 adds in a fixed order (semaphores), 2 int64 fixed point
-    // (order-free; gated A/B: SPATTN_BSA_DQ_FIX=1 with deterministic = 1)
-    int det = ex->deterministic ? 1 : 0;
-    if (det) {
-        const char *v = getenv("SPATTN_BSA_DQ_FIX");  // per call
-        if (v && v[0] == '1') det = 2;
-    }
-    // zeroed by the Delta kernel, from the semaphores on: the semaphores, and the dQ accumulator
-    // unless det 1 (there the first add of each query tile is a store): det 0 its fp32 part, det 2
-    // the int64 accumulator and its flags
-    const size_t nacc = spattn_bsa_bwd90_acc_bytes(&p, dp) / 4;  // dQ accumulator elements
-    const size_t to_acc = (size_t)(reinterpret_cast<char *>(acc) - reinterpret_cast<char *>(sem));
-    const size_t zn = det == 1 ? (spattn_bsa_bwd90_sem_bytes(&p, dp) + 15) & ~(size_t)15  // slot padding
-                               : to_acc + nacc * (det == 2 ? 9 : 4);
-    if ((e = spattn_bsa_launch_delta(&p, bf16, delta, lse2, sem, zn, st)) != cudaSuccess) return fail(e, "delta kernel");
-    if (det == 2) {
-        unsigned *stats = reinterpret_cast<unsigned *>(ws.base + L.off[10]);
-        p.fix = stats;
-        p.fix_flags = reinterpret_cast<unsigned *>(reinterpret_cast<char *>(acc) + nacc * 8);
-        // the bound (bsa_fix_scale): max over the finite elements of |dO|, |O|, |V|, |K|
-        if ((e = cudaMemsetAsync(stats, 0, 16, st)) != cudaSuccess) return fail(e, "fixed-point bound");
-        const spattn_tensor *const bt[4] = {pb->dout, pb->o, pb->v, pb->k};
-        for (int i = 0; i < 4; i++) {
-            if (bf16) spattn_launch_maxabs<__nv_bfloat16>(bt[i], stats + i, st);
-            else spattn_launch_maxabs<__half>(bt[i], stats + i, st);
-        }
-    }
+    // zeroed by the Delta kernel: the semaphores, and the dQ accumulator unless deterministic (there
+    // the first add of each query tile is a store)
+    const size_t zb = (size_t)(reinterpret_cast<char *>(sem) - reinterpret_cast<char *>(acc)) + spattn_bsa_bwd90_sem_bytes(&p, dp);
+    void *z0 = ex->deterministic ? static_cast<void *>(sem) : static_cast<void *>(acc);
+    const size_t zn = ((ex->deterministic ? spattn_bsa_bwd90_sem_bytes(&p, dp) : zb) + 15) & ~(size_t)15;  // slot padding
+    if ((e = spattn_bsa_launch_delta(&p, bf16, delta, lse2, z0, zn, st)) != cudaSuccess) return fail(e, "delta kernel");
     p.lse2 = lse2;
     p.delta = delta;
     p.nqt = (p.Sq + 63) / 64;
@@ -349,7 +323,7 @@ static spattn_status bwd90_run(const spattn_bsa_problem *pb, const spattn_exec *
         p.sk.order = nullptr;
         // heaviest key-major rows first (the deterministic mode keeps key tiles descending, its dQ
         // order; measured on the H200: non-deterministic backward 0.921x the time, causal 0.75-0.82x)
-        if (det != 1) {
+        if (!ex->deterministic) {
             int *korder = reinterpret_cast<int *>(ws.base + L.off[9]);
             const long long kr = (long long)p.B * p.Nkv * ((p.Skv + 127) / 128);
             if ((e = spattn_bsa_launch_order(kcnt, kr, 1, korder, st)) != cudaSuccess) return fail(e, "order");
@@ -360,7 +334,7 @@ static spattn_status bwd90_run(const spattn_bsa_problem *pb, const spattn_exec *
     if (!make_tmap(&tm.q, pb->q, 64) || !make_tmap(&tm.dout, pb->dout, 64) || !make_tmap(&tm.k, pb->k, 128) ||
         !make_tmap(&tm.v, pb->v, 128))
         return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "bsa cuda: cuTensorMapEncodeTiled failed for q, dout, k or v");
-    if ((e = spattn_bsa_launch_bwd90(&p, &tm, dp, bf16, acc, sem, kvbuf, det, st)) != cudaSuccess)
+    if ((e = spattn_bsa_launch_bwd90(&p, &tm, dp, bf16, acc, sem, kvbuf, ex->deterministic != 0, st)) != cudaSuccess)
         return fail(e, "backward kernel");
     return SPATTN_STATUS_SUCCESS;
 }

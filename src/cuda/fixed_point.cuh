@@ -1,5 +1,5 @@
-// int64 fixed point shared by the deterministic backwards (sfa dK / dQ: sfa_adds.cuh; bsa dQ:
-// bsa_bwd.cu): a finite value v is added as round(v * 2^F); an integer cannot hold NaN or Inf, so
+// int64 fixed point of the deterministic sfa backward (dK / dQ, sfa_adds.cuh and its conversion
+// kernels in sfa_host.cu): a finite value v is added as round(v * 2^F); an integer cannot hold NaN or Inf, so
 // a non-finite v sets a bit in its element's flag byte instead (1: +inf, 2: -inf, 4: NaN), and the
 // conversion gives NaN for NaN or +inf with -inf, else the infinity (IEEE on the sum).
 #pragma once

@@ -1,6 +1,6 @@
 // max |x| over the finite elements of a 4-d tensor, into a float stored as its bits (non-negative
 // floats order as their bits: atomicMax on the uint).  The bound of the fixed-point (int64)
-// accumulations of both backwards: the sfa dK / dQ (sfa_host.cu) and the bsa dQ (bsa_host.cu).
+// accumulations of the sfa backward (dK / dQ, sfa_host.cu).
 // Non-finite elements are left out: the sums they reach carry flags instead, and an infinite
 // maximum would zero every finite contribution.  The caller zeroes *out first.
 #pragma once
