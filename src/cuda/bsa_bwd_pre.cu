@@ -8,9 +8,13 @@
 
 #include "bsa_common.cuh"
 #include "bsa_launch.h"
+#include "hopper/hopper.cuh"
 
 template <typename T, bool VL>
 __global__ void bsa_delta_kernel(const bsa_params p, float *delta, float *lse2, uint4 *zero, long long zero16) {
+    // the backward kernel (its programmatic dependent) may be scheduled once every CTA of this one
+    // has started: it loads K / V meanwhile and waits for this kernel's end before reading its output
+    hop::griddep_launch();
     // the backward's dQ accumulator and semaphores are zeroed here (no separate memset launches)
     for (long long x = blockIdx.x * (long long)blockDim.x + threadIdx.x; x < zero16; x += (long long)gridDim.x * blockDim.x)
         zero[x] = make_uint4(0, 0, 0, 0);

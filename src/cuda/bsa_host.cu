@@ -120,6 +120,7 @@ const bsa_sched *plan_k90(const spattn_bsa_problem *p) {
     const bsa_plan_cuda *c = plan_of(p);
     return c && c->kv_bm == 64 && c->kv_bn == 128 ? &c->kv : nullptr;
 }
+const int *plan_kslot(const spattn_bsa_problem *p) { return plan_k90(p) ? plan_of(p)->kv_slot : nullptr; }
 
 // Workspace layout: offsets of each piece and the total (exact bytes).
 struct Layout {
@@ -301,10 +302,12 @@ static spattn_status bwd90_run(const spattn_bsa_problem *pb, const spattn_exec *
     const size_t zb = (size_t)(reinterpret_cast<char *>(sem) - reinterpret_cast<char *>(acc)) + spattn_bsa_bwd90_sem_bytes(&p, dp);
     void *z0 = ex->deterministic ? static_cast<void *>(sem) : static_cast<void *>(acc);
     const size_t zn = ((ex->deterministic ? spattn_bsa_bwd90_sem_bytes(&p, dp) : zb) + 15) & ~(size_t)15;  // slot padding
-    if ((e = spattn_bsa_launch_delta(&p, bf16, delta, lse2, z0, zn, st)) != cudaSuccess) return fail(e, "delta kernel");
     p.lse2 = lse2;
     p.delta = delta;
     p.nqt = (p.Sq + 63) / 64;
+    // Launch order: the schedules (no plan) first, then the Delta kernel right before the backward
+    // kernel, which may start before Delta ends (programmatic dependent launch): it reads the
+    // lists before its griddepcontrol.wait, Delta's outputs and the zeroed memory after it.
     if (const bsa_sched *ps = plan_q90(pb)) {
         p.sq = *ps;
     } else {
@@ -334,7 +337,9 @@ static spattn_status bwd90_run(const spattn_bsa_problem *pb, const spattn_exec *
     if (!make_tmap(&tm.q, pb->q, 64) || !make_tmap(&tm.dout, pb->dout, 64) || !make_tmap(&tm.k, pb->k, 128) ||
         !make_tmap(&tm.v, pb->v, 128))
         return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "bsa cuda: cuTensorMapEncodeTiled failed for q, dout, k or v");
-    if ((e = spattn_bsa_launch_bwd90(&p, &tm, dp, bf16, acc, sem, kvbuf, ex->deterministic != 0, st)) != cudaSuccess)
+    if ((e = spattn_bsa_launch_delta(&p, bf16, delta, lse2, z0, zn, st)) != cudaSuccess) return fail(e, "delta kernel");
+    if ((e = spattn_bsa_launch_bwd90(&p, &tm, dp, bf16, acc, sem, plan_kslot(pb), kvbuf, ex->deterministic != 0, st)) !=
+        cudaSuccess)
         return fail(e, "backward kernel");
     return SPATTN_STATUS_SUCCESS;
 }
@@ -793,7 +798,6 @@ extern "C" spattn_status spattn_cuda_bsa_bwd_varlen(const spattn_bsa_problem *pb
     const size_t zb = (size_t)(reinterpret_cast<char *>(sem) - reinterpret_cast<char *>(acc)) + spattn_bsa_bwd90_sem_bytes(&p, dp);
     void *z0 = ex->deterministic ? static_cast<void *>(sem) : static_cast<void *>(acc);
     const size_t zn = ((ex->deterministic ? spattn_bsa_bwd90_sem_bytes(&p, dp) : zb) + 15) & ~(size_t)15;  // slot padding
-    if ((e = spattn_bsa_launch_delta(&p, bf16, delta, lse2, z0, zn, st)) != cudaSuccess) return fail(e, "delta kernel");
     p.lse2 = lse2;
     p.delta = delta;
     p.nqt = (int)nqt;
@@ -805,7 +809,9 @@ extern "C" spattn_status spattn_cuda_bsa_bwd_varlen(const spattn_bsa_problem *pb
     p.sk.cnt = kcnt;
     p.sk.list = klist;
     p.sk.stride = p.G * p.nqt;
-    if ((e = spattn_bsa_launch_bwd90(&p, &tm, dp, bf16, acc, sem, kvbuf, ex->deterministic != 0, st)) != cudaSuccess)
+    // Delta right before the backward kernel (the launch order of bwd90_run)
+    if ((e = spattn_bsa_launch_delta(&p, bf16, delta, lse2, z0, zn, st)) != cudaSuccess) return fail(e, "delta kernel");
+    if ((e = spattn_bsa_launch_bwd90(&p, &tm, dp, bf16, acc, sem, nullptr, kvbuf, ex->deterministic != 0, st)) != cudaSuccess)
         return fail(e, "backward kernel");
     if (sq->table) {  // every page row of dk / dv from the scratch (bsa_pages.cu)
         bsa_pg_fold_args f = {};

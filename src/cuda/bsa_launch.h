@@ -109,8 +109,13 @@ cudaError_t spattn_bsa_launch_split_slots(const int *cnt, long long rows, int nk
 // accumulator and semaphores per head over p->vl.ntile tiles (bsa_vl_qtile); dK / dV rows
 // k0 + j (j < Skv_b), dQ rows q0 + i (i < Sq_b), dK / dV rows in [cu_kv[B], Tkv) zeroed; nothing
 // written unless *p->vl.err == ~0.
+// slot: a plan's split slots (bsa_plan_cuda.kv_slot), or NULL: then spattn_bsa_launch_split_slots
+// writes them into the semaphore region first.  Launched right after spattn_bsa_launch_delta, as
+// its programmatic dependent: everything the kernel reads before
+// its griddepcontrol.wait (lists, counts, order, slots of a plan, varlen tables and maps) must be
+// written by kernels launched before the Delta kernel.
 cudaError_t spattn_bsa_launch_bwd90(const bsa_params *p, const bsa_bwd_tmaps *tm, int dp, int bf16, float *dqacc, int *sem,
-                                    float *kvbuf, int det, cudaStream_t st);
+                                    const int *slot, float *kvbuf, int det, cudaStream_t st);
 // Paged backward (bsa_pages.cu): dk / dv pages [num_pages, page_size, Nkv, D] (strides dk_s /
 // dv_s, elements) from the fp32 scratch sdk / sdv [B * max_kv][Nkv][D] of the PG backward (dK
 // already scaled): every page row = the sum over the (sequence b, key) pairs mapping to it in

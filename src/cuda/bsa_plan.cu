@@ -73,10 +73,11 @@ static spattn_status plan_make(spattn_bsa_plan *pl, const spattn_tensor *mask, c
     const int kv_nqt = (p.Sq + tk.bm - 1) / tk.bm;
     const size_t k_rows = (size_t)p.B * p.Nkv * ((p.Skv + tk.bn - 1) / tk.bn), k_w = (size_t)p.G * kv_nqt;
     const size_t mask_bytes = BN * (size_t)p.nbx * p.nby;
-    size_t off[9], total = 0;
-    const size_t sz[9] = {mask_bytes, f_rows * 4, f_rows * f_w * 8, q_rows * 4, q_rows * q_w * 4, k_rows * 4,
-                          k_rows * k_w * 4, f_rows * 4, k_rows * 4};
-    for (int i = 0; i < 9; i++) {
+    const int splits = bsa_bwd90_splits(p.G, kv_nqt);
+    size_t off[10], total = 0;
+    const size_t sz[10] = {mask_bytes, f_rows * 4, f_rows * f_w * 8, q_rows * 4, q_rows * q_w * 4, k_rows * 4,
+                           k_rows * k_w * 4, f_rows * 4, k_rows * 4, splits > 1 ? k_rows * 4 : 0};
+    for (int i = 0; i < 10; i++) {
         off[i] = total;
         total += up(sz[i]);
     }
@@ -109,6 +110,14 @@ static spattn_status plan_make(spattn_bsa_plan *pl, const spattn_tensor *mask, c
     if (e == cudaSuccess)
         e = spattn_bsa_launch_sched_k(&p, tk.bm, tk.bn, const_cast<int *>(c->kv.cnt), const_cast<int *>(c->kv.list), st);
     if (e == cudaSuccess) e = spattn_bsa_launch_order(c->kv.cnt, (long long)k_rows, 1, korder, st);
+    // which long key-major lists split (a kernel per backward call before plans held it)
+    if (e == cudaSuccess && splits > 1) {
+        int *slot = reinterpret_cast<int *>(base + off[9]);
+        const int nkt = (p.Skv + tk.bn - 1) / tk.bn;
+        e = spattn_bsa_launch_split_slots(c->kv.cnt, (long long)k_rows, nkt, bsa_bwd90_chunk(p.G, kv_nqt),
+                                          (int)bsa_bwd90_split_slots(p.G, kv_nqt, (long long)k_rows, 128), slot, st);
+        c->kv_slot = slot;
+    }
     if (e == cudaSuccess) e = cudaStreamSynchronize(st);
     if (e != cudaSuccess) {
         cudaFree(c->buf);

@@ -18,6 +18,7 @@ struct bsa_plan_cuda {
     bsa_sched dq;
     int kv_bm, kv_bn;     // key-major list of the backward (64 x 128)
     bsa_sched kv;
+    const int *kv_slot;   // split rows' kvbuf slots (spattn_bsa_launch_split_slots), NULL when no list can split
 };
 
 #endif

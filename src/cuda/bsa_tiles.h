@@ -74,12 +74,14 @@ BSA_HD int bsa_bwd90_chunk(long long G, long long nqt) {
     return (int)((n + s - 1) / s);
 }
 // The split rows' fp32 dK / dV sums (2 x 128 keys x dp each) live in slots: at most
-// bsa_bwd90_split_slots() of them (64 MiB), given to the first rows (in row order) that split;
+// bsa_bwd90_split_slots() of them (64 MiB at dp = 128; the same count at dp = 64, so that a plan,
+// built before D is known, holds the slot choice), given to the first rows (in row order) that split;
 // later candidates run unsplit (spattn_bsa_launch_bwd90 assigns them on the device, so the
 // choice is deterministic).  A slot per key tile cost 1.3 GB on a 32-sequence 32K-token varlen
 // batch, and its stream-ordered allocation outweighed the kernel (H200, 12.1 ms vs 2.9 ms).
 BSA_HD long long bsa_bwd90_split_slots(long long G, long long nqt, long long key_rows, int dp) {
-    const long long cap = (64ll << 20) / (2ll * 128 * dp * 4);
+    (void)dp;
+    const long long cap = (64ll << 20) / (2ll * 128 * 128 * 4);
     return bsa_bwd90_splits(G, nqt) > 1 ? (key_rows < cap ? key_rows : cap) : 0;
 }
 BSA_HD long long bsa_bwd90_kvbuf_bytes(long long G, long long nqt, long long key_rows, int dp) {

@@ -145,6 +145,29 @@ __device__ __forceinline__ void tma_load_4d(void *dst, const CUtensorMap *m, int
 // ---- launch ---------------------------------------------------------------------------------
 // Raises a kernel's dynamic shared-memory limit once per device (bit d of *done_mask; devices
 // beyond 63 set it on every call).
+// Programmatic dependent launch: a kernel launched with launch_pdl(.., pdl = true) may start while
+// the kernel before it in the stream runs (once every CTA of that one has executed
+// griddep_launch() or exited).  griddep_wait() returns when that kernel has completed and its
+// writes are visible (at once when there is none); every thread calls it before reading what the
+// previous kernel wrote, and before it exits, so that this grid completes after the previous one.
+__device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void griddep_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+template <typename... KArgs, typename... Args>
+static inline cudaError_t launch_pdl(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, bool pdl,
+                                     Args &&...args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kern, static_cast<Args &&>(args)...);
+}
+
 template <typename K> static inline cudaError_t set_smem(K kern, size_t smem, unsigned long long *done_mask) {
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
