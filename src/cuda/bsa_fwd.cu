@@ -216,51 +216,70 @@ __global__ void __launch_bounds__(384, 1)
         }
         hop::wgmma_commit();
     };
-    // Applies the token mask of a partial tile, updates the running max and sums (scaled);
-    // leaves exp2 values in s and returns the rescale factors of O.
-    auto softmax = [&](int it, float &a0, float &a1) {
+    // The token mask of tile it as bits, computed while the tile's S GEMM runs (the list and mask
+    // loads were on the softmax's critical path): bit 2 jj + h of m0 / m1 keeps column
+    // jj * 8 + 2 c + h of row i_lo / i_lo + 8.  Returns whether the tile is partial (a chunk
+    // marked partial, or padding); m0 / m1 are only meaningful then.
+    auto tile_bits = [&](int it, uint32_t &m0, uint32_t &m1) {
         const int e0 = it * G;
         bool part = e0 + G > cnt;  // padded tile
         for (int gi = 0; gi < G && !part; gi++) part = lst[e0 + gi].x & 1;
+        m0 = m1 = 0u;
+        if (!part) return false;
+        if (rowbits) {  // the schedule's row bits: no mask reads
+            // chunk gi holds columns [gi U, gi U + U): bits [gi U / 4, gi U / 4 + U / 4)
+            const int nb = U >> 2;
+            for (int gi = 0; gi < G && e0 + gi < cnt; gi++) {
+                const int2 en = lst[e0 + gi];
+                const int key0 = (en.x >> 1) << lu;
+                uint32_t bits = (nb >= 32 ? ~0u : (1u << nb) - 1u) << (gi * nb);
+                if (key0 + U > Skv()) {  // the edge chunk: columns past Skv
+#pragma unroll
+                    for (int jj = 0; jj < BN / 8; jj++)
+#pragma unroll
+                        for (int h = 0; h < 2; h++)
+                            if (((jj * 8) >> lu) == gi && key0 + ((jj * 8 + 2 * c + h) & (U - 1)) >= Skv())
+                                bits &= ~(1u << (2 * jj + h));
+                }
+                if ((en.y >> rl0) & 1) m0 |= bits;
+                if ((en.y >> rl1) & 1) m1 |= bits;
+            }
+        } else {  // per token: mask[i / bx][j / by]
+            const uint8_t *mb = p.mask.p + (long long)b * p.mask.s0 + (long long)n * p.mask.s1;
+            const uint8_t *mr0 = mb + (long long)min(bsa_div(i_lo, p.bx, p.inv_bx), p.nbx - 1) * p.mask.s2;
+            const uint8_t *mr1 = mb + (long long)min(bsa_div(i_lo + 8, p.bx, p.inv_bx), p.nbx - 1) * p.mask.s2;
+#pragma unroll
+            for (int jj = 0; jj < BN / 8; jj++) {
+                const int e = e0 + ((jj * 8) >> lu);
+                const bool valid = e < cnt;
+                const int key0 = valid ? (lst[e].x >> 1) << lu : 0;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int j = key0 + ((jj * 8 + 2 * c + h) & (U - 1));
+                    const bool okc = valid && j < Skv();
+                    const long long cb = (long long)min(bsa_div(j, p.by, p.inv_by), p.nby - 1) * p.mask.s3;
+                    if (okc && __ldg(mr0 + cb)) m0 |= 1u << (2 * jj + h);
+                    if (okc && __ldg(mr1 + cb)) m1 |= 1u << (2 * jj + h);
+                }
+            }
+        }
+        return true;
+    };
+    // Applies the token mask of a partial tile (tile_bits), updates the running max and sums
+    // (scaled); leaves exp2 values in s and returns the rescale factors of O.
+    auto softmax = [&](bool part, uint32_t m0, uint32_t m1, float &a0, float &a1) {
         if (!(sl2 > 0.f)) {  // a negative scale reverses the order: scale first (rare)
 #pragma unroll
             for (int i = 0; i < BN / 2; i++) s[i] *= sl2;
         }
         if (part) {
-            if (rowbits) {  // the schedule's row bits: no mask reads
 #pragma unroll
-                for (int jj = 0; jj < BN / 8; jj++) {
-                    const int e = e0 + ((jj * 8) >> lu);  // the chunk of these 8 columns (U >= 16)
-                    const bool valid = e < cnt;
-                    const int2 en = valid ? lst[e] : make_int2(0, 0);
-                    const int key0 = (en.x >> 1) << lu;
-                    const bool ok0 = (en.y >> rl0) & 1, ok1 = (en.y >> rl1) & 1;
+            for (int jj = 0; jj < BN / 8; jj++)
 #pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const bool okc = key0 + ((jj * 8 + 2 * c + h) & (U - 1)) < Skv();
-                        if (!(ok0 && okc)) s[4 * jj + h] = -INFINITY;
-                        if (!(ok1 && okc)) s[4 * jj + 2 + h] = -INFINITY;
-                    }
+                for (int h = 0; h < 2; h++) {
+                    if (!((m0 >> (2 * jj + h)) & 1u)) s[4 * jj + h] = -INFINITY;
+                    if (!((m1 >> (2 * jj + h)) & 1u)) s[4 * jj + 2 + h] = -INFINITY;
                 }
-            } else {  // per token: mask[i / bx][j / by]
-                const uint8_t *mb = p.mask.p + (long long)b * p.mask.s0 + (long long)n * p.mask.s1;
-                const uint8_t *mr0 = mb + (long long)min(bsa_div(i_lo, p.bx, p.inv_bx), p.nbx - 1) * p.mask.s2;
-                const uint8_t *mr1 = mb + (long long)min(bsa_div(i_lo + 8, p.bx, p.inv_bx), p.nbx - 1) * p.mask.s2;
-#pragma unroll
-                for (int jj = 0; jj < BN / 8; jj++) {
-                    const int e = e0 + ((jj * 8) >> lu);
-                    const bool valid = e < cnt;
-                    const int key0 = valid ? (lst[e].x >> 1) << lu : 0;
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const int j = key0 + ((jj * 8 + 2 * c + h) & (U - 1));
-                        const bool okc = valid && j < Skv();
-                        const long long cb = (long long)min(bsa_div(j, p.by, p.inv_by), p.nby - 1) * p.mask.s3;
-                        if (!(okc && __ldg(mr0 + cb))) s[4 * jj + h] = -INFINITY;
-                        if (!(okc && __ldg(mr1 + cb))) s[4 * jj + 2 + h] = -INFINITY;
-                    }
-                }
-            }
         }
         // max of the raw scores, then the scale folded into one FFMA per exp2 (sc > 0 keeps the
         // order); mx0/mx1 stay in scaled log2 units
@@ -328,10 +347,12 @@ __global__ void __launch_bounds__(384, 1)
         my_turn();
         issue_qk(0);
         your_turn();
+        uint32_t m0, m1;
+        bool part = tile_bits(0, m0, m1);
         hop::wgmma_wait<0>();
         hop::reg_fence(s);
         hop::mbar_arrive(emptyK);
-        softmax(0, a0, a1);
+        softmax(part, m0, m1, a0, a1);
         to_pa();
         for (int it = 1; it < ntiles; it++) {
             const int sk = it % ST, sv = (it - 1) % ST;
@@ -341,10 +362,11 @@ __global__ void __launch_bounds__(384, 1)
             issue_qk(sk);
             issue_pv(sv);
             your_turn();
+            part = tile_bits(it, m0, m1);
             hop::wgmma_wait<1>();  // S_it is ready; P V of the previous tile still runs
             hop::reg_fence(s);
             hop::mbar_arrive(emptyK + sk);
-            softmax(it, a0, a1);
+            softmax(part, m0, m1, a0, a1);
             hop::wgmma_wait<0>();
             hop::reg_fence(o);
             hop::reg_fence(pa);
