@@ -124,29 +124,36 @@ __global__ void __launch_bounds__(384, 1)
 
     if (wg == 0) {  // ---------------------------------------------------------------- producer
         hop::setmaxnreg_dec<24>();
-        if (tid == 0 && ntiles > 0) {
-            if constexpr (VL) {  // maps written by the prep kernel: acquire before the first TMA
-                tmap_acquire(mq);
-                tmap_acquire(mk);
-                tmap_acquire(mv);
-            }
-            hop::tma_prefetch_desc(mq);
-            hop::tma_prefetch_desc(mk);
-            hop::tma_prefetch_desc(mv);
-            if constexpr (PG) {
-                hop::tma_prefetch_desc(&tmk);
-                hop::tma_prefetch_desc(&tmv);
-            }
-            hop::mbar_expect_tx(barQ, C::Q_BYTES);
+        // warp 0; lane gi < G loads the list entry of the tile's chunk gi and issues its copies (the
+        // G dependent list loads of one thread were serial; G = 128 / U <= 8)
+        if (tid < 32 && ntiles > 0) {
+            const int gi = tid;
+            if (gi == 0) {
+                if constexpr (VL) {  // maps written by the prep kernel: acquire before the first TMA
+                    tmap_acquire(mq);
+                    tmap_acquire(mk);
+                    tmap_acquire(mv);
+                }
+                hop::tma_prefetch_desc(mq);
+                hop::tma_prefetch_desc(mk);
+                hop::tma_prefetch_desc(mv);
+                if constexpr (PG) {
+                    hop::tma_prefetch_desc(&tmk);
+                    hop::tma_prefetch_desc(&tmv);
+                }
+                hop::mbar_expect_tx(barQ, C::Q_BYTES);
 #pragma unroll
-            for (int x = 0; x < NBOX; x++) hop::tma_load_4d(sQ + x * BM * 128, mq, x * 64, r0, n, bt, barQ);
+                for (int x = 0; x < NBOX; x++) hop::tma_load_4d(sQ + x * BM * 128, mq, x * 64, r0, n, bt, barQ);
+            }
             for (int it = 0; it < ntiles; it++) {
                 const int s = it % ST;
                 const uint32_t par = ((it / ST) & 1) ^ 1;
+                // padding slots repeat the last chunk (masked)
+                const int key = gi < G ? (lst[min(it * G + gi, cnt - 1)].x >> 1) << lu : 0;
                 hop::mbar_wait(emptyK + s, par);
-                hop::mbar_expect_tx(fullK + s, C::KV_BYTES);
-                for (int gi = 0; gi < G; gi++) {  // padding slots repeat the last chunk (masked)
-                    const int key = (lst[min(it * G + gi, cnt - 1)].x >> 1) << lu;
+                if (gi == 0) hop::mbar_expect_tx(fullK + s, C::KV_BYTES);
+                __syncwarp();
+                if (gi < G) {
                     if constexpr (PG) {
                         bsa_load_paged<NBOX, BN>(sK + s * C::KV_BYTES + gi * U * 128, &tmk, mk, key, U, p.vl.lr, hk,
                                                  p.vl.table + b * p.vl.tab_s0, p.vl.tab_s1, p.vl.page_size, vSkv,
@@ -159,9 +166,9 @@ __global__ void __launch_bounds__(384, 1)
                     }
                 }
                 hop::mbar_wait(emptyV + s, par);
-                hop::mbar_expect_tx(fullV + s, C::KV_BYTES);
-                for (int gi = 0; gi < G; gi++) {
-                    const int key = (lst[min(it * G + gi, cnt - 1)].x >> 1) << lu;
+                if (gi == 0) hop::mbar_expect_tx(fullV + s, C::KV_BYTES);
+                __syncwarp();
+                if (gi < G) {
                     if constexpr (PG) {
                         bsa_load_paged<NBOX, BN>(sV + s * C::KV_BYTES + gi * U * 128, &tmv, mv, key, U, p.vl.lr, hk,
                                                  p.vl.table + b * p.vl.tab_s0, p.vl.tab_s1, p.vl.page_size, vSkv,
