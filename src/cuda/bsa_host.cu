@@ -266,6 +266,8 @@ extern "C" spattn_status spattn_cuda_bsa_fwd(const spattn_bsa_problem *pb, const
     bsa_tmaps tm;
     if (!make_tmap(&tm.q, pb->q, t.bm) || !make_tmap(&tm.k, pb->k, u) || !make_tmap(&tm.v, pb->v, u))
         return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "bsa cuda: cuTensorMapEncodeTiled failed for q, k or v");
+    // O by TMA stores where the engine can write the view (else the kernel stores per element)
+    tm.o_tma = p.o.vec && make_tmap(&tm.o, pb->o, 64);
     if (const bsa_sched *ps = plan_fwd(pb)) {
         p.sq = *ps;
     } else {
@@ -664,7 +666,9 @@ extern "C" spattn_status spattn_cuda_bsa_fwd_varlen(const spattn_bsa_problem *pb
         return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
                                 "bsa cuda: B * N * ceil(max_seqlen_q / %d) must be < 2^31", t.bm);
     bsa_tmaps tm;
-    memset(&tm, 0, sizeof tm);  // the reference path passes unused maps
+    // the reference path passes unused maps; o_tma 0: per-element O stores (a map over the packed
+    // rows would write across sequences)
+    memset(&tm, 0, sizeof tm);
     // paged: k / v maps over the page pool in slabs of 2^lr rows (the per-sequence copies cut the last page)
     const int lr = sq->table ? vl_slab_log2(u, sq->page_size) : 0;
     const int kv_rows = sq->table ? 1 << lr : u, kv_dim = sq->table ? 2 : 1;

@@ -31,6 +31,8 @@ cudaError_t spattn_bsa_launch_order(const int *cnt, long long rows, int per_tile
 // bsa_fwd90_tile_for(dp).bm rows for Q and `chunk` rows for K, V; 128-byte swizzle).
 struct bsa_tmaps {
     CUtensorMap q, k, v;
+    CUtensorMap o;  // forward output, boxes of 64 rows (one consumer warpgroup's), when o_tma
+    int o_tma;      // O is written by TMA stores (dense forward; else per-element stores)
 };
 // Packed variable-length forward / backward (bsa_sched.cu, bsa_vl_prep_kernel): checks the
 // prefix sums into *err (~0 before: the caller memsets it; see the kernel for the key), fills

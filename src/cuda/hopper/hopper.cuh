@@ -142,6 +142,19 @@ __device__ __forceinline__ void tma_load_4d(void *dst, const CUtensorMap *m, int
     ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, dst, m, c, bar);
 }
 
+// 4-d tile store (coordinates innermost first) from shared memory (written by the generic proxy:
+// fence_proxy_async and a barrier first); rows / columns past the tensor are not written.
+// Completes as a bulk group: bulk_commit(), then bulk_wait_read() before the source is reused or
+// the CTA exits.
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap *m, const void *src, int c0, int c1, int c2, int c3) {
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+                     reinterpret_cast<uint64_t>(m)),
+                 "r"(smem_u32(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+
 // ---- launch ---------------------------------------------------------------------------------
 // Raises a kernel's dynamic shared-memory limit once per device (bit d of *done_mask; devices
 // beyond 63 set it on every call).
