@@ -65,7 +65,7 @@ template <int DP> struct BwdCfg {
     static_assert(SMEM <= 232448, "fits in 227 KB");
 };
 
-enum { NB_DS = 1, NB_DSE = 2, NB_KV = 3 };
+enum { NB_DS = 1, NB_DSE = 2, NB_KV = 3, NB_ST = 4 };  // NB_ST + c: consumer c's TMA-store barrier
 
 // Position of element (row r, column col) of a 64 x 64 fp32 dQ half in the staging buffer and
 // the accumulator: the wgmma accumulator fragment order, so that each consumer thread stores its
@@ -86,8 +86,9 @@ __device__ __forceinline__ void bwd_tmap_acquire(const CUtensorMap *m) {
 template <int DP, typename T, bool VL, bool PG = false>
 __global__ void __launch_bounds__(384, 1)
     bsa_bwd90_kernel(const bsa_params p, const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
-                     const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv, float *dqacc,
-                     int *sem, int det, const bsa_split sp) {
+                     const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
+                     const __grid_constant__ CUtensorMap tmdk, const __grid_constant__ CUtensorMap tmdv, const int kv_tma,
+                     float *dqacc, int *sem, int det, const bsa_split sp) {
     using C = BwdCfg<DP>;
     static_assert(VL || !PG, "paged K / V come with a varlen batch only");
     constexpr int NBOX = C::NBOX, NH = C::NH;
@@ -544,6 +545,36 @@ __global__ void __launch_bounds__(384, 1)
         }
         return;
     }
+    if (kv_tma) {
+        // dK / dV through the K / V tiles in shared memory (128-byte swizzled, this consumer's 64
+        // rows of each 64-column box) and TMA stores: the per-element stores were 8 sectors per
+        // warp instruction (the forward's epilogue measured ~2.3 us per CTA that way).  K is read
+        // by both consumers' dQ GEMMs (box c by consumer c): both done first; V rows are private.
+        hop::bar_sync(NB_KV, 256);
+        unsigned char *kb = sK + c * 64 * 128, *vb = sV + c * 64 * 128;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int row = kr + 8 * r;
+#pragma unroll
+            for (int j = 0; j < DP / 8; j++) {
+                const int off = (j >> 3) * BN * 128 + row * 128 + (((j & 7) ^ (row & 7)) << 4) + 4 * q4;
+                *reinterpret_cast<uint32_t *>(kb + off) = bsa_t<T>::pack(dk[4 * j + 2 * r] * sc, dk[4 * j + 2 * r + 1] * sc);
+                *reinterpret_cast<uint32_t *>(vb + off) = bsa_t<T>::pack(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+            }
+        }
+        hop::fence_proxy_async();
+        hop::bar_sync(NB_ST + c, 128);
+        if (tid == 0) {
+#pragma unroll
+            for (int x = 0; x < NBOX; x++) {
+                hop::tma_store_4d(&tmdk, kb + x * BN * 128, x * 64, nt * BN + c * 64, hk, bt);
+                hop::tma_store_4d(&tmdv, vb + x * BN * 128, x * 64, nt * BN + c * 64, hk, bt);
+            }
+            hop::bulk_commit();
+            hop::bulk_wait_read();  // shared memory is read before the CTA exits
+        }
+        return;
+    }
     if constexpr (VL) k0 = p.vl.seq[b].z;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -665,7 +696,7 @@ cudaError_t launch(const bsa_params &p, const bsa_bwd_tmaps &tm, float *dqacc, i
     // this one (measured on the H200: 0.985x the time deterministic, 0.983x non-deterministic;
     // short backwards gain most, bsa01 0.95x)
     e = hop::launch_pdl(bsa_bwd90_kernel<DP, T, VL, PG>, dim3((unsigned)ctas), dim3(384), C::SMEM, st, true, p, tm.q, tm.dout,
-                        tm.k, tm.v, dqacc, sem, det, sp);
+                        tm.k, tm.v, VL ? tm.q : tm.dk, VL ? tm.q : tm.dv, VL ? 0 : tm.kv_tma, dqacc, sem, det, sp);
     if (e != cudaSuccess) return e;
     const long long total = VL ? (long long)p.N * p.vl.Tq * p.D + (long long)p.Nkv * p.vl.Tkv * p.D
                                : (long long)p.B * p.N * p.Sq * p.D;

@@ -339,6 +339,8 @@ static spattn_status bwd90_run(const spattn_bsa_problem *pb, const spattn_exec *
     if (!make_tmap(&tm.q, pb->q, 64) || !make_tmap(&tm.dout, pb->dout, 64) || !make_tmap(&tm.k, pb->k, 128) ||
         !make_tmap(&tm.v, pb->v, 128))
         return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "bsa cuda: cuTensorMapEncodeTiled failed for q, dout, k or v");
+    // dK / dV by TMA stores where the engine can write both views (else per-element stores)
+    tm.kv_tma = view(pb->dk).vec && view(pb->dv).vec && make_tmap(&tm.dk, pb->dk, 64) && make_tmap(&tm.dv, pb->dv, 64);
     if ((e = spattn_bsa_launch_delta(&p, bf16, delta, lse2, z0, zn, st)) != cudaSuccess) return fail(e, "delta kernel");
     if ((e = spattn_bsa_launch_bwd90(&p, &tm, dp, bf16, acc, sem, plan_kslot(pb), kvbuf, ex->deterministic != 0, st)) !=
         cudaSuccess)
@@ -770,6 +772,7 @@ extern "C" spattn_status spattn_cuda_bsa_bwd_varlen(const spattn_bsa_problem *pb
     const int lr = sq->table ? vl_slab_log2(128, sq->page_size) : 0;
     const int kv_rows = sq->table ? 1 << lr : 128, kv_dim = sq->table ? 2 : 1;
     bsa_bwd_tmaps tm;
+    tm.kv_tma = 0;  // per-element dK / dV stores (per-sequence rows; paged: fp32 scratch)
     if (!make_tmap(&tm.q, vp->q, 64) || !make_tmap(&tm.dout, vp->dout, 64) || !make_tmap(&tm.k, vp->k, kv_rows, kv_dim) ||
         !make_tmap(&tm.v, vp->v, kv_rows, kv_dim))
         return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "bsa cuda: cuTensorMapEncodeTiled failed for q, dout, k or v");

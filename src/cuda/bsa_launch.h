@@ -82,6 +82,8 @@ cudaError_t spattn_bsa_launch_fwd(const bsa_params *p, const bsa_tmaps *tm, int 
 // TMA descriptors of the Hopper backward: Q and dO in boxes of 64 rows, K and V of 128 rows.
 struct bsa_bwd_tmaps {
     CUtensorMap q, dout, k, v;
+    CUtensorMap dk, dv;  // outputs, boxes of 64 rows (one consumer warpgroup's keys), when kv_tma
+    int kv_tma;          // dK / dV written by TMA stores (dense; else per-element stores)
 };
 // Hopper backward (bsa_bwd.cu): p->sk is the key-major schedule at query tiles of 64 rows and
 // key tiles of 128 keys (p->nqt = ceil(Sq / 64)), p->sq the query-major one at the same tiles
