@@ -131,6 +131,10 @@ __global__ void __launch_bounds__(384, 1)
         // before reusing its buffer)
         if (tid < 32) {
             const int gi = tid;
+            // tile 0's entries are loaded together with the count, not after it (one dependent
+            // first-touch load less per CTA): the row holds stride >= 1 entries, lane gi < G reads
+            // entry min(gi, stride - 1) and the padding is resolved by a shuffle once cnt is known
+            const int first = gi < G && p.sq.stride > 0 ? lst[min(gi, p.sq.stride - 1)].x : 0;
             if (gi == 0) {
                 if constexpr (VL) {  // maps written by the prep kernel: acquire before the first TMA
                     tmap_acquire(mq);
@@ -152,7 +156,9 @@ __global__ void __launch_bounds__(384, 1)
                 const int s = it % ST;
                 const uint32_t par = ((it / ST) & 1) ^ 1;
                 // padding slots repeat the last chunk (masked)
-                const int key = gi < G ? (lst[min(it * G + gi, cnt - 1)].x >> 1) << lu : 0;
+                const int ex = it == 0 ? __shfl_sync(0xffffffffu, first, min(gi, cnt - 1))
+                                       : (gi < G ? lst[min(it * G + gi, cnt - 1)].x : 0);
+                const int key = (ex >> 1) << lu;
                 hop::mbar_wait(emptyK + s, par);
                 if (gi == 0) hop::mbar_expect_tx(fullK + s, C::KV_BYTES);
                 __syncwarp();
