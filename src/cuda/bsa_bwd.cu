@@ -21,7 +21,9 @@
 //     is read, waits for the add to land, increments.  Descending matches the walk:
 //     a CTA visits its query tiles in ascending order, so for causal and banded masks the CTAs
 //     of higher key tiles reach a shared query tile first.  CTAs are launched key tile
-//     descending, so every wait is on a CTA launched earlier (no deadlock).
+//     descending, so every wait is on a CTA launched earlier (no deadlock).  det == 2 (gated
+//     while measured, SPATTN_BSA_DET_MIRROR=1) is the mirror image: launched key tile ascending,
+//     query tiles walked descending, adds in ascending key tile order (heaviest first for causal).
 //   - a postprocess kernel writes dq = scale * accumulator.
 //   - VL (packed variable-length batch, spattn_bsa_bwd_varlen): a CTA is (sequence b, kv head,
 //     key tile of max_seqlen_kv) with b's own Sq / Skv in every edge test (a key tile past b's
@@ -104,10 +106,18 @@ __global__ void __launch_bounds__(384, 1)
 
     const int nkt = (p.Skv + BN - 1) / BN, nqt = p.nqt;
     // blocks: chunk fastest, then key tile descending (see the header); row = (b * Nkv + hk) * nkt + nt;
-    // non-deterministic mode with p.sk.order: rows heaviest first (no dQ order to keep)
+    // non-deterministic mode with p.sk.order: rows heaviest first (no dQ order to keep).
+    // det == 2 (mirrored order, gated while measured): key tile ascending over all heads (key tile 0
+    // of every head first: a causal mask's heaviest), each CTA walks its query tiles descending,
+    // and the dQ adds into a query tile go in ascending key tile order -- every wait is still on a
+    // CTA launched earlier, and for causal / banded masks the lower key tile has passed the
+    // shared query tile first, as the higher one has in the default order.
+    const bool mirror = det == 2;
     const int ck = (int)(blockIdx.x % sp.splits);
-    const long long bx = blockIdx.x / sp.splits;
-    const long long row = !det && p.sk.order ? (long long)p.sk.order[bx] : bx / nkt * nkt + (nkt - 1 - bx % nkt);
+    const long long bx = blockIdx.x / sp.splits, nheads = (long long)p.B * p.Nkv;
+    const long long row = !det && p.sk.order ? (long long)p.sk.order[bx]
+                          : mirror           ? (bx % nheads) * nkt + bx / nheads
+                                             : bx / nkt * nkt + (nkt - 1 - bx % nkt);
     const int nt = (int)(row % nkt);
     const long long bh = row / nkt;
     const int hk = (int)(bh % p.Nkv), b = (int)(bh / p.Nkv);
@@ -226,6 +236,7 @@ __global__ void __launch_bounds__(384, 1)
     const int kslot = slot_of(), nch = chunks(kslot);
     const int cnt = nch > 1 ? min(sp.chunk, cnt_all - ck * sp.chunk) : cnt_all;
     const int *lst = p.sk.list + row * (long long)p.sk.stride + (long long)ck * sp.chunk;
+    const auto ent = [&](int it) { return lst[mirror ? cnt - 1 - it : it]; };  // list entry of step it
 
     if (wg == 0) {
         hop::setmaxnreg_dec<24>();
@@ -236,7 +247,8 @@ __global__ void __launch_bounds__(384, 1)
             for (int it = 0; it < cnt; it++) {
                 const int s = it % ST;
                 hop::mbar_wait(empty + s, ((it / ST) & 1) ^ 1);
-                const int e = lst[it] >> 4, g = e / nqt, m = e % nqt, n = hk * p.G + g;
+                const int lv = ent(it);
+                const int e = lv >> 4, g = e / nqt, m = e % nqt, n = hk * p.G + g;
                 long long rb;
                 if constexpr (VL) rb = (long long)n * p.vl.Tq + q0;  // [N][Tq] by packed token
                 else rb = ((long long)b * p.N + n) * p.Sq;
@@ -245,7 +257,7 @@ __global__ void __launch_bounds__(384, 1)
                     const int i = m * BM + (x & 63);
                     sLD[s * 2 * BM + x] = x < 64 ? (i < Sq() ? p.lse2[rb + i] : INFINITY) : (i < Sq() ? p.delta[rb + i] : 0.f);
                 }
-                if ((lst[it] & 0xa) != 0) mask_bits(sMB + s * BM * 2, m, n, lane);  // a partial half
+                if ((lv & 0xa) != 0) mask_bits(sMB + s * BM * 2, m, n, lane);  // a partial half
                 hop::mbar_arrive(fullLD + s);
                 if (lane == 0) {
                     hop::mbar_expect_tx(full + s, 2 * C::T_BYTES);
@@ -264,17 +276,17 @@ __global__ void __launch_bounds__(384, 1)
             // mode: measured on the H200, the parallel search takes 0.892x the time, geomean over
             // the public suite; causal cases then run as fast as the non-deterministic mode.)
             auto rank_of = [&](int it) {
-                const int e = lst[it] >> 4, g = e / nqt, m = e % nqt, n = hk * p.G + g;
+                const int e = ent(it) >> 4, g = e / nqt, m = e % nqt, n = hk * p.G + g;
                 const long long tile = ((long long)b * p.N + n) * nqt + m;  // schedule row
                 const int qc = p.sq.cnt[tile];
                 const int *ql = p.sq.list + tile * (long long)p.sq.stride;
                 int lo = 0, hi = qc;
                 while (lo < hi) {
                     const int mid = (lo + hi) >> 1;
-                    if ((ql[mid] >> 1) <= nt) lo = mid + 1;
+                    if ((ql[mid] >> 1) < nt + !mirror) lo = mid + 1;
                     else hi = mid;
                 }
-                return qc - lo;
+                return mirror ? lo : qc - lo;  // key tiles below nt (mirror) or above it
             };
             for (int base = 0; base < cnt; base += 32) {
                 const int nstep = min(32, cnt - base);
@@ -284,7 +296,7 @@ __global__ void __launch_bounds__(384, 1)
                     if (lane == 0) {
                         const int it = base + i;
                         const int buf = it & 1;
-                        const int e = lst[it] >> 4, g = e / nqt, m = e % nqt, n = hk * p.G + g;
+                        const int e = ent(it) >> 4, g = e / nqt, m = e % nqt, n = hk * p.G + g;
                         long long at;  // accumulator tile
                         // VL: q0 read again per step (the writer runs on 24 registers: keeping it live spilled)
                         if constexpr (VL) at = (long long)n * p.vl.ntile + bsa_vl_qtile(p.vl.seq[b].x, b, m);
@@ -344,7 +356,7 @@ __global__ void __launch_bounds__(384, 1)
         const int s = it % ST;
         // list entry: pair e, then 2 bits per key half (0 empty, 1 full, 2 partial); broadcast so
         // that ptxas sees the branches around the wgmma below as warp-uniform
-        const int e2 = __shfl_sync(0xffffffffu, lst[it], 0);
+        const int e2 = __shfl_sync(0xffffffffu, ent(it), 0);
         const int act0 = e2 & 3, act1 = (e2 >> 2) & 3, my = c ? act1 : act0, part = my == 2;
         const uint64_t dQk = hop::desc_sw128(sQ + s * C::T_BYTES, 16, 1024), dDOk = hop::desc_sw128(sDO + s * C::T_BYTES, 16, 1024);
         // MN-major views of the same tiles (B of dV / dK: k = query rows, n = head dim)

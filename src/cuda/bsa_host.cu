@@ -288,6 +288,14 @@ extern "C" spattn_status spattn_cuda_bsa_fwd(const spattn_bsa_problem *pb, const
 
 // Hopper backward: Delta / lse2, the two schedules at 64 x 128 tiles (from the plan when there
 // is one), one kernel for dK, dV, dQ (accumulator + postprocess).
+// dQ order of the Hopper backward: 0 any (non-deterministic), 1 key tiles descending, 2 the
+// mirrored order (bsa_bwd.cu; gated while measured: SPATTN_BSA_DET_MIRROR=1, read per call)
+static int bwd_det_mode(const spattn_exec *ex) {
+    if (!ex->deterministic) return 0;
+    const char *v = getenv("SPATTN_BSA_DET_MIRROR");
+    return v && v[0] == '1' ? 2 : 1;
+}
+
 static spattn_status bwd90_run(const spattn_bsa_problem *pb, const spattn_exec *ex, const Layout &L, cuda_scratch &ws) {
     cudaStream_t st = ws.st;
     cudaError_t e;
@@ -342,7 +350,7 @@ static spattn_status bwd90_run(const spattn_bsa_problem *pb, const spattn_exec *
     // dK / dV by TMA stores where the engine can write both views (else per-element stores)
     tm.kv_tma = view(pb->dk).vec && view(pb->dv).vec && make_tmap(&tm.dk, pb->dk, 64) && make_tmap(&tm.dv, pb->dv, 64);
     if ((e = spattn_bsa_launch_delta(&p, bf16, delta, lse2, z0, zn, st)) != cudaSuccess) return fail(e, "delta kernel");
-    if ((e = spattn_bsa_launch_bwd90(&p, &tm, dp, bf16, acc, sem, plan_kslot(pb), kvbuf, ex->deterministic != 0, st)) !=
+    if ((e = spattn_bsa_launch_bwd90(&p, &tm, dp, bf16, acc, sem, plan_kslot(pb), kvbuf, bwd_det_mode(ex), st)) !=
         cudaSuccess)
         return fail(e, "backward kernel");
     return SPATTN_STATUS_SUCCESS;
@@ -818,7 +826,7 @@ extern "C" spattn_status spattn_cuda_bsa_bwd_varlen(const spattn_bsa_problem *pb
     p.sk.stride = p.G * p.nqt;
     // Delta right before the backward kernel (the launch order of bwd90_run)
     if ((e = spattn_bsa_launch_delta(&p, bf16, delta, lse2, z0, zn, st)) != cudaSuccess) return fail(e, "delta kernel");
-    if ((e = spattn_bsa_launch_bwd90(&p, &tm, dp, bf16, acc, sem, nullptr, kvbuf, ex->deterministic != 0, st)) != cudaSuccess)
+    if ((e = spattn_bsa_launch_bwd90(&p, &tm, dp, bf16, acc, sem, nullptr, kvbuf, bwd_det_mode(ex), st)) != cudaSuccess)
         return fail(e, "backward kernel");
     if (sq->table) {  // every page row of dk / dv from the scratch (bsa_pages.cu)
         bsa_pg_fold_args f = {};
