@@ -3,7 +3,10 @@
 // docs/runbooks/block_sparse_attention.md, "CUDA backward on Hopper".
 //   - one CTA per (b, kv head, key tile of BN = 128 keys), walking the key-major list of
 //     (group head g, query tile m of BM = 64 rows) pairs that hit it, so dK / dV of the whole GQA
-//     group accumulate in registers and are stored once (no atomics);
+//     group accumulate in registers and are stored once (no atomics; dense calls through the K / V
+//     tiles in shared memory and TMA stores);
+//   - launched as the Delta kernel's programmatic dependent (K / V loads start before
+//     griddepcontrol.wait), the dQ postprocess as this kernel's;
 //   - warpgroup 0: warp 0 = producer (lane 0: TMA of K, V once, then Q and dO tiles into a
 //     2-stage ring on mbarriers; the warp stages LSE2 / Delta of each query tile in shared
 //     memory), warp 1 = dQ writer (see below); warpgroups 1 and 2 = consumers, 64 keys each;

@@ -1,7 +1,7 @@
 // Block-sparse attention forward for Hopper (sm_90a), FlashAttention-3 style:
 //   - one CTA per (query tile of 128 rows, head, batch), 3 warpgroups: warpgroup 0 is the
-//     producer (one thread issues TMA loads; registers lowered with setmaxnreg), warpgroups 1
-//     and 2 are consumers, 64 query rows each (registers raised);
+//     producer (one warp: lane 0 loads Q, lane g < BN / U the tile's chunk g; registers lowered
+//     with setmaxnreg), warpgroups 1 and 2 are consumers, 64 query rows each (registers raised);
 //   - Q (128 x DP) is loaded once by TMA; K and V tiles (BN x DP) stream through a STAGES-deep
 //     ring of shared-memory buffers completed on mbarriers (full: TMA bytes landed; empty: all
 //     256 consumer threads are done with it);
@@ -16,7 +16,10 @@
 //     P_{j-1} V_{j-1}; the consumer waits for S_j only, runs the softmax while P V runs, then
 //     waits for P V before rescaling O;
 //   - only partial tiles evaluate the token mask, from the block mask bits (mask[i/bx][j/by]);
-//     keys past Skv are masked there too (edge tiles are always partial);
+//     keys past Skv are masked there too (edge tiles are always partial); the mask is turned
+//     into bits while the tile's S GEMM runs (tile_bits) and applied after it;
+//   - the epilogue writes each consumer's normalised 64 rows of O into its own Q rows (swizzled)
+//     and TMA-stores them (dense calls whose O view TMA can write; else per-element stores);
 //   - VL (packed variable-length batch, spattn_bsa_fwd_varlen): a CTA is (sequence b, head,
 //     query tile) with b's own Sq / Skv in every edge test, TMA maps whose base is b's first row
 //     and whose row count is its length (rows past its end read as 0, as past S in a dense
