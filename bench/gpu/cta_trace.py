@@ -21,6 +21,8 @@ def main(path):
             runs.append(cur)
         elif cur is not None and line.strip():
             cur.append(list(map(int, line.split())))
+    if not runs:
+        sys.exit('%s: no "K <grid>" record' % path)
     r = [x for x in runs[-1] if x[1] and x[4]]
     t_lo, t_hi = min(x[1] for x in r), max(x[4] for x in r)
     span = (t_hi - t_lo) / 1e3
