@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(384, 1)
     // and the dQ adds into a query tile go in ascending key tile order -- every wait is still on a
     // CTA launched earlier, and for causal / banded masks the lower key tile has passed the
     // shared query tile first, as the higher one has in the default order.
-    const bool mirror = det == 2;
+    const bool mirror = det == 2 || (det == 3 && *sp.rule);
     const int ck = (int)(blockIdx.x % sp.splits);
     const long long bx = blockIdx.x / sp.splits, nheads = (long long)p.B * p.Nkv;
     const long long row = !det && p.sk.order ? (long long)p.sk.order[bx]
@@ -748,11 +748,13 @@ extern "C" size_t spattn_bsa_bwd90_sem_bytes(const bsa_params *p, int dp) {
 }
 
 extern "C" cudaError_t spattn_bsa_launch_bwd90(const bsa_params *p, const bsa_bwd_tmaps *tm, int dp, int bf16, float *dqacc,
-                                               int *sem, const int *planned_slot, float *kvbuf, int det, cudaStream_t st) {
+                                               int *sem, const int *planned_slot, float *kvbuf, int det, cudaStream_t st,
+                                               const int *rule) {
     bsa_split sp;
     sp.splits = bsa_bwd90_splits(p->G, p->nqt);
     sp.chunk = bsa_bwd90_chunk(p->G, p->nqt);
     sp.buf = kvbuf;
+    sp.rule = rule;
     sp.sem = sem + acc_tiles(p);
     int *slot = sp.sem + key_rows(p);
     sp.slot = planned_slot ? planned_slot : slot;
