@@ -572,7 +572,7 @@ __global__ void __launch_bounds__(384, 1)
             const int row = kr + 8 * r;
 #pragma unroll
             for (int j = 0; j < DP / 8; j++) {
-                const int off = (j >> 3) * BN * 128 + row * 128 + (((j & 7) ^ (row & 7)) << 4) + 4 * q4;
+                const int off = (j >> 3) * BN * 128 + hop::sw128(row, j & 7) + 4 * q4;
                 *reinterpret_cast<uint32_t *>(kb + off) = bsa_t<T>::pack(dk[4 * j + 2 * r] * sc, dk[4 * j + 2 * r + 1] * sc);
                 *reinterpret_cast<uint32_t *>(vb + off) = bsa_t<T>::pack(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
             }
@@ -710,15 +710,15 @@ cudaError_t launch(const bsa_params &p, const bsa_bwd_tmaps &tm, float *dqacc, i
     // programmatic dependent launches: this kernel after the Delta kernel, the postprocess after
     // this one (measured on the H200: 0.985x the time deterministic, 0.983x non-deterministic;
     // short backwards gain most, bsa01 0.95x)
-    e = hop::launch_pdl(bsa_bwd90_kernel<DP, T, VL, PG>, dim3((unsigned)ctas), dim3(384), C::SMEM, st, true, p, tm.q, tm.dout,
+    e = hop::launch_pdl(bsa_bwd90_kernel<DP, T, VL, PG>, dim3((unsigned)ctas), dim3(384), C::SMEM, st, p, tm.q, tm.dout,
                         tm.k, tm.v, VL ? tm.q : tm.dk, VL ? tm.q : tm.dv, VL ? 0 : tm.kv_tma, dqacc, sem, det, sp);
     if (e != cudaSuccess) return e;
     const long long total = VL ? (long long)p.N * p.vl.Tq * p.D + (long long)p.Nkv * p.vl.Tkv * p.D
                                : (long long)p.B * p.N * p.Sq * p.D;
     const long long blocks = (total + 2047) / 2048;  // 8 columns per thread (grid-stride loops)
     const unsigned grid = (unsigned)(blocks < 65536 ? (blocks < 1 ? 1 : blocks) : 65536);
-    if constexpr (VL) return hop::launch_pdl(bsa_vl_post_kernel<DP, T, PG>, dim3(grid), dim3(256), 0, st, true, p, dqacc);
-    else return hop::launch_pdl(bsa_dq_post_kernel<DP, T>, dim3(grid), dim3(256), 0, st, true, p, dqacc);
+    if constexpr (VL) return hop::launch_pdl(bsa_vl_post_kernel<DP, T, PG>, dim3(grid), dim3(256), 0, st, p, dqacc);
+    else return hop::launch_pdl(bsa_dq_post_kernel<DP, T>, dim3(grid), dim3(256), 0, st, p, dqacc);
 }
 
 template <bool VL, bool PG = false>

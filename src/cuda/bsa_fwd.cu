@@ -433,7 +433,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
             for (int jj = 0; jj < DP / 8; jj++) {
                 const uint32_t v = hop::elt<T>::pack(o[4 * jj + 2 * h] * inv, o[4 * jj + 2 * h + 1] * inv);
-                *reinterpret_cast<uint32_t *>(so + (jj >> 3) * BM * 128 + r * 128 + (((jj & 7) ^ (r & 7)) << 4) + 4 * c) = v;
+                *reinterpret_cast<uint32_t *>(so + (jj >> 3) * BM * 128 + hop::sw128(r, jj & 7) + 4 * c) = v;
             }
         }
         hop::fence_proxy_async();
@@ -452,9 +452,9 @@ __global__ void __launch_bounds__(384, 1)
         const float inv = h ? inv1 : inv0;
         T *orow = ob + (long long)i * p.o.s2;
 #pragma unroll
-        for (int jj = 0; jj < DP / 8; jj++) {
+        for (int jj = 0; jj < DP / 8 && !o_tma; jj++) {
             const int col = jj * 8 + 2 * c;
-            if (o_tma || col >= p.D) continue;
+            if (col >= p.D) continue;
             const uint32_t v = hop::elt<T>::pack(o[4 * jj + 2 * h] * inv, o[4 * jj + 2 * h + 1] * inv);
             if (p.o.vec) {
                 *reinterpret_cast<uint32_t *>(orow + col) = v;

@@ -156,9 +156,7 @@ __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.comm
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 
 // ---- launch ---------------------------------------------------------------------------------
-// Raises a kernel's dynamic shared-memory limit once per device (bit d of *done_mask; devices
-// beyond 63 set it on every call).
-// Programmatic dependent launch: a kernel launched with launch_pdl(.., pdl = true) may start while
+// Programmatic dependent launch: a kernel launched with launch_pdl may start while
 // the kernel before it in the stream runs (once every CTA of that one has executed
 // griddep_launch() or exited).  griddep_wait() returns when that kernel has completed and its
 // writes are visible (at once when there is none); every thread calls it before reading what the
@@ -166,7 +164,7 @@ __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.w
 __device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void griddep_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 template <typename... KArgs, typename... Args>
-static inline cudaError_t launch_pdl(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, bool pdl,
+static inline cudaError_t launch_pdl(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
                                      Args &&...args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
@@ -177,10 +175,12 @@ static inline cudaError_t launch_pdl(void (*kern)(KArgs...), dim3 grid, dim3 blo
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
-    cfg.numAttrs = pdl ? 1 : 0;
+    cfg.numAttrs = 1;
     return cudaLaunchKernelEx(&cfg, kern, static_cast<Args &&>(args)...);
 }
 
+// Raises a kernel's dynamic shared-memory limit once per device (bit d of *done_mask; devices
+// beyond 63 set it on every call).
 template <typename K> static inline cudaError_t set_smem(K kern, size_t smem, unsigned long long *done_mask) {
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
