@@ -71,9 +71,8 @@ __global__ void __launch_bounds__(384, 1)
     bsa_fwd90_kernel(const bsa_params p, const __grid_constant__ CUtensorMap tmq,
                      const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
                      const __grid_constant__ CUtensorMap tmo, const int flags, const int lu) {
-    // flags: bit 0 O by TMA stores (tmo), bit 1 lazy rescaling (gated while measured:
-    // SPATTN_BSA_FWD_LAZY=1; see the softmax)
-    const bool o_tma = flags & 1, lazy = flags & 2;
+    // flags: bit 0 O by TMA stores (tmo)
+    const bool o_tma = flags & 1;
     using C = FwdCfg<DP>;
     static_assert(VL || !PG, "paged K / V come with a varlen batch only");
     constexpr int BM = C::BM, BN = C::BN, ST = C::ST, NBOX = C::NBOX;
@@ -317,11 +316,12 @@ __global__ void __launch_bounds__(384, 1)
         t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, 1));
         t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, 2));
         float n0 = fmaxf(mx0, t0 * sc), n1 = fmaxf(mx1, t1 * sc);
-        if (lazy) {  // keep the running max unless the tile's exceeds it by more than 8 (log2
-                     // units): P <= 2^8 stays exact in fp16 / bf16, and O needs no rescale (a = 1)
-            if (n0 <= mx0 + 8.f) n0 = mx0;
-            if (n1 <= mx1 + 8.f) n1 = mx1;
-        }
+        // lazy rescaling: keep the running max unless the tile's exceeds it by more than 8 (log2
+        // units): P <= 2^8 loses nothing in fp16 / bf16 (same relative rounding), l and O stay
+        // fp32, and O needs no rescale (a = 1).  0.990x the time, geomean over the public suite
+        // (every case <= 1.00x; H200).
+        if (n0 <= mx0 + 8.f) n0 = mx0;
+        if (n1 <= mx1 + 8.f) n1 = mx1;
         const float u0 = n0 == -INFINITY ? 0.f : n0, u1 = n1 == -INFINITY ? 0.f : n1;
         a0 = bsa_exp2(mx0 - u0);
         a1 = bsa_exp2(mx1 - u1);
@@ -399,7 +399,7 @@ __global__ void __launch_bounds__(384, 1)
             hop::reg_fence(pa);
             hop::mbar_arrive(emptyV + sv);
             // lazy: only warps where some row's running max moved (warp-uniform, so skipped FMULs)
-            if (!lazy || __any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) rescale(a0, a1);
+            if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) rescale(a0, a1);
             to_pa();
         }
         const int sv = (ntiles - 1) % ST;
@@ -480,8 +480,7 @@ cudaError_t launch(const bsa_params &p, const bsa_tmaps &tm, int lu, cudaStream_
     cudaError_t e = hop::set_smem(bsa_fwd90_kernel<DP, T, VL, PG>, C::SMEM, &done);
     if (e != cudaSuccess) return e;
     dim3 grid((unsigned)((long long)((p.Sq + C::BM - 1) / C::BM) * p.N * p.B));
-    const char *lz = getenv("SPATTN_BSA_FWD_LAZY");  // gated while measured (per call)
-    const int flags = (VL ? 0 : tm.o_tma ? 1 : 0) | (lz && lz[0] == '1' ? 2 : 0);
+    const int flags = VL ? 0 : tm.o_tma ? 1 : 0;
     bsa_fwd90_kernel<DP, T, VL, PG><<<grid, 384, C::SMEM, st>>>(p, tm.q, tm.k, tm.v, VL ? tm.q : tm.o, flags, lu);
     return cudaGetLastError();
 }

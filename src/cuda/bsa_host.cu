@@ -124,7 +124,7 @@ const int *plan_kslot(const spattn_bsa_problem *p) { return plan_k90(p) ? plan_o
 
 // Workspace layout: offsets of each piece and the total (exact bytes).
 struct Layout {
-    size_t off[11];
+    size_t off[10];
     size_t total;
 };
 
@@ -133,7 +133,7 @@ Layout layout(const spattn_bsa_problem *p, int kind) {
     Layout L = {};
     const int backward = kind != 0;
     const size_t rows = (size_t)p->B * p->N * p->Sq;
-    size_t sz[11] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    size_t sz[10] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     if (kind == 1) {  // Hopper backward: tiles of 64 query rows x 128 keys
         const int dp = bsa_dpad(p->D);
         const size_t nqt = (size_t)((p->Sq + 63) / 64), nkt = (size_t)((p->Skv + 127) / 128);
@@ -152,7 +152,6 @@ Layout layout(const spattn_bsa_problem *p, int kind) {
         sz[7] = (nq + 2 * kr) * 4;                     // semaphores: dQ order per query tile, split rows per key tile; slots
         sz[8] = (size_t)bsa_bwd90_kvbuf_bytes(p->N / p->Nkv, (long long)nqt, (long long)kr, dp);  // split rows' dK / dV
         if (!plan_k90(p)) sz[9] = kr * 4;  // key-major launch order (non-deterministic mode)
-        if (!plan_k90(p)) sz[10] = 16;     // the mirrored order's rule (det 3; gated while measured)
     } else if (backward || !fwd_fast(p)) {  // the simple kernels (and a conversion)
         if (!backward) {
             sz[0] = rows * p->D * 4;  // o fp32
@@ -174,7 +173,7 @@ Layout layout(const spattn_bsa_problem *p, int kind) {
             sz[2] = nq * 4;       // launch order
         }
     }
-    L.total = place(sz, 11, L.off);
+    L.total = place(sz, 10, L.off);
     return L;
 }
 
@@ -289,19 +288,6 @@ extern "C" spattn_status spattn_cuda_bsa_fwd(const spattn_bsa_problem *pb, const
 
 // Hopper backward: Delta / lse2, the two schedules at 64 x 128 tiles (from the plan when there
 // is one), one kernel for dK, dV, dQ (accumulator + postprocess).
-// dQ order of the Hopper backward: 0 any (non-deterministic), 1 key tiles descending, 2 the
-// mirrored order, 3 the mirrored order when the rule computed on the device says so
-// (bsa_bwd.cu; gated while measured, read per call: SPATTN_BSA_DET_MIRROR=1 always, =auto by
-// the rule: a plan holds it on the host, a plain call computes it (det 3); varlen: 1)
-static int bwd_det_mode(const spattn_exec *ex, const spattn_bsa_problem *pb, bool varlen) {
-    if (!ex->deterministic) return 0;
-    const char *v = getenv("SPATTN_BSA_DET_MIRROR");
-    if (!v) return 1;
-    if (v[0] == '1') return 2;
-    if (v[0] != 'a' || varlen) return 1;
-    if (plan_k90(pb)) return plan_of(pb)->kv_mirror ? 2 : 1;
-    return 3;
-}
 
 static spattn_status bwd90_run(const spattn_bsa_problem *pb, const spattn_exec *ex, const Layout &L, cuda_scratch &ws) {
     cudaStream_t st = ws.st;
@@ -341,8 +327,8 @@ static spattn_status bwd90_run(const spattn_bsa_problem *pb, const spattn_exec *
         p.sk.list = klist;
         p.sk.stride = p.G * p.nqt;
         p.sk.order = nullptr;
-        // heaviest key-major rows first (the deterministic mode keeps key tiles descending, its dQ
-        // order; measured on the H200: non-deterministic backward 0.921x the time, causal 0.75-0.82x)
+        // heaviest key-major rows first (the deterministic mode launches in its dQ order instead;
+        // measured on the H200: non-deterministic backward 0.921x the time, causal 0.75-0.82x)
         if (!ex->deterministic) {
             int *korder = reinterpret_cast<int *>(ws.base + L.off[9]);
             const long long kr = (long long)p.B * p.Nkv * ((p.Skv + 127) / 128);
@@ -356,13 +342,9 @@ static spattn_status bwd90_run(const spattn_bsa_problem *pb, const spattn_exec *
         return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "bsa cuda: cuTensorMapEncodeTiled failed for q, dout, k or v");
     // dK / dV by TMA stores where the engine can write both views (else per-element stores)
     tm.kv_tma = view(pb->dk).vec && view(pb->dv).vec && make_tmap(&tm.dk, pb->dk, 64) && make_tmap(&tm.dv, pb->dv, 64);
-    const int det = bwd_det_mode(ex, pb, false);
-    int *rule = reinterpret_cast<int *>(ws.base + L.off[10]);  // det 3 only (no plan)
-    if (det == 3 && (e = spattn_bsa_launch_mirror_rule(p.sk.cnt, (long long)p.B * p.Nkv * ((p.Skv + 127) / 128),
-                                                       (p.Skv + 127) / 128, rule, st)) != cudaSuccess)
-        return fail(e, "order rule");
     if ((e = spattn_bsa_launch_delta(&p, bf16, delta, lse2, z0, zn, st)) != cudaSuccess) return fail(e, "delta kernel");
-    if ((e = spattn_bsa_launch_bwd90(&p, &tm, dp, bf16, acc, sem, plan_kslot(pb), kvbuf, det, st, rule)) != cudaSuccess)
+    if ((e = spattn_bsa_launch_bwd90(&p, &tm, dp, bf16, acc, sem, plan_kslot(pb), kvbuf, ex->deterministic != 0, st)) !=
+        cudaSuccess)
         return fail(e, "backward kernel");
     return SPATTN_STATUS_SUCCESS;
 }
@@ -837,7 +819,7 @@ extern "C" spattn_status spattn_cuda_bsa_bwd_varlen(const spattn_bsa_problem *pb
     p.sk.stride = p.G * p.nqt;
     // Delta right before the backward kernel (the launch order of bwd90_run)
     if ((e = spattn_bsa_launch_delta(&p, bf16, delta, lse2, z0, zn, st)) != cudaSuccess) return fail(e, "delta kernel");
-    if ((e = spattn_bsa_launch_bwd90(&p, &tm, dp, bf16, acc, sem, nullptr, kvbuf, bwd_det_mode(ex, pb, true), st)) != cudaSuccess)
+    if ((e = spattn_bsa_launch_bwd90(&p, &tm, dp, bf16, acc, sem, nullptr, kvbuf, ex->deterministic != 0, st)) != cudaSuccess)
         return fail(e, "backward kernel");
     if (sq->table) {  // every page row of dk / dv from the scratch (bsa_pages.cu)
         bsa_pg_fold_args f = {};

@@ -27,9 +27,6 @@ cudaError_t spattn_bsa_launch_sched_fwd(const bsa_params *p, int bm, int u, int 
 // Forward launch order (bsa_sched.cu): order [rows] lists the rows of a query-major schedule by
 // decreasing ceil(cnt / per_tile).  rows < 2^31.
 cudaError_t spattn_bsa_launch_order(const int *cnt, long long rows, int per_tile, int *order, cudaStream_t st);
-// The mirrored deterministic order's rule (bsa_bwd.cu, det 3; gated while measured): *out = 1
-// when every head's key-major counts (rows of nkt key tiles) do not increase with the key tile.
-cudaError_t spattn_bsa_launch_mirror_rule(const int *cnt, long long rows, int nkt, int *out, cudaStream_t st);
 // TMA descriptors of the forward's Q, K, V (4-d [B, H, S, D] maps, 64-column boxes of
 // bsa_fwd90_tile_for(dp).bm rows for Q and `chunk` rows for K, V; 128-byte swizzle).
 struct bsa_tmaps {
@@ -104,7 +101,6 @@ struct bsa_split {
     float *buf;
     int *sem;
     const int *slot;
-    const int *rule;  // det 3: the mirrored order when *rule (spattn_bsa_launch_mirror_rule)
 };
 // Slots of the split rows: slot[r] = the number of split candidates before row r (in row order)
 // if row r is one and that number is below cap, else -1.  A candidate: more than chunk entries
@@ -122,10 +118,8 @@ cudaError_t spattn_bsa_launch_split_slots(const int *cnt, long long rows, int nk
 // its programmatic dependent: everything the kernel reads before
 // its griddepcontrol.wait (lists, counts, order, slots of a plan, varlen tables and maps) must be
 // written by kernels launched before the Delta kernel.
-// det: 0 any order, 1 key tiles descending, 2 mirrored, 3 mirrored when *rule (written before
-// the Delta kernel).
 cudaError_t spattn_bsa_launch_bwd90(const bsa_params *p, const bsa_bwd_tmaps *tm, int dp, int bf16, float *dqacc, int *sem,
-                                    const int *slot, float *kvbuf, int det, cudaStream_t st, const int *rule = nullptr);
+                                    const int *slot, float *kvbuf, int det, cudaStream_t st);
 // Paged backward (bsa_pages.cu): dk / dv pages [num_pages, page_size, Nkv, D] (strides dk_s /
 // dv_s, elements) from the fp32 scratch sdk / sdv [B * max_kv][Nkv][D] of the PG backward (dK
 // already scaled): every page row = the sum over the (sequence b, key) pairs mapping to it in

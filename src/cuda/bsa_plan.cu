@@ -74,10 +74,10 @@ static spattn_status plan_make(spattn_bsa_plan *pl, const spattn_tensor *mask, c
     const size_t k_rows = (size_t)p.B * p.Nkv * ((p.Skv + tk.bn - 1) / tk.bn), k_w = (size_t)p.G * kv_nqt;
     const size_t mask_bytes = BN * (size_t)p.nbx * p.nby;
     const int splits = bsa_bwd90_splits(p.G, kv_nqt);
-    size_t off[11], total = 0;
-    const size_t sz[11] = {mask_bytes, f_rows * 4, f_rows * f_w * 8, q_rows * 4, q_rows * q_w * 4, k_rows * 4,
-                           k_rows * k_w * 4, f_rows * 4, k_rows * 4, splits > 1 ? k_rows * 4 : 0, 4};
-    for (int i = 0; i < 11; i++) {
+    size_t off[10], total = 0;
+    const size_t sz[10] = {mask_bytes, f_rows * 4, f_rows * f_w * 8, q_rows * 4, q_rows * q_w * 4, k_rows * 4,
+                           k_rows * k_w * 4, f_rows * 4, k_rows * 4, splits > 1 ? k_rows * 4 : 0};
+    for (int i = 0; i < 10; i++) {
         off[i] = total;
         total += up(sz[i]);
     }
@@ -98,7 +98,7 @@ static spattn_status plan_make(spattn_bsa_plan *pl, const spattn_tensor *mask, c
     c->fwd = bsa_sched{reinterpret_cast<int *>(base + off[1]), reinterpret_cast<int *>(base + off[2]), (int)f_w, order};
     c->dq = bsa_sched{reinterpret_cast<int *>(base + off[3]), reinterpret_cast<int *>(base + off[4]), (int)q_w, nullptr};
     // the key-major rows heaviest first: the launch order of the non-deterministic backward (the
-    // deterministic one keeps key tiles descending, its dQ order)
+    // deterministic one launches in its dQ order, key tile ascending across heads)
     int *korder = reinterpret_cast<int *>(base + off[8]);
     c->kv = bsa_sched{reinterpret_cast<int *>(base + off[5]), reinterpret_cast<int *>(base + off[6]), (int)k_w, korder};
     if ((e = cudaGetLastError()) == cudaSuccess)
@@ -118,10 +118,6 @@ static spattn_status plan_make(spattn_bsa_plan *pl, const spattn_tensor *mask, c
                                           (int)bsa_bwd90_split_slots(p.G, kv_nqt, (long long)k_rows, 128), slot, st);
         c->kv_slot = slot;
     }
-    int *rule = reinterpret_cast<int *>(base + off[10]);
-    if (e == cudaSuccess)
-        e = spattn_bsa_launch_mirror_rule(c->kv.cnt, (long long)k_rows, (p.Skv + tk.bn - 1) / tk.bn, rule, st);
-    if (e == cudaSuccess) e = cudaMemcpyAsync(&c->kv_mirror, rule, 4, cudaMemcpyDeviceToHost, st);
     if (e == cudaSuccess) e = cudaStreamSynchronize(st);
     if (e != cudaSuccess) {
         cudaFree(c->buf);

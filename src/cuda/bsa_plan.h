@@ -19,7 +19,6 @@ struct bsa_plan_cuda {
     int kv_bm, kv_bn;     // key-major list of the backward (64 x 128)
     bsa_sched kv;
     const int *kv_slot;   // split rows' kvbuf slots (spattn_bsa_launch_split_slots), NULL when no list can split
-    int kv_mirror;        // the mirrored deterministic order's rule (spattn_bsa_launch_mirror_rule), on the host
 };
 
 #endif

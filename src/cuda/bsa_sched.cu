@@ -442,18 +442,3 @@ extern "C" cudaError_t spattn_bsa_launch_order(const int *cnt, long long rows, i
     bsa_order_kernel<<<1, kOrderThreads, 0, st>>>(cnt, rows, per_tile, order);
     return cudaGetLastError();
 }
-
-// *out = 1 when, in every head's nkt key-major rows, the counts do not increase with the key tile
-// (a causal mask's shape), else 0.  One CTA.
-constexpr int kRuleThreads = 256;
-__global__ void __launch_bounds__(kRuleThreads) bsa_mirror_rule_kernel(const int *cnt, long long rows, int nkt, int *out) {
-    int bad = 0;
-    for (long long r = threadIdx.x; r < rows; r += kRuleThreads)
-        if ((r + 1) % nkt != 0 && cnt[r + 1] > cnt[r]) bad = 1;
-    bad = __syncthreads_or(bad);
-    if (threadIdx.x == 0) *out = !bad;
-}
-extern "C" cudaError_t spattn_bsa_launch_mirror_rule(const int *cnt, long long rows, int nkt, int *out, cudaStream_t st) {
-    bsa_mirror_rule_kernel<<<1, kRuleThreads, 0, st>>>(cnt, rows, nkt, out);
-    return cudaGetLastError();
-}

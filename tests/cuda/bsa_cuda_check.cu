@@ -17,7 +17,6 @@
 #include <time.h>
 
 #include <algorithm>
-#include <string>
 #include <vector>
 
 #include "core/internal.h"
@@ -309,36 +308,6 @@ static void run_shape(const Shape &s, bool check_ref_kernels) {
         }
         if (!det) printf("  FAIL %s backward not bitwise deterministic over 20 runs\n", tag);
         det ? g_pass++ : g_fail++;
-        // the mirrored deterministic dQ order (SPATTN_BSA_DET_MIRROR=1, and =auto: by the rule,
-        // computed on the device in a plain call; gated while it is measured against the default
-        // order): eco against the reference, then more runs bitwise equal to the first
-        for (const char *mode : {"1", "auto"}) {
-            if (!opt.deterministic) break;
-            const char *old_env = getenv("SPATTN_BSA_DET_MIRROR");
-            const std::string keep = old_env ? old_env : "";
-            setenv("SPATTN_BSA_DET_MIRROR", mode, 1);
-            char tm_[260];
-            snprintf(tm_, sizeof tm_, "[dQ order %s] %s", mode, tag);
-            bool same = true;
-            spattn_status sm = SPATTN_STATUS_SUCCESS;
-            for (int rep = 0; rep < 3 && same && sm == SPATTN_STATUS_SUCCESS; rep++) {
-                if ((sm = poisoned_bwd()) != SPATTN_STATUS_SUCCESS) break;
-                grads(a2, bk2, bv2);
-                if (rep == 0) {
-                    eco3(a2, bk2, bv2, tm_);
-                    a = a2;
-                    bk = bk2;
-                    bv = bv2;
-                } else {
-                    same = a == a2 && bk == bk2 && bv == bv2;
-                }
-            }
-            if (old_env) setenv("SPATTN_BSA_DET_MIRROR", keep.c_str(), 1);
-            else unsetenv("SPATTN_BSA_DET_MIRROR");
-            if (sm != SPATTN_STATUS_SUCCESS) printf("  FAIL %s status %d: %s\n", tm_, sm, spattn_last_error());
-            else if (!same) printf("  FAIL %s not bitwise deterministic over 3 runs\n", tm_);
-            sm == SPATTN_STATUS_SUCCESS && same ? g_pass++ : g_fail++;
-        }
     }
     if (check_ref_kernels) {  // the golden of `spattn verify --backend cuda` against fp64
         spattn_bsa_problem p = {};
