@@ -52,7 +52,6 @@ struct Params {
 constexpr int D = 512;     // value / nope width of the fast kernels
 constexpr int DR = 64;     // rope width of the fast kernels
 constexpr int DQK = D + DR;
-constexpr int NK = 32;     // keys per tile
 constexpr int PAD = 8;     // smem row padding (elements): rows of 584 / 520 / 40 halves
 constexpr int LDQK = DQK + PAD;
 
@@ -132,28 +131,31 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 // Key of virtual slot v (v = entry * sbs + offset) of an index row, or -1 when the slot is
-// padding, out of range (never read), past S2, or masked by the causal limit `lim`.
+// padding, out of range (never read), past S2, or masked by the causal limit `lim`.  The load is
+// unconditional (entry clamped to K - 1; K >= 1) so that a caller's several calls issue their
+// loads together: with a test before each load, ptxas serialised the producer's 8 loads per
+// block pair, each a full L2 latency (ncu, sfa17: 14 % of all stall samples).
 __device__ __forceinline__ int key_of(const Params &p, const int32_t *row, int64_t sidx3, int v,
                                       int lim) {
-    int e = v >> p.log2sbs;
-    if (e >= p.K) return -1;
-    int bi = __ldg(row + (int64_t)e * sidx3);
-    if (bi < 0 || bi >= p.nblk) return -1;
-    int key = (bi << p.log2sbs) + (v & (p.sbs - 1));
-    if (key >= p.S2 || key > lim) return -1;
-    return key;
+    const int e = v >> p.log2sbs;
+    const int bi = __ldg(row + (int64_t)min(e, p.K - 1) * sidx3);
+    const int key = (int)(((unsigned)bi << p.log2sbs) + (unsigned)(v & (p.sbs - 1)));
+    return e < p.K && bi >= 0 && bi < p.nblk && key < p.S2 && key <= lim ? key : -1;
 }
-
-// First tile index >= t (tiles of NK virtual slots) holding at least one valid key; every lane
-// of the warp gets the same answer, and `key` holds the key of slot `lane` of that tile.
-__device__ __forceinline__ int next_tile(const Params &p, const int32_t *row, int64_t sidx3, int t,
-                                         int ntiles, int lim, int lane, int &key) {
-    for (; t < ntiles; ++t) {
-        key = key_of(p, row, sidx3, t * NK + lane, lim);
-        if (__ballot_sync(0xffffffffu, key >= 0)) return t;
-    }
-    key = -1;
-    return ntiles;
+// The same with the test before the load (loads serialised, one latency each): what the
+// small-head forward keeps, measured faster there (H200, same call, medians of 10: the batched
+// form took 1.11x the time on sfa18 (N1 4), 1.05-1.06x on sfa06 / sfa14 (N1 16), 1.03x on
+// sfa03 / sfa09 (N1 32), but 0.87x on sfa16 and 0.96-0.98x on sfa15; loading a pair ahead
+// was worse still, 1.18x on sfa18).  Not understood: ncu at its locked clock showed the batched
+// form 1.3 % faster on sfa18, the producer then waiting on the consumers' releases.
+__device__ __forceinline__ int key_of_serial(const Params &p, const int32_t *row, int64_t sidx3, int v,
+                                             int lim) {
+    const int e = v >> p.log2sbs;
+    if (e >= p.K) return -1;
+    const int bi = __ldg(row + (int64_t)e * sidx3);
+    if (bi < 0 || bi >= p.nblk) return -1;
+    const int key = (bi << p.log2sbs) + (v & (p.sbs - 1));
+    return key >= p.S2 || key > lim ? -1 : key;
 }
 
 // The CTA's query token s1 (VL: the packed token, b = 0): the pre-pass's info tk (VL only),

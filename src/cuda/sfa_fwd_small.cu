@@ -113,8 +113,8 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_small_kernel(const __grid_cons
         for (int i = 0; i < np; i++) {
             const uint32_t fp = (i & 1) ^ 1;
             int k0[4], k1[4];
-            gat.keys(p, irow, si3, 2 * i, lim, k0);
-            gat.keys(p, irow, si3, 2 * i + 1, lim, k1);
+            gat.template keys<true>(p, irow, si3, 2 * i, lim, k0);  // serial loads (key_of_serial)
+            gat.template keys<true>(p, irow, si3, 2 * i + 1, lim, k1);
             // each consumer reads columns 0-255 first
             hop::mbar_wait(fre + 0, fp);
             gat.copy(buf0, k0, 0, 4);

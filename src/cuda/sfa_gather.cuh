@@ -43,11 +43,15 @@ template <typename T, bool VL = false> struct Gather {
         krb = static_cast<const T *>(p.kr) + (int64_t)tk.y * skr1 + n2 * p.skr[2] + ig * 8;
         trow = p.vl.table ? p.vl.table + (int64_t)tk.x * p.vl.tab_s0 : nullptr;
     }
-    // keys of this thread's rows of block `blk` (-1: invalid)
+    // keys of this thread's rows of block `blk` (-1: invalid); the four loads together, or one
+    // after the other (Serial: the small-head forward, see key_of_serial)
+    template <bool Serial = false>
     __device__ __forceinline__ void keys(const Params &p, const int32_t *irow, int64_t si3, int blk, int lim,
                                          int (&key)[4]) const {
 #pragma unroll
-        for (int r = 0; r < 4; r++) key[r] = key_of(p, irow, si3, blk * GBK + grp + 16 * r, lim);
+        for (int r = 0; r < 4; r++)
+            key[r] = Serial ? key_of_serial(p, irow, si3, blk * GBK + grp + 16 * r, lim)
+                            : key_of(p, irow, si3, blk * GBK + grp + 16 * r, lim);
         if constexpr (VL) {
             if (trow) {
                 // page of the key, then its row; an id outside [0, num_pages) (a table the
