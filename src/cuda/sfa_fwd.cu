@@ -26,6 +26,7 @@
 // its sequence, key range and causal limit come from the pre-pass's table (one load per CTA),
 // the gather translates sequence-local keys to rows of k; the loop is the dense one.
 #include <math.h>
+#include <stdlib.h>
 
 #include "hopper/hopper.cuh"
 #include "sfa_gather.cuh"
@@ -49,7 +50,7 @@ static_assert(SMEM <= 232448, "fits in 227 KB");
 enum { NB_Q = 1, NB_P0 = 4, NB_P1 = 5, NB_O = 7 /* and 8 */, NB_SCAN = 9 /* 384 */ };
 
 template <typename T, bool VL>
-__global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant__ Params p) {
+__global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant__ Params p, const int early) {
     extern __shared__ unsigned char smem_raw[];
     unsigned char *sm = hop::align1024(smem_raw);
     unsigned char *sQ = sm + OFF_Q, *sK0 = sm + OFF_K, *sK1 = sm + OFF_K + TILE, *sP1 = sm + OFF_P1;
@@ -244,6 +245,20 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
             *reinterpret_cast<uint32_t *>(dst + hop::sw128(r0 + 8, 2 * kk + 1) + q4 * 4) = pa[kk][3];
         }
     };
+    // early: P of the even block at the pair's base m' (scaled by f from its own max) into sP0
+    auto store_p_scaled = [&](unsigned char *dst, float f0, float f1) {
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            *reinterpret_cast<uint32_t *>(dst + hop::sw128(r0, 2 * kk) + q4 * 4) =
+                hop::elt<T>::pack(s[8 * kk] * f0, s[8 * kk + 1] * f0);
+            *reinterpret_cast<uint32_t *>(dst + hop::sw128(r0 + 8, 2 * kk) + q4 * 4) =
+                hop::elt<T>::pack(s[8 * kk + 2] * f1, s[8 * kk + 3] * f1);
+            *reinterpret_cast<uint32_t *>(dst + hop::sw128(r0, 2 * kk + 1) + q4 * 4) =
+                hop::elt<T>::pack(s[8 * kk + 4] * f0, s[8 * kk + 5] * f0);
+            *reinterpret_cast<uint32_t *>(dst + hop::sw128(r0 + 8, 2 * kk + 1) + q4 * 4) =
+                hop::elt<T>::pack(s[8 * kk + 6] * f1, s[8 * kk + 7] * f1);
+        }
+    };
     auto pv_local = [&](int blk) {
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) hop::elt<T>::template rs256<1>(o, pa[kk], vdesc(blk, kk), 1);
@@ -275,7 +290,8 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
             mask_scale();
             float t0, t1;
             rowmax(t0, t1);
-            if (q4 == 0) sM[quad] = make_float2(fmaxf(m0, t0), fmaxf(m1, t1));
+            const float e0 = fmaxf(m0, t0), e1 = fmaxf(m1, t1);
+            if (q4 == 0) sM[quad] = make_float2(e0, e1);
             // mbarriers (release / acquire), not named barriers: racecheck models the ordering of
             // sM's writes and reads (within and across pairs) only through them, and a rendezvous
             // at one named barrier reached at two PCs is what synccheck reports as divergent.
@@ -283,20 +299,49 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
             // with post and answer slots by parity cost ~1 % and still fail racecheck, a symmetric
             // exchange (both post, both wait) 3 %.
             hop::mbar_arrive(mpost);
-            hop::mbar_wait(mans, ph);  // the pair's max m'
-            const float2 mp = sM[quad];
-            softmax(mp.x, mp.y);
-            store_p(sP0);
-            hop::fence_proxy_async();
-            hop::bar_arrive(NB_P0, 256);
-            hop::wgmma_fence();
-            pv_local(0);
-            hop::wgmma_commit();
-            hop::bar_sync(NB_P1, 256);
-            pv_remote(1);
-            hop::wgmma_commit();
-            hop::wgmma_wait<1>();
-            hop::mbar_arrive(fre + 0);  // even block, columns 0-255
+            if (early) {
+                // Gated while measured (SPATTN_SFA_FWD_EARLY=1): the softmax at this block's own
+                // max and the local P V issued before the pair's max is known, so they overlap
+                // warpgroup 2's S GEMM; then P (for the other warpgroup) and O are brought to the
+                // pair's base m' by f = 2^(e - m') <= 1 (a second rescale per pair).
+                softmax(e0, e1);
+                hop::wgmma_fence();
+                pv_local(0);
+                hop::wgmma_commit();
+                hop::wgmma_wait<0>();
+                hop::reg_fence(o);
+                hop::mbar_arrive(fre + 0);  // even block, columns 0-255
+                hop::mbar_wait(mans, ph);   // the pair's max m'
+                const float2 mp = sM[quad];
+                const float f0 = hop::ex2(e0 - mp.x), f1 = hop::ex2(e1 - mp.y);
+                store_p_scaled(sP0, f0, f1);
+                hop::fence_proxy_async();
+                hop::bar_arrive(NB_P0, 256);
+                if (__any_sync(0xffffffffu, f0 != 1.f || f1 != 1.f)) scale_o(f0, f1);
+                l0 *= f0;
+                l1 *= f1;
+                m0 = mp.x;
+                m1 = mp.y;
+                hop::bar_sync(NB_P1, 256);
+                hop::wgmma_fence();
+                pv_remote(1);
+                hop::wgmma_commit();
+            } else {
+                hop::mbar_wait(mans, ph);  // the pair's max m'
+                const float2 mp = sM[quad];
+                softmax(mp.x, mp.y);
+                store_p(sP0);
+                hop::fence_proxy_async();
+                hop::bar_arrive(NB_P0, 256);
+                hop::wgmma_fence();
+                pv_local(0);
+                hop::wgmma_commit();
+                hop::bar_sync(NB_P1, 256);
+                pv_remote(1);
+                hop::wgmma_commit();
+                hop::wgmma_wait<1>();
+                hop::mbar_arrive(fre + 0);  // even block, columns 0-255
+            }
             if (i + 1 < npairs) {  // the next even block's S overlaps the remote P V
                 hop::mbar_wait(rdy + 0, ph ^ 1);
                 hop::wgmma_fence();
@@ -408,7 +453,8 @@ template <typename T, bool VL> cudaError_t launch(const Params &p, cudaStream_t 
     if (e != cudaSuccess) return e;
     const int ngroups = (p.H + BH - 1) / BH;
     dim3 grid((unsigned)((long long)p.S1 * ngroups), (unsigned)(p.B * p.N2));  // VL: S1 = Tq, B = 1
-    sfa_fwd90_kernel<T, VL><<<grid, 384, SMEM, st>>>(p);
+    const char *ev = getenv("SPATTN_SFA_FWD_EARLY");  // gated while measured (read per call)
+    sfa_fwd90_kernel<T, VL><<<grid, 384, SMEM, st>>>(p, ev && ev[0] == '1');
     return cudaGetLastError();
 }
 

@@ -522,6 +522,21 @@ static void test_case(const Cfg &c, uint64_t seed, bool fast = true, bool fallba
             }
             if (c.sep_v) report(t2, "dV", eco(fetch(P.dv, P.nk, c.D, c.D, c.dt), R.dv, c.dt, false));
         }
+        // the 64-head forward's gated form (SPATTN_SFA_FWD_EARLY=1: the even block's softmax and
+        // P V before the pair's max; read per call) against the same reference
+        if (c.N1 / c.N2 > 32 && !getenv("SPATTN_SFA_FWD_EARLY")) {
+            setenv("SPATTN_SFA_FWD_EARLY", "1", 1);
+            poison(P.o);
+            poison(P.lse);
+            st = run_fwd(P);
+            unsetenv("SPATTN_SFA_FWD_EARLY");
+            char t3[200];
+            snprintf(t3, sizeof t3, "%s [early softmax]", tag);
+            check(st == SPATTN_STATUS_SUCCESS, "%s fwd status", t3, st);
+            CK(cudaDeviceSynchronize());
+            report(t3, "O", eco(fetch(P.o, P.nq, c.D, P.ors, c.dt), R.o, c.dt, false), c.D);
+            report(t3, "LSE", eco(fetch_f32((float *)P.lse.p, P.nq), R.lse, c.dt, true));
+        }
     }
     // CUDA reference kernels vs fp64
     spattn_exec ex;
@@ -814,6 +829,9 @@ static int small_tests(bool quick) {
     cs.push_back(mk("h4_n2_pad_any_dups_concat", 2, 40, 100, 8, 2, 48, 1, 3, FP));
     cs.back().pad_any = 1;
     cs.back().dups = 1;
+    // the 64-head kernels in the sanitizers' quick set too (and the gated early softmax)
+    cs.push_back(mk("h64_quick_mode0", 1, 4, 300, 64, 1, 200, 1, 0, BF));
+    cs.back().pad_any = 1;
     if (!quick) {
         cs.push_back(mk("h64_sbs4_partial_block", 1, 33, 70, 64, 1, 16, 4, 3, BF));
         cs.push_back(mk("h128_sbs2_mode0", 1, 50, 50, 128, 1, 40, 2, 0, FP));
@@ -836,6 +854,9 @@ static int small_tests(bool quick) {
         cs.back().dups = 1;
         cs.back().pad_any = 1;
         cs.push_back(mk("h96_sbs16_mode0", 1, 20, 700, 96, 1, 20, 16, 0, BF));
+        // a long list for the 64-head forward: 12 block pairs, the running max moving across them
+        cs.push_back(mk("h64_long_list_mode0", 1, 6, 3000, 64, 1, 1500, 1, 0, FP));
+        cs.back().pad_any = 1;
         // the key-major backward (H <= 32, rows selecting >= 1/8 of the keys they reach): lists of
         // several chunks (600 tokens, 4 per step at H = 8), index blocks spanning two key blocks
         // (sbs 128); a sparse selection at H <= 32 runs the token-major sfa_bwd90.cu (rows past H
