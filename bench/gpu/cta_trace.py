@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
 """Per-CTA time breakdown of a kernel from a globaltimer trace (a debugging build, not a test).
 
-The trace comes from a throw-away patch of the kernel (see docs/runbooks/block_sparse_attention.md,
-"Where a CTA's time goes"): one consumer thread per CTA records
-  t0 kernel entry, t1 first S ready, t2 last P V done, t3 stores issued, the row's tile count and %smid
-into a __device__ array, and the launcher, when TRACE_FILE is set, synchronises and appends
-  "K <grid>"  then one line per CTA:  "<block> <t0> <t1> <t2> <t3> <ntiles> <smid>"
+The trace comes from a debugging build: cmake -DSPATTN_CTA_TRACE=ON compiles the marks of
+src/cuda/cta_trace.cuh into the sfa 64-head forward (sfa_fwd90: n = its block pairs), and for the
+bsa forward it was a throw-away patch of the same shape (docs/runbooks/block_sparse_attention.md,
+"Where a CTA's time goes").  One consumer thread per CTA records
+  t0 kernel entry, t1 first S ready, t2 last P V done, t3 stores issued, the CTA's loop count and %smid,
+and the launcher, when TRACE_FILE is set, synchronises and appends
+  "K <grid>"  then one line per CTA:  "<block> <t0> <t1> <t2> <t3> <n> <smid>"
+e.g. TRACE_FILE=/tmp/t.txt build-trace/tools/spattn bench --backend cuda --suite sfa --case '^sfa04_'
+     --pass fwd --repeats 3; python3 bench/gpu/cta_trace.py /tmp/t.txt
 Usage: cta_trace.py TRACE_FILE   (the last kernel in the file is analysed)
 """
 import collections

@@ -28,6 +28,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "cta_trace.cuh"
 #include "hopper/hopper.cuh"
 #include "sfa_gather.cuh"
 
@@ -51,6 +52,7 @@ enum { NB_Q = 1, NB_P0 = 4, NB_P1 = 5, NB_O = 7 /* and 8 */, NB_SCAN = 9 /* 384 
 
 template <typename T, bool VL>
 __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant__ Params p, const int early) {
+    SPATTN_TRACE(const unsigned long long tr0 = cta_trace::now(); unsigned long long tr1 = 0, tr2 = 0;)
     extern __shared__ unsigned char smem_raw[];
     unsigned char *sm = hop::align1024(smem_raw);
     unsigned char *sQ = sm + OFF_Q, *sK0 = sm + OFF_K, *sK1 = sm + OFF_K + TILE, *sP1 = sm + OFF_P1;
@@ -284,6 +286,7 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
             hop::wgmma_wait<0>();
             hop::reg_fence(s);
         }
+        SPATTN_TRACE(tr1 = cta_trace::now();)  // first S ready
         for (int i = 0; i < npairs; i++) {
             const uint32_t ph = i & 1;
             hop::mbar_wait(vbar, ph);
@@ -362,6 +365,7 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
                 hop::mbar_arrive(fre + 2);
             }
         }
+        SPATTN_TRACE(tr2 = cta_trace::now();)  // last P V done
     } else {
         for (int i = 0; i < npairs; i++) {
             const uint32_t ph = i & 1;
@@ -445,6 +449,8 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
         if (ok0) lse[0] = l0 > 0.f ? (m0 + log2f(l0)) * 0.69314718055994531f : l0 == 0.f ? -INFINITY : l0;
         if (ok1) lse[8 * p.slse[2]] = l1 > 0.f ? (m1 + log2f(l1)) * 0.69314718055994531f : l1 == 0.f ? -INFINITY : l1;
     }
+    SPATTN_TRACE(if (threadIdx.x == 128 && cta_trace::g_rec) cta_trace::g_rec[cta_trace::block()] =
+                     cta_trace::Rec{{tr0, tr1, tr2, cta_trace::now()}, npairs, cta_trace::smid()};)
 }
 
 template <typename T, bool VL> cudaError_t launch(const Params &p, cudaStream_t st) {
@@ -454,7 +460,9 @@ template <typename T, bool VL> cudaError_t launch(const Params &p, cudaStream_t 
     const int ngroups = (p.H + BH - 1) / BH;
     dim3 grid((unsigned)((long long)p.S1 * ngroups), (unsigned)(p.B * p.N2));  // VL: S1 = Tq, B = 1
     const char *ev = getenv("SPATTN_SFA_FWD_EARLY");  // gated while measured (read per call)
+    SPATTN_TRACE(cta_trace::Rec *trace = cta_trace::begin((long long)grid.x * grid.y, st);)
     sfa_fwd90_kernel<T, VL><<<grid, 384, SMEM, st>>>(p, ev && ev[0] == '1');
+    SPATTN_TRACE(cta_trace::end(trace, (long long)grid.x * grid.y, st);)
     return cudaGetLastError();
 }
 

@@ -1,0 +1,64 @@
+// Per-CTA timestamps for a debugging build (cmake -DSPATTN_CTA_TRACE=ON; never in a release):
+// one thread per CTA records globaltimer at four points of a kernel, its loop count and SM id,
+// and the launcher appends the records to the file named by TRACE_FILE as
+//   "K <grid>" then one line per CTA: "<block> <t0> <t1> <t2> <t3> <n> <smid>"
+// (bench/gpu/cta_trace.py reads them).  Kernels mark points with SPATTN_TRACE(...), which is
+// empty in every other build.  Records cost a few global stores per CTA; the launcher
+// synchronises the stream after the kernel, so only the kernel's own span is meaningful.
+#pragma once
+#ifdef SPATTN_CTA_TRACE
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+namespace cta_trace {
+
+struct Rec {
+    unsigned long long t[4];
+    int n, sm;
+};
+
+static __device__ Rec *g_rec;  // one record per CTA of the traced launch, or NULL (one per translation unit)
+
+__device__ __forceinline__ unsigned long long now() {
+    unsigned long long x;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(x));
+    return x;
+}
+__device__ __forceinline__ int smid() {
+    int x;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(x));
+    return x;
+}
+__device__ __forceinline__ long long block() { return blockIdx.x + (long long)blockIdx.y * gridDim.x; }
+
+// Host: records for a grid of n CTAs when TRACE_FILE is set (else tracing stays off).
+inline Rec *begin(long long n, cudaStream_t st) {
+    Rec *d = nullptr;
+    if (getenv("TRACE_FILE") && cudaMalloc(&d, n * sizeof(Rec)) == cudaSuccess)
+        cudaMemsetAsync(d, 0, n * sizeof(Rec), st);
+    cudaMemcpyToSymbolAsync(g_rec, &d, sizeof d, 0, cudaMemcpyHostToDevice, st);
+    return d;
+}
+// Host, after the launch: wait, append the records, free them.
+inline void end(Rec *d, long long n, cudaStream_t st) {
+    if (!d) return;
+    Rec *h = static_cast<Rec *>(malloc(n * sizeof(Rec)));
+    FILE *f = fopen(getenv("TRACE_FILE"), "a");
+    if (h && f && cudaStreamSynchronize(st) == cudaSuccess &&
+        cudaMemcpy(h, d, n * sizeof(Rec), cudaMemcpyDeviceToHost) == cudaSuccess) {
+        fprintf(f, "K %lld\n", n);
+        for (long long i = 0; i < n; i++)
+            fprintf(f, "%lld %llu %llu %llu %llu %d %d\n", i, h[i].t[0], h[i].t[1], h[i].t[2], h[i].t[3], h[i].n,
+                    h[i].sm);
+    }
+    if (f) fclose(f);
+    free(h);
+    cudaFree(d);
+}
+
+}  // namespace cta_trace
+#define SPATTN_TRACE(...) __VA_ARGS__
+#else
+#define SPATTN_TRACE(...)
+#endif
