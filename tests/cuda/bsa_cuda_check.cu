@@ -308,6 +308,25 @@ static void run_shape(const Shape &s, bool check_ref_kernels) {
         }
         if (!det) printf("  FAIL %s backward not bitwise deterministic over 20 runs\n", tag);
         det ? g_pass++ : g_fail++;
+        // the non-deterministic mode (any dQ order, heaviest rows launched first): eco, also with
+        // its gated tie order across heads (SPATTN_BSA_BWD_ACROSS=1, read when the order is built)
+        const int32_t det0 = opt.deterministic;
+        opt.deterministic = 0;
+        for (int across = 0; across < 2; across++) {
+            if (across) setenv("SPATTN_BSA_BWD_ACROSS", "1", 1);
+            const spattn_status sn = poisoned_bwd();
+            if (across) unsetenv("SPATTN_BSA_BWD_ACROSS");
+            char tn[260];
+            snprintf(tn, sizeof tn, "[non-det%s] %s", across ? ", across heads" : "", tag);
+            if (sn != SPATTN_STATUS_SUCCESS) {
+                printf("  FAIL %s bwd status %d: %s\n", tn, sn, spattn_last_error());
+                g_fail++;
+            } else {
+                grads(a2, bk2, bv2);
+                eco3(a2, bk2, bv2, tn);
+            }
+        }
+        opt.deterministic = det0;
     }
     if (check_ref_kernels) {  // the golden of `spattn verify --backend cuda` against fp64
         spattn_bsa_problem p = {};
