@@ -115,6 +115,17 @@ __device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t parity) {
         "r"(parity)
         : "memory");
 }
+// The same with a suspend-time hint (ns): a waiting thread sleeps until the phase completes or
+// the hint expires instead of retrying after the system's own limit
+__device__ __forceinline__ void mbar_wait_hint(uint64_t *b, uint32_t parity, uint32_t ns) {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "WAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1, %2;\n"
+        "@!p bra WAIT_%=;\n}\n" ::"r"(smem_u32(b)),
+        "r"(parity), "r"(ns)
+        : "memory");
+}
 __device__ __forceinline__ void mbar_arrive(uint64_t *b) {
     (void)ptx::mbarrier_arrive(ptx::sem_release, ptx::scope_cta, ptx::space_shared, b);
 }
