@@ -288,7 +288,6 @@ extern "C" spattn_status spattn_cuda_bsa_fwd(const spattn_bsa_problem *pb, const
 
 // Hopper backward: Delta / lse2, the two schedules at 64 x 128 tiles (from the plan when there
 // is one), one kernel for dK, dV, dQ (accumulator + postprocess).
-
 static spattn_status bwd90_run(const spattn_bsa_problem *pb, const spattn_exec *ex, const Layout &L, cuda_scratch &ws) {
     cudaStream_t st = ws.st;
     cudaError_t e;

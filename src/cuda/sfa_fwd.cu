@@ -211,6 +211,16 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
             o[4 * j + 3] *= a1;
         }
     };
+    // P (fp32 in s) times f0 (row r0) / f1 (row r0 + 8), packed as the register operand
+    auto pack_p = [&](float f0, float f1) {
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            pa[kk][0] = hop::elt<T>::pack(s[8 * kk] * f0, s[8 * kk + 1] * f0);
+            pa[kk][1] = hop::elt<T>::pack(s[8 * kk + 2] * f1, s[8 * kk + 3] * f1);
+            pa[kk][2] = hop::elt<T>::pack(s[8 * kk + 4] * f0, s[8 * kk + 5] * f0);
+            pa[kk][3] = hop::elt<T>::pack(s[8 * kk + 6] * f1, s[8 * kk + 7] * f1);
+        }
+    };
     // P = exp2(s - m') with the pair's max m' = (n0, n1); O and the sums rescaled from the old max
     auto softmax = [&](float n0, float n1) {
         const float a0 = hop::ex2(m0 - n0), a1 = hop::ex2(m1 - n1);
@@ -229,13 +239,7 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
         l1 = l1 * a1 + ls1;
         m0 = n0;
         m1 = n1;
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
-            pa[kk][0] = hop::elt<T>::pack(s[8 * kk], s[8 * kk + 1]);
-            pa[kk][1] = hop::elt<T>::pack(s[8 * kk + 2], s[8 * kk + 3]);
-            pa[kk][2] = hop::elt<T>::pack(s[8 * kk + 4], s[8 * kk + 5]);
-            pa[kk][3] = hop::elt<T>::pack(s[8 * kk + 6], s[8 * kk + 7]);
-        }
+        pack_p(1.f, 1.f);
     };
     // P (bf16/fp16, as packed for the register operand) into a 64 x 64 swizzled tile
     auto store_p = [&](unsigned char *dst) {
@@ -245,20 +249,6 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
             *reinterpret_cast<uint32_t *>(dst + hop::sw128(r0 + 8, 2 * kk) + q4 * 4) = pa[kk][1];
             *reinterpret_cast<uint32_t *>(dst + hop::sw128(r0, 2 * kk + 1) + q4 * 4) = pa[kk][2];
             *reinterpret_cast<uint32_t *>(dst + hop::sw128(r0 + 8, 2 * kk + 1) + q4 * 4) = pa[kk][3];
-        }
-    };
-    // early: P of the even block at the pair's base m' (scaled by f from its own max) into sP0
-    auto store_p_scaled = [&](unsigned char *dst, float f0, float f1) {
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
-            *reinterpret_cast<uint32_t *>(dst + hop::sw128(r0, 2 * kk) + q4 * 4) =
-                hop::elt<T>::pack(s[8 * kk] * f0, s[8 * kk + 1] * f0);
-            *reinterpret_cast<uint32_t *>(dst + hop::sw128(r0 + 8, 2 * kk) + q4 * 4) =
-                hop::elt<T>::pack(s[8 * kk + 2] * f1, s[8 * kk + 3] * f1);
-            *reinterpret_cast<uint32_t *>(dst + hop::sw128(r0, 2 * kk + 1) + q4 * 4) =
-                hop::elt<T>::pack(s[8 * kk + 4] * f0, s[8 * kk + 5] * f0);
-            *reinterpret_cast<uint32_t *>(dst + hop::sw128(r0 + 8, 2 * kk + 1) + q4 * 4) =
-                hop::elt<T>::pack(s[8 * kk + 6] * f1, s[8 * kk + 7] * f1);
         }
     };
     auto pv_local = [&](int blk) {
@@ -317,7 +307,8 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
                 hop::mbar_wait(mans, ph);   // the pair's max m'
                 const float2 mp = sM[quad];
                 const float f0 = hop::ex2(e0 - mp.x), f1 = hop::ex2(e1 - mp.y);
-                store_p_scaled(sP0, f0, f1);
+                pack_p(f0, f1);  // the local P V has completed: pa is free
+                store_p(sP0);
                 hop::fence_proxy_async();
                 hop::bar_arrive(NB_P0, 256);
                 if (__any_sync(0xffffffffu, f0 != 1.f || f1 != 1.f)) scale_o(f0, f1);
