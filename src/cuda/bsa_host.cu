@@ -331,9 +331,7 @@ static spattn_status bwd90_run(const spattn_bsa_problem *pb, const spattn_exec *
         if (!ex->deterministic) {
             int *korder = reinterpret_cast<int *>(ws.base + L.off[9]);
             const long long kr = (long long)p.B * p.Nkv * ((p.Skv + 127) / 128);
-            if ((e = spattn_bsa_launch_order(kcnt, kr, 1, korder, st, bsa_bwd_order_inner((p.Skv + 127) / 128))) !=
-                cudaSuccess)
-                return fail(e, "order");
+            if ((e = spattn_bsa_launch_order(kcnt, kr, 1, korder, st)) != cudaSuccess) return fail(e, "order");
             p.sk.order = korder;
         }
     }

@@ -25,17 +25,8 @@ cudaError_t spattn_bsa_launch_sched_k(const bsa_params *p, int bm, int bn, int *
 // [B*N*nqt][ceil(Skv/u)] of int2 {chunk * 2 + partial, row bits} (bsa_sched.cu).
 cudaError_t spattn_bsa_launch_sched_fwd(const bsa_params *p, int bm, int u, int *cnt, int2 *list, cudaStream_t st);
 // Forward launch order (bsa_sched.cu): order [rows] lists the rows of a query-major schedule by
-// decreasing ceil(cnt / per_tile).  rows < 2^31.  inner > 0 (rows of inner tiles per head):
-// rows of equal count are placed tile-major across heads (tile 0 of every head, then tile 1, ...)
-// instead of head by head.
-cudaError_t spattn_bsa_launch_order(const int *cnt, long long rows, int per_tile, int *order, cudaStream_t st,
-                                    int inner = 0);
-// The non-deterministic backward's tie order across heads (gated while measured, read when the
-// order is built: SPATTN_BSA_BWD_ACROSS=1): the inner argument above for nkt key tiles per head.
-static inline int bsa_bwd_order_inner(int nkt) {
-    const char *v = getenv("SPATTN_BSA_BWD_ACROSS");
-    return v && v[0] == '1' ? nkt : 0;
-}
+// decreasing ceil(cnt / per_tile).  rows < 2^31.
+cudaError_t spattn_bsa_launch_order(const int *cnt, long long rows, int per_tile, int *order, cudaStream_t st);
 // TMA descriptors of the forward's Q, K, V (4-d [B, H, S, D] maps, 64-column boxes of
 // bsa_fwd90_tile_for(dp).bm rows for Q and `chunk` rows for K, V; 128-byte swizzle).
 struct bsa_tmaps {

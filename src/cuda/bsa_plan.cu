@@ -109,9 +109,7 @@ static spattn_status plan_make(spattn_bsa_plan *pl, const spattn_tensor *mask, c
         e = spattn_bsa_launch_sched_q(&p, tq.bm, tq.bn, const_cast<int *>(c->dq.cnt), const_cast<int *>(c->dq.list), st);
     if (e == cudaSuccess)
         e = spattn_bsa_launch_sched_k(&p, tk.bm, tk.bn, const_cast<int *>(c->kv.cnt), const_cast<int *>(c->kv.list), st);
-    if (e == cudaSuccess)
-        e = spattn_bsa_launch_order(c->kv.cnt, (long long)k_rows, 1, korder, st,
-                                    bsa_bwd_order_inner((p.Skv + tk.bn - 1) / tk.bn));
+    if (e == cudaSuccess) e = spattn_bsa_launch_order(c->kv.cnt, (long long)k_rows, 1, korder, st);
     // which long key-major lists split (a kernel per backward call before plans held it)
     if (e == cudaSuccess && splits > 1) {
         int *slot = reinterpret_cast<int *>(base + off[9]);

@@ -415,7 +415,7 @@ extern "C" cudaError_t spattn_bsa_launch_split_slots(const int *cnt, long long r
 // one CTA alone).
 constexpr int kOrderBins = 4096, kOrderThreads = 1024;
 __global__ void __launch_bounds__(kOrderThreads) bsa_order_kernel(const int *cnt, long long rows, int per_tile,
-                                                                  int *order, int inner) {
+                                                                  int *order) {
     using Scan = cub::BlockScan<int, kOrderThreads>;
     __shared__ int hist[kOrderBins];
     __shared__ typename Scan::TempStorage tmp;
@@ -434,17 +434,11 @@ __global__ void __launch_bounds__(kOrderThreads) bsa_order_kernel(const int *cnt
     __syncthreads();
     for (int k = 0; k < PER; k++) hist[threadIdx.x * PER + k] = v[k];
     __syncthreads();
-    // visiting rows tile-major across heads (inner > 0) places equal rows in that order (roughly:
-    // the atomics of one pass are in no fixed order)
-    const long long heads = inner > 0 ? rows / inner : 1;
-    for (long long i = threadIdx.x; i < rows; i += kOrderThreads) {
-        const long long r = inner > 0 ? (i % heads) * inner + i / heads : i;
-        order[atomicAdd(&hist[bin(r)], 1)] = (int)r;
-    }
+    for (long long r = threadIdx.x; r < rows; r += kOrderThreads) order[atomicAdd(&hist[bin(r)], 1)] = (int)r;
 }
 
 extern "C" cudaError_t spattn_bsa_launch_order(const int *cnt, long long rows, int per_tile, int *order,
-                                               cudaStream_t st, int inner) {
-    bsa_order_kernel<<<1, kOrderThreads, 0, st>>>(cnt, rows, per_tile, order, inner);
+                                               cudaStream_t st) {
+    bsa_order_kernel<<<1, kOrderThreads, 0, st>>>(cnt, rows, per_tile, order);
     return cudaGetLastError();
 }

@@ -308,16 +308,13 @@ static void run_shape(const Shape &s, bool check_ref_kernels) {
         }
         if (!det) printf("  FAIL %s backward not bitwise deterministic over 20 runs\n", tag);
         det ? g_pass++ : g_fail++;
-        // the non-deterministic mode (any dQ order, heaviest rows launched first): eco, also with
-        // its gated tie order across heads (SPATTN_BSA_BWD_ACROSS=1, read when the order is built)
+        // the non-deterministic mode (any dQ order, heaviest rows launched first): eco
         const int32_t det0 = opt.deterministic;
         opt.deterministic = 0;
-        for (int across = 0; across < 2; across++) {
-            if (across) setenv("SPATTN_BSA_BWD_ACROSS", "1", 1);
+        {
             const spattn_status sn = poisoned_bwd();
-            if (across) unsetenv("SPATTN_BSA_BWD_ACROSS");
             char tn[260];
-            snprintf(tn, sizeof tn, "[non-det%s] %s", across ? ", across heads" : "", tag);
+            snprintf(tn, sizeof tn, "[non-det] %s", tag);
             if (sn != SPATTN_STATUS_SUCCESS) {
                 printf("  FAIL %s bwd status %d: %s\n", tn, sn, spattn_last_error());
                 g_fail++;
