@@ -385,6 +385,9 @@ SPATTN_API spattn_status spattn_bsa_varlen_workspace_size(const spattn_tensor *q
  *   lse      [B, S1, N1]        output, fp32; may be NULL
  * D and Dr: multiples of 8 (Dr may be 0), D <= 1024, Dr <= 256.  q/q_rope (and k/k_rope) may
  * be two strided views of one concatenated [.., D+Dr] buffer or separate buffers.
+ * CUDA kernels: fp16/bf16 rows of unit stride, 16-byte aligned, with D 512, Dr 64 and v NULL
+ * (DeepSeek MLA) or, forward only, D 128, Dr 0 and a separate v (NSA-style) run the Hopper
+ * kernels; other shapes run simple kernels (fp32 arithmetic on CUDA cores: correct, not fast).
  * CUDA: the indices are checked on the device and the verdict read back once per call: the call
  * waits for the scan (and the work queued before it on the stream), not for the attention
  * kernels, which run on after it returns, gated on the verdict on the device.  Under stream capture (CUDA graphs) the fp16/bf16 forward and backward of
@@ -456,8 +459,8 @@ SPATTN_API spattn_status spattn_sfa_workspace_size(const spattn_tensor *q, const
  * bytes per key-side row and key head (packed rows, or num_pages * page_size page rows), plus a
  * count histogram; shapes of the simple kernels: fp32 dq / dk / dv scratch plus 9 bytes per
  * dk / dk_rope / dv element and key-side row).  CUDA: the Hopper kernels for fp16/bf16, D 512,
- * Dr 64, shared key/value, pages page_size rows apart (the backward token-major); other shapes
- * on the simple kernels (fp32 arithmetic on CUDA cores: correct, not fast).  The CUDA backward is
+ * Dr 64, shared key/value, pages page_size rows apart (the backward token-major), and in the
+ * forward also D 128, Dr 0 with a separate v; other shapes on the simple kernels (fp32 arithmetic on CUDA cores: correct, not fast).  The CUDA backward is
  * bitwise reproducible with deterministic = 1 on both (int64 fixed-point dK / dV).
  */
 SPATTN_API spattn_status spattn_sfa_fwd_varlen(const spattn_tensor *q, const spattn_tensor *q_rope,

@@ -24,6 +24,9 @@
 // +inf) makes O and LSE of its head NaN.
 // VL = true: the packed variable-length / paged form, as in sfa_fwd.cu (per-CTA token lookup,
 // sequence-local keys translated in the gather).
+// S = sfa::Nsa (sfa_gather.cuh): the same kernel for D = 128, no rope, a separate V tensor
+// (NSA-style selection, GQA): blocks of 2 K boxes then 2 V boxes, the K half released after S^T,
+// each warpgroup finalising 64 of the 128 output columns; any H (grid.z: chunks of N <= 32 heads).
 #include <math.h>
 #include <stdlib.h>
 
@@ -35,14 +38,17 @@ namespace {
 using sfa::Params;
 
 constexpr int BK = sfa::GBK;                  // selected keys per block
-constexpr int NBOX = sfa::GNBOX;              // 9 boxes of 64 columns (128 bytes) per row
 constexpr int BOX = sfa::GBOX;                // one box of 64 rows
-constexpr int TILE = NBOX * BOX;     // one key block: 73728 bytes
 
-template <int N> struct SmallCfg {
+// S (sfa_gather.cuh): the block's boxes.  Mla: 9 (8 nope + rope; V = boxes 0-7), 73728 bytes;
+// Nsa: 2 of K then 2 of V, 32768 bytes.
+template <int N, typename S> struct SmallCfg {
+    static constexpr int NBOX = S::NBK;                               // boxes of the score (Q and K)
+    static constexpr int TILE = S::NBT * BOX;                         // one gathered block
+    static constexpr int ND = S::NBN, HALF = ND / 2;                  // O^T d-tiles; per warpgroup at the end
     static constexpr int QBOX = N * 128;                              // a 64-column box of Q (N rows)
     static constexpr int OFF_K = 0;                                   // 2 key buffers
-    static constexpr int OFF_Q = 2 * TILE;                            // [9 boxes][N][128 B]
+    static constexpr int OFF_Q = 2 * TILE;                            // [NBOX boxes][N][128 B]
     static constexpr int OFF_P = OFF_Q + NBOX * QBOX;                 // [2 wg][2 phase][N][128 B]
     static constexpr int OFF_RED = OFF_P + 4 * N * 128;               // [2 wg][2 phase][4 warps][N] fp32
     static constexpr int OFF_M = OFF_RED + 2 * 2 * 4 * N * 4;         // [2 wg][N] fp32 final max
@@ -54,8 +60,14 @@ template <int N> struct SmallCfg {
     static_assert(OFF_Q % 1024 == 0 && OFF_P % 1024 == 0 && QBOX % 1024 == 0, "swizzle atoms");
     static_assert(OFF_BAR % 8 == 0, "mbarrier alignment");
     static_assert(SMEM <= 232448, "fits in 227 KB");
-    // the final exchange of O^T quarters (2 x 4 tiles x N/2 x 128 fp32) reuses the key buffers
-    static_assert(2 * 4 * (N / 2) * 128 * 4 <= 2 * TILE, "exchange fits");
+    // the final exchange of O^T halves (2 x HALF tiles x N/2 x 128 fp32) reuses the key buffers;
+    // O is staged as [N][D] in the Q area
+    static_assert(2 * HALF * (N / 2) * 128 * 4 <= 2 * TILE, "exchange fits");
+    static_assert(ND % 2 == 0 && ND <= NBOX, "each warpgroup finalises ND / 2 d-tiles; O fits the Q area");
+    // buffer halves, completed and released separately: shared V (Mla): columns 0-255 (read by
+    // the first k-steps of S^T and the first d-tiles of P V), then the rest; separate V (Nsa): K
+    // (released after S^T), then V
+    static constexpr int H0 = S::SEPV ? S::NBK : ND / 2;
 };
 
 // named barriers: NB_Q consumers (256); NB_RED + c, NB_O + c one consumer warpgroup (128);
@@ -63,9 +75,10 @@ template <int N> struct SmallCfg {
 // __syncthreads does not allow; compute-sanitizer synccheck)
 enum { NB_Q = 1, NB_RED = 2 /* and 3 */, NB_O = 4 /* and 5 */, NB_SCAN = 9, NB_FIN = 10 };
 
-template <int N, typename T, bool VL>
+template <int N, typename T, bool VL, typename S>
 __global__ void __launch_bounds__(384, 1) sfa_fwd_small_kernel(const __grid_constant__ Params p) {
-    using C = SmallCfg<N>;
+    using C = SmallCfg<N, S>;
+    constexpr int NBOX = C::NBOX, TILE = C::TILE, ND = C::ND, HALF = C::HALF;
     constexpr int NJ = N / 8;  // column groups of 8 heads in an m64nN accumulator
     extern __shared__ unsigned char smem_raw[];
     unsigned char *sm = hop::align1024(smem_raw);
@@ -80,7 +93,8 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_small_kernel(const __grid_cons
 
     const int s1 = p.S1 - 1 - (int)blockIdx.x;  // the longest rows (mode 3) first
     const int b = blockIdx.y / p.N2, n2 = blockIdx.y % p.N2;
-    const int head0 = n2 * p.H, nh = p.H;
+    // heads [head0, head0 + nh): blockIdx.z is the chunk of N heads (H > 32: generic shapes only)
+    const int head0 = n2 * p.H + (int)blockIdx.z * N, nh = min(N, p.H - (int)blockIdx.z * N);
     // VL: s1 is the packed token (b = 0, batch strides 0); tokens past cu_seqlens_q[B] exit
     sfa::TokenRow tr;
     if (!sfa::token_row<VL>(p, b, n2, s1, tr)) return;
@@ -108,7 +122,7 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_small_kernel(const __grid_cons
 
     if (wg == 0) {  // ------------------------------------------------------------------ producer
         hop::setmaxnreg_dec<72>();
-        const sfa::Gather<T, VL> gat = VL ? sfa::Gather<T, VL>(p, n2, t, tk) : sfa::Gather<T, VL>(p, b, n2, t);
+        const sfa::Gather<T, VL, S> gat = VL ? sfa::Gather<T, VL, S>(p, n2, t, tk) : sfa::Gather<T, VL, S>(p, b, n2, t);
         unsigned char *buf0 = sm + C::OFF_K, *buf1 = buf0 + TILE;
         int np = 1;  // pair 0 is gathered before the scan's answer (harmless when it is 0)
         // The buffer waits with a suspend-time hint: 0.99-1.00x the time of plain polling on every
@@ -120,23 +134,23 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_small_kernel(const __grid_cons
             int k0[4], k1[4];
             gat.template keys<true>(p, irow, si3, 2 * i, lim, k0);  // serial loads (key_of_serial)
             gat.template keys<true>(p, irow, si3, 2 * i + 1, lim, k1);
-            // each consumer reads columns 0-255 first
+            // each consumer reads the first half first (C::H0)
             wait_free(fre + 0, fp);
-            gat.copy(buf0, k0, 0, 4);
+            gat.copy(buf0, k0, 0, C::H0);
             hop::cp_async_arrive_noinc(rdy + 0);
             wait_free(fre + 2, fp);
-            gat.copy(buf1, k1, 0, 4);
+            gat.copy(buf1, k1, 0, C::H0);
             hop::cp_async_arrive_noinc(rdy + 2);
             // a buffer's flags are rewritten once its consumer released both halves (it read them)
             wait_free(fre + 1, fp);
-            gat.copy(buf0, k0, 4, NBOX);
+            gat.copy(buf0, k0, C::H0, S::NBT);
             hop::cp_async_arrive_noinc(rdy + 1);
             if (gat.ig == 0) {
                 gat.flags(valid, k0);
                 hop::mbar_arrive(vbar);
             }
             wait_free(fre + 3, fp);
-            gat.copy(buf1, k1, 4, NBOX);
+            gat.copy(buf1, k1, C::H0, S::NBT);
             hop::cp_async_arrive_noinc(rdy + 3);
             if (gat.ig == 0) {
                 gat.flags(valid + BK, k1);
@@ -162,10 +176,10 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_small_kernel(const __grid_cons
     const float sl2 = p.scale_log2;
     unsigned char *buf = sm + C::OFF_K + c * TILE;
 
-    float o[8][N / 2], st[N / 2];
+    float o[ND][N / 2], st[N / 2];
     float m[NJ][2], l[NJ][2];  // per column (head 8 g + 2 q4 + h) of this thread
 #pragma unroll
-    for (int d = 0; d < 8; d++)
+    for (int d = 0; d < ND; d++)
 #pragma unroll
         for (int x = 0; x < N / 2; x++) o[d][x] = 0.f;
 #pragma unroll
@@ -177,7 +191,7 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_small_kernel(const __grid_cons
             l[g][h] = 0.f;
         }
 
-    sfa::load_q<T>(sQ, N, p, qb, qrb, head0, nh, t + c * 128, 256);  // rows past nh are zero
+    sfa::load_q<T, S>(sQ, N, p, qb, qrb, head0, nh, t + c * 128, 256);  // rows past nh are zero
     sfa::prescan_last(p, irow, si3, lim, t + c * 128, 256, s_last);
     sfa::cp_async_wait<0>();
     hop::fence_proxy_async();
@@ -191,25 +205,34 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_small_kernel(const __grid_cons
     auto kdesc = [&](int kk) { return hop::desc_add(kd, (kk >> 2) * BOX + (kk & 3) * 32); };
     auto qdesc = [&](int kk) { return hop::desc_add(qd, (kk >> 2) * C::QBOX + (kk & 3) * 32); };
     // V^T tile dt (d = 64 dt ..) read MN-major: 16 keys (rows of 128 bytes) per k-step
-    auto vdesc = [&](int dt, int kk) { return hop::desc_add(vd, dt * BOX + kk * 16 * 128); };
+    auto vdesc = [&](int dt, int kk) { return hop::desc_add(vd, S::vbox(dt) * BOX + kk * 16 * 128); };
 
     for (int j = 0; j < npairs; j++) {
         const uint32_t ph = j & 1;
         unsigned char *sP = sm + C::OFF_P + (c * 2 + ph) * N * 128;
         float *red = sRed + (c * 2 + ph) * 4 * N;
-        // S^T = K Q^T, 36 k-steps; columns 0-255 are completed first
+        // S^T = K Q^T, 4 NBOX k-steps; shared V: columns 0-255 are completed first
         hop::mbar_wait(rdy + 2 * c, ph);
         hop::wgmma_fence();
+        if constexpr (S::SEPV) {  // the first half is all of K: released once S^T has read it
 #pragma unroll
-        for (int kk = 0; kk < 16; kk++) hop::elt<T>::template ssn<N, 0, 0>(st, kdesc(kk), qdesc(kk), kk > 0);
-        hop::wgmma_commit();
-        hop::mbar_wait(rdy + 2 * c + 1, ph);
-        hop::wgmma_fence();
+            for (int kk = 0; kk < 4 * NBOX; kk++) hop::elt<T>::template ssn<N, 0, 0>(st, kdesc(kk), qdesc(kk), kk > 0);
+            hop::wgmma_commit();
+            hop::wgmma_wait<0>();
+            hop::reg_fence(st);
+            hop::mbar_arrive(fre + 2 * c);
+        } else {
 #pragma unroll
-        for (int kk = 16; kk < 4 * NBOX; kk++) hop::elt<T>::template ssn<N, 0, 0>(st, kdesc(kk), qdesc(kk), 1);
-        hop::wgmma_commit();
-        hop::wgmma_wait<0>();
-        hop::reg_fence(st);
+            for (int kk = 0; kk < 4 * C::H0; kk++) hop::elt<T>::template ssn<N, 0, 0>(st, kdesc(kk), qdesc(kk), kk > 0);
+            hop::wgmma_commit();
+            hop::mbar_wait(rdy + 2 * c + 1, ph);
+            hop::wgmma_fence();
+#pragma unroll
+            for (int kk = 4 * C::H0; kk < 4 * NBOX; kk++) hop::elt<T>::template ssn<N, 0, 0>(st, kdesc(kk), qdesc(kk), 1);
+            hop::wgmma_commit();
+            hop::wgmma_wait<0>();
+            hop::reg_fence(st);
+        }
 
         // scaled scores, invalid keys (rows) at -inf; per column the block max over the 64 keys
         hop::mbar_wait(vbar + c, ph);
@@ -261,7 +284,7 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_small_kernel(const __grid_cons
                 l[g][h] = l[g][h] * alpha[g][h] + pa + pb;
             }
 #pragma unroll
-        for (int d = 0; d < 8; d++)
+        for (int d = 0; d < ND; d++)
 #pragma unroll
             for (int g = 0; g < NJ; g++)
 #pragma unroll
@@ -281,33 +304,48 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_small_kernel(const __grid_cons
             }
         hop::fence_proxy_async();
         hop::bar_sync(NB_RED + c, 128);
-        // O^T += V^T P^T: d-tiles 0-3 (columns 0-255 of the block), then 4-7; each half of the
-        // buffer is released as soon as its GEMMs have read it (the rope box after S^T)
+        // O^T += V^T P^T.  Shared V: d-tiles 0 .. H0-1 (the first half of the block), then the
+        // rest; each half of the buffer is released as soon as its GEMMs have read it (the rope
+        // box after S^T).  Separate V: all d-tiles from the second half (V), released after them.
         const uint64_t pd = hop::desc_sw128(sP, 16, 1024);
-        hop::wgmma_fence();
+        if constexpr (S::SEPV) {
+            hop::mbar_wait(rdy + 2 * c + 1, ph);
+            hop::wgmma_fence();
 #pragma unroll
-        for (int d = 0; d < 4; d++)
+            for (int d = 0; d < ND; d++)
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++) hop::elt<T>::template ssn<N, 1, 0>(o[d], vdesc(d, kk), hop::desc_add(pd, kk * 32), 1);
-        hop::wgmma_commit();
+                for (int kk = 0; kk < 4; kk++) hop::elt<T>::template ssn<N, 1, 0>(o[d], vdesc(d, kk), hop::desc_add(pd, kk * 32), 1);
+            hop::wgmma_commit();
+            hop::wgmma_wait<0>();
 #pragma unroll
-        for (int d = 4; d < 8; d++)
+            for (int d = 0; d < ND; d++) hop::reg_fence(o[d]);
+            hop::mbar_arrive(fre + 2 * c + 1);
+        } else {
+            hop::wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++) hop::elt<T>::template ssn<N, 1, 0>(o[d], vdesc(d, kk), hop::desc_add(pd, kk * 32), 1);
-        hop::wgmma_commit();
-        hop::wgmma_wait<1>();
+            for (int d = 0; d < C::H0; d++)
 #pragma unroll
-        for (int d = 0; d < 4; d++) hop::reg_fence(o[d]);
-        hop::mbar_arrive(fre + 2 * c);
-        hop::wgmma_wait<0>();
+                for (int kk = 0; kk < 4; kk++) hop::elt<T>::template ssn<N, 1, 0>(o[d], vdesc(d, kk), hop::desc_add(pd, kk * 32), 1);
+            hop::wgmma_commit();
 #pragma unroll
-        for (int d = 4; d < 8; d++) hop::reg_fence(o[d]);
-        hop::mbar_arrive(fre + 2 * c + 1);
+            for (int d = C::H0; d < ND; d++)
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) hop::elt<T>::template ssn<N, 1, 0>(o[d], vdesc(d, kk), hop::desc_add(pd, kk * 32), 1);
+            hop::wgmma_commit();
+            hop::wgmma_wait<1>();
+#pragma unroll
+            for (int d = 0; d < C::H0; d++) hop::reg_fence(o[d]);
+            hop::mbar_arrive(fre + 2 * c);
+            hop::wgmma_wait<0>();
+#pragma unroll
+            for (int d = C::H0; d < ND; d++) hop::reg_fence(o[d]);
+            hop::mbar_arrive(fre + 2 * c + 1);
+        }
     }
 
     // ---- epilogue: per head, this warpgroup's max and the row sums of its 4 warps; then each
-    // warpgroup finalises 256 output columns: its own O^T quarter tiles 4c..4c+3 merged with the
-    // other's (exchanged through the free key buffers)
+    // warpgroup finalises D / 2 output columns: its own O^T d-tiles HALF c .. HALF c + HALF - 1
+    // merged with the other's (exchanged through the free key buffers)
 #pragma unroll
     for (int g = 0; g < NJ; g++)
 #pragma unroll
@@ -328,12 +366,12 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_small_kernel(const __grid_cons
             if (warp == 0) *reinterpret_cast<float2 *>(sMf + c * N + 8 * g + 2 * q4) = make_float2(m[g][0], m[g][1]);
         }
     }
-    float *ex = reinterpret_cast<float *>(sm + C::OFF_K);  // [source wg][4 tiles][N/2][128 threads]
+    float *ex = reinterpret_cast<float *>(sm + C::OFF_K);  // [source wg][HALF tiles][N/2][128 threads]
 #pragma unroll
-    for (int tt = 0; tt < 4; tt++)
+    for (int tt = 0; tt < HALF; tt++)
 #pragma unroll
-        for (int x = 0; x < N / 2; x++)  // the other's quarter (selects: no dynamic register index)
-            ex[((c * 4 + tt) * (N / 2) + x) * 128 + t] = c ? o[tt][x] : o[4 + tt][x];
+        for (int x = 0; x < N / 2; x++)  // the other's half (selects: no dynamic register index)
+            ex[((c * HALF + tt) * (N / 2) + x) * 128 + t] = c ? o[tt][x] : o[HALF + tt][x];
     hop::bar_sync(NB_Q, 256);
 
     float so[NJ][2], sx[NJ][2], inv[NJ][2], lf[NJ][2], mf[NJ][2];
@@ -364,31 +402,33 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_small_kernel(const __grid_cons
             inv[g][h] = ll > 0.f ? 1.f / ll : ll == 0.f ? 0.f : ll;
         }
     }
-    // O (normalised, T) staged as [N heads][512] rows of 1024 bytes in the Q area (free: every
-    // S GEMM has completed), then 16-byte row-contiguous global stores of this half
+    // O (normalised, T) staged as [N heads][D] rows of 2 D bytes in the Q area (free: every S
+    // GEMM has completed), then 16-byte row-contiguous global stores of this half
     unsigned char *os = sQ;
+    constexpr int ROWB = S::D * 2;
 #pragma unroll
-    for (int tt = 0; tt < 4; tt++)
+    for (int tt = 0; tt < HALF; tt++)
 #pragma unroll
         for (int g = 0; g < NJ; g++)
 #pragma unroll
             for (int h = 0; h < 2; h++)
 #pragma unroll
                 for (int rr = 0; rr < 2; rr++) {
-                    const int x = 4 * g + 2 * rr + h, col = 8 * g + 2 * q4 + h, d = (4 * c + tt) * 64 + r0 + 8 * rr;
-                    const float other = ex[(((1 - c) * 4 + tt) * (N / 2) + x) * 128 + t];
-                    const float mine = c ? o[4 + tt][x] : o[tt][x];
+                    const int x = 4 * g + 2 * rr + h, col = 8 * g + 2 * q4 + h, d = (HALF * c + tt) * 64 + r0 + 8 * rr;
+                    const float other = ex[(((1 - c) * HALF + tt) * (N / 2) + x) * 128 + t];
+                    const float mine = c ? o[HALF + tt][x] : o[tt][x];
                     const float v = (mine * so[g][h] + other * sx[g][h]) * inv[g][h];
                     const uint32_t pk = hop::elt<T>::pack(v, 0.f);
-                    *reinterpret_cast<uint16_t *>(os + col * 1024 + d * 2) = (uint16_t)(pk & 0xffffu);
+                    *reinterpret_cast<uint16_t *>(os + col * ROWB + d * 2) = (uint16_t)(pk & 0xffffu);
                 }
     hop::bar_sync(NB_O + c, 128);
-    T *ob = static_cast<T *>(p.out_o) + b * p.so[0] + (int64_t)s1 * p.so[1] + (int64_t)head0 * p.so[2] + c * 256;
-    for (int x = t; x < nh * 32; x += 128) {
-        const int row = x >> 5, ch = x & 31;
+    constexpr int CH = HALF * 8;  // 16-byte chunks of a head's half row
+    T *ob = static_cast<T *>(p.out_o) + b * p.so[0] + (int64_t)s1 * p.so[1] + (int64_t)head0 * p.so[2] + c * HALF * 64;
+    for (int x = t; x < nh * CH; x += 128) {
+        const int row = x / CH, ch = x % CH;
         if (gate == ~0ull)
             __stcs(reinterpret_cast<int4 *>(ob + (int64_t)row * p.so[2] + ch * 8),
-                   *reinterpret_cast<const int4 *>(os + row * 1024 + (c * 256 + ch * 8) * 2));  // streamed
+                   *reinterpret_cast<const int4 *>(os + row * ROWB + (c * HALF * 64 + ch * 8) * 2));  // streamed
     }
     if (c == 0 && warp == 0 && lane < 4 && p.out_lse && gate == ~0ull) {
         float *lse = p.out_lse + b * p.slse[0] + (int64_t)s1 * p.slse[1];
@@ -405,23 +445,29 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_small_kernel(const __grid_cons
     }
 }
 
-template <int N, typename T, bool VL> cudaError_t launch(const Params &p, cudaStream_t st) {
+template <int N, typename T, bool VL, typename S> cudaError_t launch(const Params &p, cudaStream_t st) {
     static unsigned long long done = 0;
-    const cudaError_t e = hop::set_smem(sfa_fwd_small_kernel<N, T, VL>, SmallCfg<N>::SMEM, &done);
+    const cudaError_t e = hop::set_smem(sfa_fwd_small_kernel<N, T, VL, S>, SmallCfg<N, S>::SMEM, &done);
     if (e != cudaSuccess) return e;
-    // VL: S1 = Tq, B = 1
-    sfa_fwd_small_kernel<N, T, VL><<<dim3((unsigned)p.S1, (unsigned)(p.B * p.N2)), 384, SmallCfg<N>::SMEM, st>>>(p);
+    // VL: S1 = Tq, B = 1; z: chunks of N heads
+    const dim3 grid((unsigned)p.S1, (unsigned)(p.B * p.N2), (unsigned)((p.H + N - 1) / N));
+    sfa_fwd_small_kernel<N, T, VL, S><<<grid, 384, SmallCfg<N, S>::SMEM, st>>>(p);
     return cudaGetLastError();
 }
 
-template <typename T, bool VL> cudaError_t launch_h(const Params &p, cudaStream_t st) {
-    return p.H <= 8 ? launch<8, T, VL>(p, st) : p.H <= 16 ? launch<16, T, VL>(p, st) : launch<32, T, VL>(p, st);
+template <typename T, bool VL, typename S> cudaError_t launch_h(const Params &p, cudaStream_t st) {
+    return p.H <= 8 ? launch<8, T, VL, S>(p, st) : p.H <= 16 ? launch<16, T, VL, S>(p, st) : launch<32, T, VL, S>(p, st);
 }
 
 }  // namespace
 
-// Launcher used by sfa_host.cu for H = N1 / N2 <= 32.
-extern "C" cudaError_t spattn_sfa_small_fwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st) {
-    if (p->vl.tok) return is_bf16 ? launch_h<__nv_bfloat16, true>(*p, st) : launch_h<__half, true>(*p, st);
-    return is_bf16 ? launch_h<__nv_bfloat16, false>(*p, st) : launch_h<__half, false>(*p, st);
+// Launcher used by sfa_host.cu: shape 0 (sfa::Mla) for H = N1 / N2 <= 32, shape 1 (sfa::Nsa)
+// for any H (chunks of 32 heads).
+extern "C" cudaError_t spattn_sfa_small_fwd_launch(const sfa::Params *p, int is_bf16, int shape, cudaStream_t st) {
+    if (shape == 1) {
+        if (p->vl.tok) return is_bf16 ? launch_h<__nv_bfloat16, true, sfa::Nsa>(*p, st) : launch_h<__half, true, sfa::Nsa>(*p, st);
+        return is_bf16 ? launch_h<__nv_bfloat16, false, sfa::Nsa>(*p, st) : launch_h<__half, false, sfa::Nsa>(*p, st);
+    }
+    if (p->vl.tok) return is_bf16 ? launch_h<__nv_bfloat16, true, sfa::Mla>(*p, st) : launch_h<__half, true, sfa::Mla>(*p, st);
+    return is_bf16 ? launch_h<__nv_bfloat16, false, sfa::Mla>(*p, st) : launch_h<__half, false, sfa::Mla>(*p, st);
 }

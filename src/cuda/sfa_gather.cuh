@@ -12,6 +12,22 @@ constexpr int GBK = 64;             // selected keys per gathered block
 constexpr int GNBOX = DQK / 64;     // 9 boxes of 64 columns per key row (8 nope + 1 rope)
 constexpr int GBOX = GBK * 128;     // one box of a block
 
+// The column layout of a gathered block, in 64-column boxes: NBN boxes of k's value / nope part
+// (D = 64 NBN), NBR of k_rope (Dr = 64 NBR), then, when V is a separate tensor, NBN boxes of v
+// (else V is k's first D columns).  Mla: the DeepSeek shape every fast kernel takes; the
+// small-head forward also takes Nsa (D 128, no rope, separate V: NSA-style selection).
+template <int NBN_, int NBR_, bool SEPV_> struct Shape {
+    static constexpr int NBN = NBN_, NBR = NBR_, NBK = NBN + NBR;  // NBK: the score's columns
+    static constexpr bool SEPV = SEPV_;
+    static constexpr int NBT = NBK + (SEPV ? NBN : 0);  // boxes per gathered block
+    static constexpr int D = 64 * NBN, DR = 64 * NBR;
+    // the box holding V's columns 64 d .. 64 d + 63
+    static __host__ __device__ constexpr int vbox(int d) { return SEPV ? NBK + d : d; }
+};
+using Mla = Shape<8, 1, false>;
+using Nsa = Shape<2, 0, true>;
+static_assert(Mla::NBK == GNBOX, "the Mla shape is the fast kernels' D + Dr");
+
 // One producer thread's share of a block gather: 128 threads, 8 per key row (16-byte chunk ig of
 // each box), rows grp + 16 r (r < 4).  Invalid slots (-1, out of range, past the causal limit)
 // are zero-filled (src-size 0), never read.
@@ -19,9 +35,9 @@ constexpr int GBOX = GBK * 128;     // one box of a block
 // k: the base pointer starts at the sequence's first key row (packed keys), or the row comes from
 // the block table (pages; k viewed as [num_pages * page_size] rows, the host checked that the
 // page stride is page_size rows).  Only the row numbers change: copy() is the dense one.
-template <typename T, bool VL = false> struct Gather {
-    const T *kb, *krb;
-    int64_t sk1, skr1;
+template <typename T, bool VL = false, typename S = Mla> struct Gather {
+    const T *kb, *krb, *vb;
+    int64_t sk1, skr1, sv1;
     int grp, ig;
     const int32_t *trow;  // VL with pages: the sequence's block-table row (else NULL)
     __device__ __forceinline__ Gather(const Params &p, int b, int n2, int t) {
@@ -29,8 +45,10 @@ template <typename T, bool VL = false> struct Gather {
         ig = t & 7;
         kb = static_cast<const T *>(p.k) + b * p.sk[0] + n2 * p.sk[2] + ig * 8;
         krb = static_cast<const T *>(p.kr) + b * p.skr[0] + n2 * p.skr[2] + ig * 8;
+        vb = static_cast<const T *>(p.v) + b * p.sv[0] + n2 * p.sv[2] + ig * 8;
         sk1 = p.sk[1];
         skr1 = p.skr[1];
+        sv1 = p.sv[1];
         trow = nullptr;
     }
     // VL: tk = the token's Params::vl.tok entry {sequence, first key row, keys, limit}
@@ -41,6 +59,8 @@ template <typename T, bool VL = false> struct Gather {
         skr1 = p.skr[1];
         kb = static_cast<const T *>(p.k) + (int64_t)tk.y * sk1 + n2 * p.sk[2] + ig * 8;
         krb = static_cast<const T *>(p.kr) + (int64_t)tk.y * skr1 + n2 * p.skr[2] + ig * 8;
+        sv1 = p.sv[1];
+        vb = static_cast<const T *>(p.v) + (int64_t)tk.y * sv1 + n2 * p.sv[2] + ig * 8;
         trow = p.vl.table ? p.vl.table + (int64_t)tk.x * p.vl.tab_s0 : nullptr;
     }
     // keys of this thread's rows of block `blk` (-1: invalid); the four loads together, or one
@@ -76,9 +96,10 @@ template <typename T, bool VL = false> struct Gather {
             const int row = grp + 16 * r, ok = key[r] >= 0;
             const T *nope = kb + (int64_t)(ok ? key[r] : 0) * sk1;
             const T *rope = krb + (int64_t)(ok ? key[r] : 0) * skr1;
+            const T *val = S::SEPV ? vb + (int64_t)(ok ? key[r] : 0) * sv1 : nope;
 #pragma unroll
             for (int x = box0; x < box1; x++) {
-                const T *src = x < 8 ? nope + x * 64 : rope;
+                const T *src = x < S::NBN ? nope + x * 64 : x < S::NBK ? rope + (x - S::NBN) * 64 : val + (x - S::NBK) * 64;
                 asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(
                                  hop::smem_u32(dst + x * GBOX + hop::sw128(row, ig))),
                              "l"(src), "r"(ok ? 16 : 0)
@@ -112,15 +133,15 @@ __device__ __forceinline__ void prescan_last(const Params &p, const int32_t *iro
 }
 __device__ __forceinline__ int npairs_of(int last) { return last < 0 ? 0 : last / (2 * GBK) + 1; }
 
-// The token's Q rows h < rows (zero past nh) into 9 boxes of `rows` rows (box stride rows * 128),
-// by threads t0, t0 + stride, ...; one cp.async group (the caller waits).
-template <typename T>
+// The token's Q rows h < rows (zero past nh) into S::NBK boxes of `rows` rows (box stride
+// rows * 128), by threads t0, t0 + stride, ...; one cp.async group (the caller waits).
+template <typename T, typename S = Mla>
 __device__ __forceinline__ void load_q(unsigned char *sQ, int rows, const Params &p, const T *qb, const T *qrb, int head0,
                                        int nh, int t0, int stride) {
-    for (int x = t0; x < rows * GNBOX * 8; x += stride) {
-        const int h = x / (GNBOX * 8), ch = x % (GNBOX * 8), ok = h < nh;
-        const T *src = !ok ? qb : ch < 64 ? qb + (int64_t)(head0 + h) * p.sq[2] + ch * 8
-                                          : qrb + (int64_t)(head0 + h) * p.sqr[2] + (ch - 64) * 8;
+    for (int x = t0; x < rows * S::NBK * 8; x += stride) {
+        const int h = x / (S::NBK * 8), ch = x % (S::NBK * 8), ok = h < nh;
+        const T *src = !ok ? qb : ch < 8 * S::NBN ? qb + (int64_t)(head0 + h) * p.sq[2] + ch * 8
+                                                  : qrb + (int64_t)(head0 + h) * p.sqr[2] + (ch - 8 * S::NBN) * 8;
         cp_async16(sQ + (ch >> 3) * (rows * 128) + hop::sw128(h, ch & 7), src, ok ? 16 : 0);
     }
     cp_async_commit();

@@ -23,12 +23,13 @@
 #include "maxabs.cuh"
 #include "scratch.h"
 #include "sfa_adds.cuh"
+#include "sfa_gather.cuh"
 #include "sfa_bwd_small.h"
 #include "sfa_ref.h"
 #include "sfa_common.cuh"
 
 extern "C" cudaError_t spattn_sfa_fast_fwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
-extern "C" cudaError_t spattn_sfa_small_fwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
+extern "C" cudaError_t spattn_sfa_small_fwd_launch(const sfa::Params *p, int is_bf16, int shape, cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_bwd90_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_bwd_small_launch(const sfa::Params *p, const sfa::SmallLists *L, int is_bf16,
                                                    cudaStream_t st);
@@ -222,6 +223,25 @@ bool fast_shape(const spattn_sfa_problem *p, int backward) {
     return true;
 }
 
+// The Hopper forward kernels' shapes: 0 = sfa::Mla (fast_shape: both kernels, by H), 1 = sfa::Nsa
+// (the small-head kernel for any H: fp16/bf16, D = 128, Dr = 0, a separate v, rows of unit
+// stride, 16-byte aligned); -1: the simple kernels.
+int fwd_shape(const spattn_sfa_problem *p) {
+    if (fast_shape(p, 0)) return 0;
+    if (p->dtype == SPATTN_DTYPE_F32 || p->D != sfa::Nsa::D || p->Dr != sfa::Nsa::DR || p->shared_kv) return -1;
+    const spattn_tensor *ts[] = {p->q, p->k, p->v, p->o};
+    for (int i = 0; i < 4; ++i)
+        if (!rows_aligned(ts[i])) return -1;
+    return 1;
+}
+
+// The forward kernel for a shape of fwd_shape (>= 0): heads per key head <= 32 or the Nsa shape:
+// keys as the MMA rows (sfa_fwd_small.cu); more: heads as the rows, 64 per CTA (sfa_fwd.cu)
+cudaError_t fwd_launch(const sfa::Params *kp, int shape, int bf16, cudaStream_t st) {
+    return kp->H <= 32 || shape == 1 ? spattn_sfa_small_fwd_launch(kp, bf16, shape, st)
+                                     : spattn_sfa_fast_fwd_launch(kp, bf16, st);
+}
+
 spattn_status limits_ok(const spattn_sfa_problem *p) {
     if (p->B * p->N2 > 65535 || p->S1 * ((p->N1 / p->N2 + 15) / 16) > 0x7fffffffLL ||
         p->S2 > (1LL << 30) || p->K * p->sbs > (1LL << 30))
@@ -271,9 +291,11 @@ void fill_params(const spattn_sfa_problem *p, sfa::Params *k) {
             for (int i = 0; i < 4; ++i) d[i] = t->strides[i];
     };
     k->q = p->q->data;
-    k->qr = p->q_rope->data;
+    k->qr = p->q_rope ? p->q_rope->data : nullptr;
     k->k = p->k->data;
-    k->kr = p->k_rope->data;
+    k->kr = p->k_rope ? p->k_rope->data : nullptr;
+    k->v = p->v ? p->v->data : nullptr;
+    cp4(k->sv, p->v);
     cp4(k->sq, p->q);
     cp4(k->sqr, p->q_rope);
     cp4(k->sk, p->k);
@@ -506,8 +528,8 @@ size_t vl_bwd_workspace(const spattn_sfa_problem *p);
 extern "C" size_t spattn_cuda_sfa_workspace(const spattn_sfa_problem *p, int backward) {
     size_t off[RB_N + 1];
     if (p->seqs) return backward ? vl_bwd_workspace(p) : vl_workspace(p);
+    if (!backward) return fwd_shape(p) >= 0 ? 0 : ref_parts(p, 0, off);
     if (!fast_shape(p, backward)) return ref_parts(p, backward, off);
-    if (!backward) return 0;
     // a size query (spattn_sfa_workspace_size) sees no O, dO or dQ: one the Hopper kernels cannot
     // read sends the call to the simple kernels, so the query answers the larger need (as bsa's)
     const size_t fast = bwd_ws_total(p);
@@ -1218,17 +1240,17 @@ void vl_view(const spattn_sfa_problem *p, bool fast, VlView *w) {
     w->p.S1 = p->seqs->Tq;
 }
 
-// The Hopper kernels' shapes (fast_shape) on the views; with pages, a page is page_size rows of k
-// (and of k_rope) apart.
+// The Hopper kernels' shapes (fwd_shape, fast_shape) on the views; with pages, a page is
+// page_size rows of k (and of k_rope, v) apart.
 // Backward: the same on the backward's tensors (dk / dk_rope are converted with their own strides).
 bool vl_fast(const spattn_sfa_problem *p, const VlView &w, int backward = 0) {
     const spattn_seqs *s = p->seqs;
     if (s->table) {
-        const spattn_tensor *ks[2] = {p->k, p->k_rope};
-        for (int i = 0; i < 2; i++)
+        const spattn_tensor *ks[3] = {p->k, p->k_rope, p->v};
+        for (int i = 0; i < 3; i++)
             if (ks[i] && ks[i]->strides[0] != s->page_size * ks[i]->strides[1]) return false;
     }
-    return fast_shape(&w.p, backward);
+    return backward ? fast_shape(&w.p, 1) : fwd_shape(&w.p) >= 0;
 }
 
 // Limits shared by the varlen forward and backward: the gate keys (a table row's keys and an
@@ -1307,8 +1329,7 @@ spattn_status vl_fwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
         kp.o = nullptr;
         kp.gate = c.d_bad;
         set_vl(&kp, tok, s);
-        const int bf16 = p->dtype == SPATTN_DTYPE_BF16;
-        const cudaError_t e = kp.H <= 32 ? spattn_sfa_small_fwd_launch(&kp, bf16, st) : spattn_sfa_fast_fwd_launch(&kp, bf16, st);
+        const cudaError_t e = fwd_launch(&kp, fwd_shape(&w.p), p->dtype == SPATTN_DTYPE_BF16, st);
         return vl_finish(p, st, &c, tok, e);
     }
     // simple kernels: the verdict first (they write fp32 scratch, converted afterwards)
@@ -1526,7 +1547,8 @@ spattn_status vl_bwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
 
 extern "C" spattn_status spattn_cuda_sfa_fwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
     if (p->seqs) return vl_fwd(p, ex);
-    if (!fast_shape(p, 0)) return ref_fwd(p, ex);
+    const int shape = fwd_shape(p);
+    if (shape < 0) return ref_fwd(p, ex);
     spattn_status s = limits_ok(p);
     if (s != SPATTN_STATUS_SUCCESS) return s;
     cudaStream_t st = (cudaStream_t)ex->stream;
@@ -1538,11 +1560,7 @@ extern "C" spattn_status spattn_cuda_sfa_fwd(const spattn_sfa_problem *p, const 
     kp.out_lse = p->lse ? (float *)p->lse->data : nullptr;
     kp.o = nullptr;
     kp.gate = c.d_bad;
-    // heads per key head <= 32: keys as the MMA rows (sfa_fwd_small.cu); more: heads as the rows,
-    // 64 per CTA (sfa_fwd.cu)
-    const int bf16 = p->dtype == SPATTN_DTYPE_BF16;
-    const cudaError_t e = kp.H <= 32 ? spattn_sfa_small_fwd_launch(&kp, bf16, st) : spattn_sfa_fast_fwd_launch(&kp, bf16, st);
-    return check_finish(p, st, &c, e);
+    return check_finish(p, st, &c, fwd_launch(&kp, shape, p->dtype == SPATTN_DTYPE_BF16, st));
 }
 
 extern "C" spattn_status spattn_cuda_sfa_bwd(const spattn_sfa_problem *p, const spattn_exec *ex) {

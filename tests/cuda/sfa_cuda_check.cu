@@ -869,6 +869,30 @@ static int small_tests(bool quick) {
         test_case(c, seed++);
         printf("%-36s %s\n", c.name.c_str(), g_fail == before ? "ok" : "FAILED");
     }
+    // the small-head forward's Nsa shape (D 128, no rope, separate v, any H in chunks of 32
+    // heads; its backward runs on the simple kernels)
+    std::vector<Cfg> ns;
+    ns.push_back(mk("nsa_quick_h8x2_sbs64", 1, 8, 400, 16, 2, 6, 64, 3, BF));
+    if (!quick) {
+        ns.push_back(mk("nsa_h16x2_sbs64_k16", 1, 40, 1500, 32, 2, 16, 64, 3, BF));
+        ns.push_back(mk("nsa_h1_b2_mode0_dups_pad", 2, 20, 300, 2, 2, 12, 8, 0, FP));
+        ns.back().dups = 1;
+        ns.back().pad_any = 1;
+        ns.push_back(mk("nsa_h48_chunks_empty", 1, 24, 700, 96, 2, 20, 16, 3, BF));
+        ns.back().empty = 1;
+        ns.push_back(mk("nsa_h64_mqa_sbs128", 1, 10, 1000, 64, 1, 6, 128, 3, FP));
+        ns.push_back(mk("nsa_h3_s1_gt_s2_strided", 1, 50, 30, 6, 2, 16, 1, 3, BF));
+        ns.back().row_pad = 8;
+        ns.push_back(mk("nsa_h32_long_list_mode0", 1, 6, 3000, 32, 1, 40, 32, 0, FP));
+    }
+    for (auto &c : ns) {
+        c.D = 128;
+        c.Dr = 0;
+        c.sep_v = 1;
+        int before = g_fail;
+        test_case(c, seed++, true, true);
+        printf("%-36s %s\n", c.name.c_str(), g_fail == before ? "ok" : "FAILED");
+    }
     if (quick) {  // the simple kernels' backward (both modes) under the sanitizers too
         Cfg f = mk("fb_quick_sepv_d64_gqa", 1, 10, 40, 4, 2, 12, 2, 3, FP);
         f.D = 64;

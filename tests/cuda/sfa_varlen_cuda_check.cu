@@ -943,6 +943,11 @@ int main(int argc, char **argv) {
     cases.push_back({"simple_sepv_d128", 16, 4, 128, 64, 40, 4, 3, FP, 16, 1, {6, 1, 0, 10}, {25, 100, 0, 31}});
     cases.push_back({"simple_norope_packed", 4, 1, 64, 0, 32, 1, 0, BF, 0, 0, {3, 0, 8}, {10, 4, 0}});
     cases.back().o_pad = 8;
+    // the small-head forward's Nsa shape (D 128, no rope, separate v; any H in chunks of 32; the
+    // backward on the simple kernels): pages of 64 with blocks of 64, and H = 48 packed
+    cases.push_back({"nsa_paged64_h16x2_sbs64", 32, 2, 128, 0, 16, 64, 3, BF, 64, 1, {40, 0, 7, 25}, {900, 64, 1, 300}});
+    cases.push_back({"nsa_packed_h48x2_sbs16_m0", 96, 2, 128, 0, 12, 16, 0, FP, 0, 1, {9, 0, 20}, {300, 5, 150}});
+    cases.back().lse_t = 1;
     if (!quick) {
         Rng r(2027);
         const int n1s[4] = {4, 16, 64, 128}, pages[4] = {0, 16, 64, 256};
