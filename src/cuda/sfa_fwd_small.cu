@@ -33,6 +33,11 @@
 #include "hopper/hopper.cuh"
 #include "sfa_gather.cuh"
 
+// Measuring builds only (cmake -DSPATTN_SFA_NSA_CTAS=2): CTAs per SM of the Nsa instantiations
+#ifndef SPATTN_SFA_NSA_CTAS
+#define SPATTN_SFA_NSA_CTAS 1
+#endif
+
 namespace {
 
 using sfa::Params;
@@ -68,6 +73,17 @@ template <int N, typename S> struct SmallCfg {
     // the first k-steps of S^T and the first d-tiles of P V), then the rest; separate V (Nsa): K
     // (released after S^T), then V
     static constexpr int H0 = S::SEPV ? S::NBK : ND / 2;
+    // CTAs per SM and the registers of the producer / consumers (setmaxnreg).  The kernel launches
+    // with LREG registers per thread (ptxas takes the bound when setmaxnreg is used) and the
+    // CTA's setmaxnreg calls can only share that pool: a larger sum leaves setmaxnreg.inc spinning
+    // forever (a two-CTA Nsa form with 48 / 104 hung on the H200, 2026-12-02).  An Nsa CTA needs
+    // ~90 KB of shared memory, so two fit; whether they are faster is not yet measured.
+    static constexpr int CTAS = S::SEPV ? SPATTN_SFA_NSA_CTAS : 1;
+    static constexpr int LREG = 65536 / (384 * CTAS) / 8 * 8;  // 168 or 80
+    static constexpr int PREG = CTAS == 2 ? 40 : 72, CREG = CTAS == 2 ? 96 : 216;
+    static_assert(CTAS == 1 || CTAS == 2, "one or two CTAs per SM");
+    static_assert(128 * PREG + 256 * CREG <= 384 * LREG, "setmaxnreg within the CTA's launch registers");
+    static_assert(CTAS * SMEM <= 232448, "CTAS fit an SM's shared memory");
 };
 
 // named barriers: NB_Q consumers (256); NB_RED + c, NB_O + c one consumer warpgroup (128);
@@ -76,7 +92,7 @@ template <int N, typename S> struct SmallCfg {
 enum { NB_Q = 1, NB_RED = 2 /* and 3 */, NB_O = 4 /* and 5 */, NB_SCAN = 9, NB_FIN = 10 };
 
 template <int N, typename T, bool VL, typename S>
-__global__ void __launch_bounds__(384, 1) sfa_fwd_small_kernel(const __grid_constant__ Params p) {
+__global__ void __launch_bounds__(384, SmallCfg<N, S>::CTAS) sfa_fwd_small_kernel(const __grid_constant__ Params p) {
     using C = SmallCfg<N, S>;
     constexpr int NBOX = C::NBOX, TILE = C::TILE, ND = C::ND, HALF = C::HALF;
     constexpr int NJ = N / 8;  // column groups of 8 heads in an m64nN accumulator
@@ -121,7 +137,7 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_small_kernel(const __grid_cons
     __syncthreads();
 
     if (wg == 0) {  // ------------------------------------------------------------------ producer
-        hop::setmaxnreg_dec<72>();
+        hop::setmaxnreg_dec<C::PREG>();
         const sfa::Gather<T, VL, S> gat = VL ? sfa::Gather<T, VL, S>(p, n2, t, tk) : sfa::Gather<T, VL, S>(p, b, n2, t);
         unsigned char *buf0 = sm + C::OFF_K, *buf1 = buf0 + TILE;
         int np = 1;  // pair 0 is gathered before the scan's answer (harmless when it is 0)
@@ -169,7 +185,7 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_small_kernel(const __grid_cons
     }
 
     // ------------------------------------------------------------------------------- consumers
-    hop::setmaxnreg_inc<216>();
+    hop::setmaxnreg_inc<C::CREG>();
     const int c = wg - 1;  // buffer c: blocks c, c + 2, ...
     const int warp = t >> 5, lane = t & 31, q4 = lane & 3;
     const int r0 = warp * 16 + (lane >> 2);  // this thread's rows (keys; in O^T: columns d) r0, r0 + 8
