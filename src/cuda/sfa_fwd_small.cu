@@ -50,7 +50,8 @@ constexpr int BOX = sfa::GBOX;                // one box of 64 rows
 template <int N, typename S> struct SmallCfg {
     static constexpr int NBOX = S::NBK;                               // boxes of the score (Q and K)
     static constexpr int TILE = S::NBT * BOX;                         // one gathered block
-    static constexpr int ND = S::NBN, HALF = ND / 2;                  // O^T d-tiles; per warpgroup at the end
+    // O^T d-tiles; at the end warpgroup 0 finalises HA of them, warpgroup 1 the other HB
+    static constexpr int ND = S::NBN, HA = (ND + 1) / 2, HB = ND - HA;
     static constexpr int QBOX = N * 128;                              // a 64-column box of Q (N rows)
     static constexpr int OFF_K = 0;                                   // 2 key buffers
     static constexpr int OFF_Q = 2 * TILE;                            // [NBOX boxes][N][128 B]
@@ -65,10 +66,11 @@ template <int N, typename S> struct SmallCfg {
     static_assert(OFF_Q % 1024 == 0 && OFF_P % 1024 == 0 && QBOX % 1024 == 0, "swizzle atoms");
     static_assert(OFF_BAR % 8 == 0, "mbarrier alignment");
     static_assert(SMEM <= 232448, "fits in 227 KB");
-    // the final exchange of O^T halves (2 x HALF tiles x N/2 x 128 fp32) reuses the key buffers;
+    // the final exchange of O^T halves (2 x HA tiles x N/2 x 128 fp32) reuses the key buffers;
     // O is staged as [N][D] in the Q area
-    static_assert(2 * HALF * (N / 2) * 128 * 4 <= 2 * TILE, "exchange fits");
-    static_assert(ND % 2 == 0 && ND <= NBOX, "each warpgroup finalises ND / 2 d-tiles; O fits the Q area");
+    static_assert(2 * HA * (N / 2) * 128 * 4 <= 2 * TILE, "exchange fits");
+    static_assert(ND <= NBOX, "O fits the Q area");
+    static_assert(S::SEPV || ND % 2 == 0, "shared V: the two buffer halves split the d-tiles evenly");
     // buffer halves, completed and released separately: shared V (Mla): columns 0-255 (read by
     // the first k-steps of S^T and the first d-tiles of P V), then the rest; separate V (Nsa): K
     // (released after S^T), then V
@@ -94,7 +96,10 @@ enum { NB_Q = 1, NB_RED = 2 /* and 3 */, NB_O = 4 /* and 5 */, NB_SCAN = 9, NB_F
 template <int N, typename T, bool VL, typename S>
 __global__ void __launch_bounds__(384, SmallCfg<N, S>::CTAS) sfa_fwd_small_kernel(const __grid_constant__ Params p) {
     using C = SmallCfg<N, S>;
-    constexpr int NBOX = C::NBOX, TILE = C::TILE, ND = C::ND, HALF = C::HALF;
+    constexpr int NBOX = C::NBOX, TILE = C::TILE, ND = C::ND, HA = C::HA, HB = C::HB;
+    // warpgroup 1's d-tile HA + tt (clamped: the selects below need a valid compile-time index
+    // where HA + tt = ND, which only odd ND reaches and then guards off)
+    auto ot = [](int tt) { return HA + tt < ND ? HA + tt : ND - 1; };
     constexpr int NJ = N / 8;  // column groups of 8 heads in an m64nN accumulator
     extern __shared__ unsigned char smem_raw[];
     unsigned char *sm = hop::align1024(smem_raw);
@@ -360,8 +365,8 @@ __global__ void __launch_bounds__(384, SmallCfg<N, S>::CTAS) sfa_fwd_small_kerne
     }
 
     // ---- epilogue: per head, this warpgroup's max and the row sums of its 4 warps; then each
-    // warpgroup finalises D / 2 output columns: its own O^T d-tiles HALF c .. HALF c + HALF - 1
-    // merged with the other's (exchanged through the free key buffers)
+    // warpgroup finalises its d-tiles (warpgroup 0: 0 .. HA-1, warpgroup 1: HA .. ND-1) merged
+    // with the other's partials of them (exchanged through the free key buffers)
 #pragma unroll
     for (int g = 0; g < NJ; g++)
 #pragma unroll
@@ -382,12 +387,13 @@ __global__ void __launch_bounds__(384, SmallCfg<N, S>::CTAS) sfa_fwd_small_kerne
             if (warp == 0) *reinterpret_cast<float2 *>(sMf + c * N + 8 * g + 2 * q4) = make_float2(m[g][0], m[g][1]);
         }
     }
-    float *ex = reinterpret_cast<float *>(sm + C::OFF_K);  // [source wg][HALF tiles][N/2][128 threads]
+    float *ex = reinterpret_cast<float *>(sm + C::OFF_K);  // [source wg][HA tiles][N/2][128 threads]
 #pragma unroll
-    for (int tt = 0; tt < HALF; tt++)
+    for (int tt = 0; tt < HA; tt++)
+        if (c || tt < HB)
 #pragma unroll
-        for (int x = 0; x < N / 2; x++)  // the other's half (selects: no dynamic register index)
-            ex[((c * HALF + tt) * (N / 2) + x) * 128 + t] = c ? o[tt][x] : o[HALF + tt][x];
+            for (int x = 0; x < N / 2; x++)  // the other's tiles (selects: no dynamic register index)
+                ex[((c * HA + tt) * (N / 2) + x) * 128 + t] = c ? o[tt][x] : o[ot(tt)][x];
     hop::bar_sync(NB_Q, 256);
 
     float so[NJ][2], sx[NJ][2], inv[NJ][2], lf[NJ][2], mf[NJ][2];
@@ -423,28 +429,30 @@ __global__ void __launch_bounds__(384, SmallCfg<N, S>::CTAS) sfa_fwd_small_kerne
     unsigned char *os = sQ;
     constexpr int ROWB = S::D * 2;
 #pragma unroll
-    for (int tt = 0; tt < HALF; tt++)
+    for (int tt = 0; tt < HA; tt++)
+        if (!c || tt < HB)
 #pragma unroll
         for (int g = 0; g < NJ; g++)
 #pragma unroll
             for (int h = 0; h < 2; h++)
 #pragma unroll
                 for (int rr = 0; rr < 2; rr++) {
-                    const int x = 4 * g + 2 * rr + h, col = 8 * g + 2 * q4 + h, d = (HALF * c + tt) * 64 + r0 + 8 * rr;
-                    const float other = ex[(((1 - c) * HALF + tt) * (N / 2) + x) * 128 + t];
-                    const float mine = c ? o[HALF + tt][x] : o[tt][x];
+                    const int x = 4 * g + 2 * rr + h, col = 8 * g + 2 * q4 + h, d = (HA * c + tt) * 64 + r0 + 8 * rr;
+                    const float other = ex[(((1 - c) * HA + tt) * (N / 2) + x) * 128 + t];
+                    const float mine = c ? o[ot(tt)][x] : o[tt][x];
                     const float v = (mine * so[g][h] + other * sx[g][h]) * inv[g][h];
                     const uint32_t pk = hop::elt<T>::pack(v, 0.f);
                     *reinterpret_cast<uint16_t *>(os + col * ROWB + d * 2) = (uint16_t)(pk & 0xffffu);
                 }
     hop::bar_sync(NB_O + c, 128);
-    constexpr int CH = HALF * 8;  // 16-byte chunks of a head's half row
-    T *ob = static_cast<T *>(p.out_o) + b * p.so[0] + (int64_t)s1 * p.so[1] + (int64_t)head0 * p.so[2] + c * HALF * 64;
+    // 16-byte chunks of this warpgroup's part of a head's row (a constant when ND is even)
+    const int CH = HA == HB || !c ? HA * 8 : HB * 8;
+    T *ob = static_cast<T *>(p.out_o) + b * p.so[0] + (int64_t)s1 * p.so[1] + (int64_t)head0 * p.so[2] + c * HA * 64;
     for (int x = t; x < nh * CH; x += 128) {
         const int row = x / CH, ch = x % CH;
         if (gate == ~0ull)
             __stcs(reinterpret_cast<int4 *>(ob + (int64_t)row * p.so[2] + ch * 8),
-                   *reinterpret_cast<const int4 *>(os + row * ROWB + (c * HALF * 64 + ch * 8) * 2));  // streamed
+                   *reinterpret_cast<const int4 *>(os + row * ROWB + (c * HA * 64 + ch * 8) * 2));  // streamed
     }
     if (c == 0 && warp == 0 && lane < 4 && p.out_lse && gate == ~0ull) {
         float *lse = p.out_lse + b * p.slse[0] + (int64_t)s1 * p.slse[1];
@@ -475,15 +483,24 @@ template <typename T, bool VL, typename S> cudaError_t launch_h(const Params &p,
     return p.H <= 8 ? launch<8, T, VL, S>(p, st) : p.H <= 16 ? launch<16, T, VL, S>(p, st) : launch<32, T, VL, S>(p, st);
 }
 
+template <bool VL, typename S> cudaError_t launch_t(const sfa::Params *p, int is_bf16, cudaStream_t st) {
+    return is_bf16 ? launch_h<__nv_bfloat16, VL, S>(*p, st) : launch_h<__half, VL, S>(*p, st);
+}
+template <bool VL> cudaError_t launch_shape(const sfa::Params *p, int is_bf16, int shape, cudaStream_t st) {
+    switch (shape) {
+    case sfa::SHAPE_MLA: return launch_t<VL, sfa::Mla>(p, is_bf16, st);
+    case sfa::SHAPE_NSA: return launch_t<VL, sfa::Nsa>(p, is_bf16, st);
+    case sfa::SHAPE_SEP_128_64: return launch_t<VL, sfa::Sep<2, 1>>(p, is_bf16, st);
+    case sfa::SHAPE_SEP_64: return launch_t<VL, sfa::Sep<1, 0>>(p, is_bf16, st);
+    case sfa::SHAPE_SEP_256: return launch_t<VL, sfa::Sep<4, 0>>(p, is_bf16, st);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
 }  // namespace
 
-// Launcher used by sfa_host.cu: shape 0 (sfa::Mla) for H = N1 / N2 <= 32, shape 1 (sfa::Nsa)
-// for any H (chunks of 32 heads).
+// Launcher used by sfa_host.cu: shape sfa::SHAPE_MLA for H = N1 / N2 <= 32, a separate-V
+// shape for any H (chunks of 32 heads).
 extern "C" cudaError_t spattn_sfa_small_fwd_launch(const sfa::Params *p, int is_bf16, int shape, cudaStream_t st) {
-    if (shape == 1) {
-        if (p->vl.tok) return is_bf16 ? launch_h<__nv_bfloat16, true, sfa::Nsa>(*p, st) : launch_h<__half, true, sfa::Nsa>(*p, st);
-        return is_bf16 ? launch_h<__nv_bfloat16, false, sfa::Nsa>(*p, st) : launch_h<__half, false, sfa::Nsa>(*p, st);
-    }
-    if (p->vl.tok) return is_bf16 ? launch_h<__nv_bfloat16, true, sfa::Mla>(*p, st) : launch_h<__half, true, sfa::Mla>(*p, st);
-    return is_bf16 ? launch_h<__nv_bfloat16, false, sfa::Mla>(*p, st) : launch_h<__half, false, sfa::Mla>(*p, st);
+    return p->vl.tok ? launch_shape<true>(p, is_bf16, shape, st) : launch_shape<false>(p, is_bf16, shape, st);
 }

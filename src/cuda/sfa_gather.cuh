@@ -15,7 +15,8 @@ constexpr int GBOX = GBK * 128;     // one box of a block
 // The column layout of a gathered block, in 64-column boxes: NBN boxes of k's value / nope part
 // (D = 64 NBN), NBR of k_rope (Dr = 64 NBR), then, when V is a separate tensor, NBN boxes of v
 // (else V is k's first D columns).  Mla: the DeepSeek shape every fast kernel takes; the
-// small-head forward also takes Nsa (D 128, no rope, separate V: NSA-style selection).
+// small-head forward also takes separate-V shapes (Sep): Nsa (D 128, no rope: NSA-style
+// selection), and D 128 + Dr 64 (NSA's d_k 192 / d_v 128), D 64, D 256.
 template <int NBN_, int NBR_, bool SEPV_> struct Shape {
     static constexpr int NBN = NBN_, NBR = NBR_, NBK = NBN + NBR;  // NBK: the score's columns
     static constexpr bool SEPV = SEPV_;
@@ -25,7 +26,11 @@ template <int NBN_, int NBR_, bool SEPV_> struct Shape {
     static __host__ __device__ constexpr int vbox(int d) { return SEPV ? NBK + d : d; }
 };
 using Mla = Shape<8, 1, false>;
-using Nsa = Shape<2, 0, true>;
+template <int NBN, int NBR> using Sep = Shape<NBN, NBR, true>;
+using Nsa = Sep<2, 0>;
+// The forward's kernel shapes (sfa_host.cu's fwd_shape chooses, sfa_fwd_small.cu's launcher
+// instantiates): Mla (both forward kernels), then the separate-V ones of the small-head kernel
+enum FwdShape { SHAPE_MLA, SHAPE_NSA, SHAPE_SEP_128_64, SHAPE_SEP_64, SHAPE_SEP_256 };
 static_assert(Mla::NBK == GNBOX, "the Mla shape is the fast kernels' D + Dr");
 
 // One producer thread's share of a block gather: 128 threads, 8 per key row (16-byte chunk ig of

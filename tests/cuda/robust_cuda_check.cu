@@ -1513,6 +1513,9 @@ int main(int argc, char **argv) {
             SfaNf d;  // simple kernels (separate v, D 64, no rope, GQA): fixed point with flags / fp32 atomics
             d.N1 = 4, d.N2 = 2, d.S2 = 256, d.D = 64, d.Dr = 0, d.K = 64, d.shared = false, d.dt = dt;
             check_nonfinite_sfa(d, {1, 0});
+            SfaNf e = d;  // the small-head forward's Nsa shape (D 128, no rope, separate v)
+            e.D = 128;
+            check_nonfinite_sfa(e, {1, 0});
         }
     }
     check_large_bsa();

@@ -869,26 +869,42 @@ static int small_tests(bool quick) {
         test_case(c, seed++);
         printf("%-36s %s\n", c.name.c_str(), g_fail == before ? "ok" : "FAILED");
     }
-    // the small-head forward's Nsa shape (D 128, no rope, separate v, any H in chunks of 32
-    // heads; its backward runs on the simple kernels)
+    // the small-head forward's separate-V shapes (any H in chunks of 32 heads; their backward
+    // runs on the simple kernels): D 128 without rope (NSA-style), and, gated while they wait
+    // for their first device run (SPATTN_SFA_FWD_MORE_SHAPES, set in main), D 128 + Dr 64, D 64
+    // (one d-tile: warpgroup 1 finalises none), D 256
     std::vector<Cfg> ns;
-    ns.push_back(mk("nsa_quick_h8x2_sbs64", 1, 8, 400, 16, 2, 6, 64, 3, BF));
+    auto sep = [&](Cfg c, int D, int Dr) {
+        c.D = D;
+        c.Dr = Dr;
+        c.sep_v = 1;
+        ns.push_back(c);
+    };
+    sep(mk("nsa_quick_h8x2_sbs64", 1, 8, 400, 16, 2, 6, 64, 3, BF), 128, 0);
+    sep(mk("sep_quick_d128r64_h16x2_sbs64", 1, 6, 500, 32, 2, 5, 64, 3, FP), 128, 64);
     if (!quick) {
-        ns.push_back(mk("nsa_h16x2_sbs64_k16", 1, 40, 1500, 32, 2, 16, 64, 3, BF));
-        ns.push_back(mk("nsa_h1_b2_mode0_dups_pad", 2, 20, 300, 2, 2, 12, 8, 0, FP));
+        sep(mk("nsa_h16x2_sbs64_k16", 1, 40, 1500, 32, 2, 16, 64, 3, BF), 128, 0);
+        sep(mk("nsa_h1_b2_mode0_dups_pad", 2, 20, 300, 2, 2, 12, 8, 0, FP), 128, 0);
         ns.back().dups = 1;
         ns.back().pad_any = 1;
-        ns.push_back(mk("nsa_h48_chunks_empty", 1, 24, 700, 96, 2, 20, 16, 3, BF));
+        sep(mk("nsa_h48_chunks_empty", 1, 24, 700, 96, 2, 20, 16, 3, BF), 128, 0);
         ns.back().empty = 1;
-        ns.push_back(mk("nsa_h64_mqa_sbs128", 1, 10, 1000, 64, 1, 6, 128, 3, FP));
-        ns.push_back(mk("nsa_h3_s1_gt_s2_strided", 1, 50, 30, 6, 2, 16, 1, 3, BF));
+        sep(mk("nsa_h64_mqa_sbs128", 1, 10, 1000, 64, 1, 6, 128, 3, FP), 128, 0);
+        sep(mk("nsa_h3_s1_gt_s2_strided", 1, 50, 30, 6, 2, 16, 1, 3, BF), 128, 0);
         ns.back().row_pad = 8;
-        ns.push_back(mk("nsa_h32_long_list_mode0", 1, 6, 3000, 32, 1, 40, 32, 0, FP));
+        sep(mk("nsa_h32_long_list_mode0", 1, 6, 3000, 32, 1, 40, 32, 0, FP), 128, 0);
+        sep(mk("sep_d128r64_h16x2_sbs64_split", 1, 30, 900, 32, 2, 12, 64, 3, BF), 128, 64);
+        ns.back().concat = 0;
+        sep(mk("sep_d64_h4_b2_mode0_dups", 2, 20, 300, 4, 1, 40, 4, 0, FP), 64, 0);
+        ns.back().dups = 1;
+        sep(mk("sep_d64_h33_chunks_empty", 1, 10, 200, 66, 2, 20, 2, 3, BF), 64, 0);
+        ns.back().empty = 1;
+        sep(mk("sep_d256_h40_chunks_pad", 1, 12, 500, 40, 1, 30, 8, 3, BF), 256, 0);
+        ns.back().pad_any = 1;
+        sep(mk("sep_d256_h8x2_sbs32_strided", 2, 16, 400, 16, 2, 10, 32, 0, FP), 256, 0);
+        ns.back().row_pad = 8;
     }
     for (auto &c : ns) {
-        c.D = 128;
-        c.Dr = 0;
-        c.sep_v = 1;
         int before = g_fail;
         test_case(c, seed++, true, true);
         printf("%-36s %s\n", c.name.c_str(), g_fail == before ? "ok" : "FAILED");
@@ -936,5 +952,6 @@ int main(int argc, char **argv) {
         printf("sfa_cuda_check: no CUDA device, skipped\n");
         return 0;
     }
+    setenv("SPATTN_SFA_FWD_MORE_SHAPES", "1", 0);  // the gated forward shapes (sfa_host.cu's fwd_shape)
     return small_tests(argc > 1 && !strcmp(argv[1], "quick"));
 }

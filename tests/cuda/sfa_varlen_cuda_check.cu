@@ -917,6 +917,7 @@ static std::vector<int> rand_lens(Rng &r, int B, int maxlen) {
 }
 
 int main(int argc, char **argv) {
+    setenv("SPATTN_SFA_FWD_MORE_SHAPES", "1", 0);  // the gated forward shapes (sfa_host.cu's fwd_shape)
     int a = 1;
     if (argc > a && !strcmp(argv[a], "selftest")) {
         g_cpu_only = true;
@@ -948,6 +949,7 @@ int main(int argc, char **argv) {
     cases.push_back({"nsa_paged64_h16x2_sbs64", 32, 2, 128, 0, 16, 64, 3, BF, 64, 1, {40, 0, 7, 25}, {900, 64, 1, 300}});
     cases.push_back({"nsa_packed_h48x2_sbs16_m0", 96, 2, 128, 0, 12, 16, 0, FP, 0, 1, {9, 0, 20}, {300, 5, 150}});
     cases.back().lse_t = 1;
+    cases.push_back({"sep_d256_packed_h8", 8, 1, 256, 0, 20, 4, 3, BF, 0, 1, {5, 12, 0}, {80, 200, 3}});
     if (!quick) {
         Rng r(2027);
         const int n1s[4] = {4, 16, 64, 128}, pages[4] = {0, 16, 64, 256};
