@@ -24,11 +24,11 @@
 // +inf) makes O and LSE of its head NaN.
 // VL = true: the packed variable-length / paged form, as in sfa_fwd.cu (per-CTA token lookup,
 // sequence-local keys translated in the gather).
-// S = sfa::Nsa (sfa_gather.cuh): the same kernel for D = 128, no rope, a separate V tensor
-// (NSA-style selection, GQA): blocks of 2 K boxes then 2 V boxes, the K half released after S^T,
-// each warpgroup finalising 64 of the 128 output columns; any H (grid.z: chunks of N <= 32 heads).
+// S = a separate-V shape (sfa::Sep in sfa_gather.cuh; sfa::Nsa: D = 128, no rope, NSA-style
+// selection): the same kernel with blocks of the K boxes then the V boxes, the K half released
+// after S^T, the output's d-tiles split between the warpgroups at the end; any H (grid.z: chunks
+// of N <= 32 heads).  S = sfa::Mla is the DeepSeek shape above.
 #include <math.h>
-#include <stdlib.h>
 
 #include "hopper/hopper.cuh"
 #include "sfa_gather.cuh"
