@@ -33,7 +33,8 @@
 #include "hopper/hopper.cuh"
 #include "sfa_gather.cuh"
 
-// Measuring builds only (cmake -DSPATTN_SFA_NSA_CTAS=2): CTAs per SM of the Nsa instantiations
+// Measuring builds only (cmake -DSPATTN_SFA_NSA_CTAS=2): two CTAs per SM for the separate-V
+// shapes whose shared memory fits twice (228 KB per SM, 1 KB reserved per CTA)
 #ifndef SPATTN_SFA_NSA_CTAS
 #define SPATTN_SFA_NSA_CTAS 1
 #endif
@@ -80,12 +81,10 @@ template <int N, typename S> struct SmallCfg {
     // CTA's setmaxnreg calls can only share that pool: a larger sum leaves setmaxnreg.inc spinning
     // forever (a two-CTA Nsa form with 48 / 104 hung on the H200, 2026-12-02).  An Nsa CTA needs
     // ~90 KB of shared memory, so two fit; whether they are faster is not yet measured.
-    static constexpr int CTAS = S::SEPV ? SPATTN_SFA_NSA_CTAS : 1;
+    static constexpr int CTAS = S::SEPV && SPATTN_SFA_NSA_CTAS == 2 && 2 * (SMEM + 1024) <= 233472 ? 2 : 1;
     static constexpr int LREG = 65536 / (384 * CTAS) / 8 * 8;  // 168 or 80
     static constexpr int PREG = CTAS == 2 ? 40 : 72, CREG = CTAS == 2 ? 96 : 216;
-    static_assert(CTAS == 1 || CTAS == 2, "one or two CTAs per SM");
     static_assert(128 * PREG + 256 * CREG <= 384 * LREG, "setmaxnreg within the CTA's launch registers");
-    static_assert(CTAS * SMEM <= 232448, "CTAS fit an SM's shared memory");
 };
 
 // named barriers: NB_Q consumers (256); NB_RED + c, NB_O + c one consumer warpgroup (128);
