@@ -15,6 +15,8 @@
 #   python   bash python/device_check.sh (the package's torch tests on CUDA tensors)
 #   varlen   spattn verify --backend cuda on bsa_varlen and sfa_varlen, then spattn bench
 #            --varlen-baselines on the 32-sequence 32K-token cases (issue 14, item 6)
+#   shapes   spattn verify and bench --pass fwd on cases/sfa_shapes.cases (NSA-style sfa shapes;
+#            with SPATTN_SFA_FWD_MORE_SHAPES=1 in the environment also its gated shapes)
 #   ab       A/B of a gated kernel form in one call: spattn bench on AB_SUITE (sfa) --pass
 #            AB_PASS (bwd) --case AB_CASE, deterministic 1 and 0, with AB_VAR unset and =1,
 #            interleaved (off, on, off, on), then the ratios (--load off --compare on: ratio =
@@ -156,6 +158,17 @@ if has varlen; then
     --case "${VL_CASE:-^(bsav06|bsav08|sfav07)_}" --varlen-baselines --quiet --repeats ${REPEATS:-10} \
     --json "$OUT/varlen_baselines.json" > "$OUT/varlen_baselines.log" 2>&1
   echo "bench --varlen-baselines exit $?"; tail -12 "$OUT/varlen_baselines.log"
+  el
+fi
+
+if has shapes; then
+  echo "== shapes: cases/sfa_shapes.cases (NSA-style and other separate-V sfa shapes), forward"
+  timeout ${VERIFY_TIMEOUT:-300} "$SP" verify --backend cuda --suite cases/sfa_shapes.cases --pass fwd --quiet \
+    --json "$OUT/verify_shapes.json" > "$OUT/verify_shapes.log" 2>&1
+  echo "verify shapes exit $?"; grep -E "passed|FAIL" "$OUT/verify_shapes.log" | tail -4
+  timeout ${BENCH_TIMEOUT:-200} "$SP" bench --backend cuda --suite cases/sfa_shapes.cases --pass fwd --quiet \
+    --repeats ${REPEATS:-10} --json "$OUT/shapes.json" > "$OUT/shapes.log" 2>&1
+  echo "bench shapes exit $?"; head -8 "$OUT/shapes.log"
   el
 fi
 
