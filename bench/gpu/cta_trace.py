@@ -2,7 +2,9 @@
 """Per-CTA time breakdown of a kernel from a globaltimer trace (a debugging build, not a test).
 
 The trace comes from a debugging build: cmake -DSPATTN_CTA_TRACE=ON compiles the marks of
-src/cuda/cta_trace.cuh into the sfa 64-head forward (sfa_fwd90: n = its block pairs), and for the
+src/cuda/cta_trace.cuh into the sfa 64-head forward (sfa_fwd90: n = its block pairs) and the sfa
+small-head forward (sfa_fwd_small: n = block pairs, t1 = the first S^T of consumer 0, t2 = its
+last P V), and for the
 bsa forward it was a throw-away patch of the same shape (docs/runbooks/block_sparse_attention.md,
 "Where a CTA's time goes").  One consumer thread per CTA records
   t0 kernel entry, t1 first S ready, t2 last P V done, t3 stores issued, the CTA's loop count and %smid,

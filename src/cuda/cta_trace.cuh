@@ -30,7 +30,9 @@ __device__ __forceinline__ int smid() {
     asm volatile("mov.u32 %0, %%smid;" : "=r"(x));
     return x;
 }
-__device__ __forceinline__ long long block() { return blockIdx.x + (long long)blockIdx.y * gridDim.x; }
+__device__ __forceinline__ long long block() {
+    return blockIdx.x + ((long long)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x;
+}
 
 // Host: records for a grid of n CTAs when TRACE_FILE is set (else tracing stays off).
 inline Rec *begin(long long n, cudaStream_t st) {

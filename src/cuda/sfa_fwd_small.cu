@@ -30,6 +30,7 @@
 // of N <= 32 heads).  S = sfa::Mla is the DeepSeek shape above.
 #include <math.h>
 
+#include "cta_trace.cuh"
 #include "hopper/hopper.cuh"
 #include "sfa_gather.cuh"
 
@@ -100,6 +101,7 @@ __global__ void __launch_bounds__(384, SmallCfg<N, S>::CTAS) sfa_fwd_small_kerne
     // where HA + tt = ND, which only odd ND reaches and then guards off)
     auto ot = [](int tt) { return HA + tt < ND ? HA + tt : ND - 1; };
     constexpr int NJ = N / 8;  // column groups of 8 heads in an m64nN accumulator
+    SPATTN_TRACE(const unsigned long long tr0 = cta_trace::now(); unsigned long long tr1 = 0, tr2 = 0;)
     extern __shared__ unsigned char smem_raw[];
     unsigned char *sm = hop::align1024(smem_raw);
     unsigned char *sQ = sm + C::OFF_Q;
@@ -254,6 +256,7 @@ __global__ void __launch_bounds__(384, SmallCfg<N, S>::CTAS) sfa_fwd_small_kerne
             hop::reg_fence(st);
         }
 
+        SPATTN_TRACE(if (j == 0) tr1 = cta_trace::now();)  // first S^T ready
         // scaled scores, invalid keys (rows) at -inf; per column the block max over the 64 keys
         hop::mbar_wait(vbar + c, ph);
         const bool v0 = valid[c * BK + r0], v1 = valid[c * BK + r0 + 8];
@@ -363,6 +366,7 @@ __global__ void __launch_bounds__(384, SmallCfg<N, S>::CTAS) sfa_fwd_small_kerne
         }
     }
 
+    SPATTN_TRACE(tr2 = cta_trace::now();)  // this warpgroup's last P V done
     // ---- epilogue: per head, this warpgroup's max and the row sums of its 4 warps; then each
     // warpgroup finalises its d-tiles (warpgroup 0: 0 .. HA-1, warpgroup 1: HA .. ND-1) merged
     // with the other's partials of them (exchanged through the free key buffers)
@@ -466,6 +470,8 @@ __global__ void __launch_bounds__(384, SmallCfg<N, S>::CTAS) sfa_fwd_small_kerne
                         ll > 0.f ? (mf[g][h] + log2f(ll)) * 0.69314718055994531f : ll == 0.f ? -INFINITY : ll;
             }
     }
+    SPATTN_TRACE(if (threadIdx.x == 128 && cta_trace::g_rec) cta_trace::g_rec[cta_trace::block()] =
+                     cta_trace::Rec{{tr0, tr1, tr2, cta_trace::now()}, npairs, cta_trace::smid()};)
 }
 
 template <int N, typename T, bool VL, typename S> cudaError_t launch(const Params &p, cudaStream_t st) {
@@ -474,7 +480,10 @@ template <int N, typename T, bool VL, typename S> cudaError_t launch(const Param
     if (e != cudaSuccess) return e;
     // VL: S1 = Tq, B = 1; z: chunks of N heads
     const dim3 grid((unsigned)p.S1, (unsigned)(p.B * p.N2), (unsigned)((p.H + N - 1) / N));
+    SPATTN_TRACE(const long long nctas = (long long)grid.x * grid.y * grid.z;
+                 cta_trace::Rec *trace = cta_trace::begin(nctas, st);)
     sfa_fwd_small_kernel<N, T, VL, S><<<grid, 384, SmallCfg<N, S>::SMEM, st>>>(p);
+    SPATTN_TRACE(cta_trace::end(trace, nctas, st);)
     return cudaGetLastError();
 }
 
