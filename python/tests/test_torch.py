@@ -413,6 +413,15 @@ class TestCudaSuiteShapes(unittest.TestCase):
             with self.subTest(dtype=dt):
                 t.check("cuda", dt, 1, 64, 256, 16, 1, 512, 64, 64, seed=12)
 
+    def test_sfa_nsa_shapes(self):
+        # the small-head Hopper forward's separate-V shape (D 128, no rope, GQA, blocks of 64
+        # keys; 48 heads per key head: two chunks of heads); the backward on the simple kernels
+        t = TestSfaTorch()
+        for dt in (torch.bfloat16, torch.float16):
+            for (n1, n2) in ((32, 2), (96, 2)):
+                with self.subTest(dtype=dt, n1=n1, n2=n2):
+                    t.check("cuda", dt, 1, 24, 700, n1, n2, 128, 0, 8, sbs=64, shared=False, seed=13)
+
     def test_sfa_cuda_graph(self):
         """sfa forward + backward on the Hopper kernels (16 heads: key-major backward; 64: token-
         major) captured in a CUDA graph, replayed on new inputs: bitwise the eager calls."""
