@@ -460,8 +460,9 @@ SPATTN_API spattn_status spattn_sfa_workspace_size(const spattn_tensor *q, const
  * count histogram; shapes of the simple kernels: fp32 dq / dk / dv scratch plus 9 bytes per
  * dk / dk_rope / dv element and key-side row).  CUDA: the Hopper kernels for fp16/bf16, D 512,
  * Dr 64, shared key/value, pages page_size rows apart (the backward token-major), and in the
- * forward also D 128, Dr 0 with a separate v; other shapes on the simple kernels (fp32 arithmetic on CUDA cores: correct, not fast).  The CUDA backward is
- * bitwise reproducible with deterministic = 1 on both (int64 fixed-point dK / dV).
+ * forward also D 128, Dr 0 with a separate v; other shapes on the simple kernels (fp32
+ * arithmetic on CUDA cores: correct, not fast).  The CUDA backward is bitwise reproducible
+ * with deterministic = 1 on both (int64 fixed-point dK / dV).
  */
 SPATTN_API spattn_status spattn_sfa_fwd_varlen(const spattn_tensor *q, const spattn_tensor *q_rope,
                                                const spattn_tensor *k, const spattn_tensor *k_rope,

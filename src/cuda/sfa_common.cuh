@@ -47,8 +47,8 @@ struct Params {
     // position, ~0 = none); the kernel writes nothing unless it is ~0 (NULL: no gate; gate_word)
     const unsigned long long *gate;
     Varlen vl;  // fwd, varlen calls only (last: the dense kernels' parameter offsets stay)
-    // a separate value tensor (fwd of the small-head kernel's Nsa shape, sfa_gather.cuh; else
-    // NULL: V is k's first D columns); with pages, pages like k
+    // a separate value tensor (fwd of the small-head kernel's separate-V shapes, sfa::Sep in
+    // sfa_gather.cuh; else NULL: V is k's first D columns); with pages, pages like k
     const void *v;
     int64_t sv[4];
 };

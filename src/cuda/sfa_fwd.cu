@@ -26,7 +26,6 @@
 // its sequence, key range and causal limit come from the pre-pass's table (one load per CTA),
 // the gather translates sequence-local keys to rows of k; the loop is the dense one.
 #include <math.h>
-#include <stdlib.h>
 
 #include "cta_trace.cuh"
 #include "hopper/hopper.cuh"
