@@ -15,8 +15,8 @@
 #   python   bash python/device_check.sh (the package's torch tests on CUDA tensors)
 #   varlen   spattn verify --backend cuda on bsa_varlen and sfa_varlen, then spattn bench
 #            --varlen-baselines on the 32-sequence 32K-token cases (issue 14, item 6)
-#   shapes   spattn verify and bench --pass fwd on cases/sfa_shapes.cases (NSA-style sfa shapes;
-#            with SPATTN_SFA_FWD_MORE_SHAPES=1 in the environment also its gated shapes)
+#   shapes   spattn verify and bench --pass fwd on cases/sfa_shapes.cases (NSA-style and other
+#            separate-V sfa shapes)
 #   ab       A/B of a gated kernel form in one call: spattn bench on AB_SUITE (sfa) --pass
 #            AB_PASS (bwd) --case AB_CASE, deterministic 1 and 0, with AB_VAR unset and =1,
 #            interleaved (off, on, off, on), then the ratios (--load off --compare on: ratio =

@@ -34,12 +34,6 @@
 #include "hopper/hopper.cuh"
 #include "sfa_gather.cuh"
 
-// Measuring builds only (cmake -DSPATTN_SFA_NSA_CTAS=2): two CTAs per SM for the separate-V
-// shapes whose shared memory fits twice (228 KB per SM, 1 KB reserved per CTA)
-#ifndef SPATTN_SFA_NSA_CTAS
-#define SPATTN_SFA_NSA_CTAS 1
-#endif
-
 namespace {
 
 using sfa::Params;
@@ -80,9 +74,11 @@ template <int N, typename S> struct SmallCfg {
     // CTAs per SM and the registers of the producer / consumers (setmaxnreg).  The kernel launches
     // with LREG registers per thread (ptxas takes the bound when setmaxnreg is used) and the
     // CTA's setmaxnreg calls can only share that pool: a larger sum leaves setmaxnreg.inc spinning
-    // forever (a two-CTA Nsa form with 48 / 104 hung on the H200, 2026-12-02).  An Nsa CTA needs
-    // ~90 KB of shared memory, so two fit; whether they are faster is not yet measured.
-    static constexpr int CTAS = S::SEPV && SPATTN_SFA_NSA_CTAS == 2 && 2 * (SMEM + 1024) <= 233472 ? 2 : 1;
+    // forever (a two-CTA Nsa form with 48 / 104 hung on the H200, 2026-12-02).  Separate-V shapes
+    // whose shared memory fits twice (228 KB per SM, 1 KB reserved per CTA: all but D 256) run two
+    // CTAs per SM with 40 / 96: 0.73x the time of one CTA (sfas01-04, H200), the gather's latency
+    // hidden by the other CTA's.
+    static constexpr int CTAS = S::SEPV && 2 * (SMEM + 1024) <= 233472 ? 2 : 1;
     static constexpr int LREG = 65536 / (384 * CTAS) / 8 * 8;  // 168 or 80
     static constexpr int PREG = CTAS == 2 ? 40 : 72, CREG = CTAS == 2 ? 96 : 216;
     static_assert(128 * PREG + 256 * CREG <= 384 * LREG, "setmaxnreg within the CTA's launch registers");

@@ -870,9 +870,8 @@ static int small_tests(bool quick) {
         printf("%-36s %s\n", c.name.c_str(), g_fail == before ? "ok" : "FAILED");
     }
     // the small-head forward's separate-V shapes (any H in chunks of 32 heads; their backward
-    // runs on the simple kernels): D 128 without rope (NSA-style), and, gated while they wait
-    // for their first device run (SPATTN_SFA_FWD_MORE_SHAPES, set in main), D 128 + Dr 64, D 64
-    // (one d-tile: warpgroup 1 finalises none), D 256
+    // runs on the simple kernels): D 128 without rope (NSA-style), D 128 + Dr 64, D 64 (one
+    // d-tile: warpgroup 1 finalises none), D 256
     std::vector<Cfg> ns;
     auto sep = [&](Cfg c, int D, int Dr) {
         c.D = D;
@@ -952,6 +951,5 @@ int main(int argc, char **argv) {
         printf("sfa_cuda_check: no CUDA device, skipped\n");
         return 0;
     }
-    setenv("SPATTN_SFA_FWD_MORE_SHAPES", "1", 0);  // the gated forward shapes (sfa_host.cu's fwd_shape)
     return small_tests(argc > 1 && !strcmp(argv[1], "quick"));
 }

@@ -917,7 +917,6 @@ static std::vector<int> rand_lens(Rng &r, int B, int maxlen) {
 }
 
 int main(int argc, char **argv) {
-    setenv("SPATTN_SFA_FWD_MORE_SHAPES", "1", 0);  // the gated forward shapes (sfa_host.cu's fwd_shape)
     int a = 1;
     if (argc > a && !strcmp(argv[a], "selftest")) {
         g_cpu_only = true;

@@ -153,6 +153,17 @@ __device__ __forceinline__ void tma_load_4d(void *dst, const CUtensorMap *m, int
     ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, dst, m, c, bar);
 }
 
+// 4-d tile prefetch into L2 (no shared memory, no completion): data a later CTA will load.
+__device__ __forceinline__ void tma_prefetch_4d(const CUtensorMap *m, int c0, int c1, int c2, int c3) {
+    asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::"l"(
+                     reinterpret_cast<uint64_t>(m)),
+                 "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+                 : "memory");
+}
+__device__ __forceinline__ void prefetch_l2(const void *p) {
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
 // 4-d tile store (coordinates innermost first) from shared memory (written by the generic proxy:
 // fence_proxy_async and a barrier first); rows / columns past the tensor are not written.
 // Completes as a bulk group: bulk_commit(), then bulk_wait_read() before the source is reused or
