@@ -41,7 +41,8 @@ struct bsa_mask_view {
 // the mask keeps its batch index.
 struct bsa_varlen {
     const int4 *seq;                // [B] {first query row, Sq_b, first key row, Skv_b}
-    const void *tm;                 // [B][3] (forward: q, k, v) or [B][4] (backward: q, k, v, dO)
+    const void *tm;                 // [B][3] (forward: q, k, v), [B][4] (forward: q, k, v, o when
+                                    // O is TMA-stored; backward: q, k, v, dO)
                                     // CUtensorMap: base at the sequence's first row, rows = its
                                     // length (TMA zero-fills past its end)
     const unsigned long long *err;  // ~0: prefix sums valid; else nothing may be written

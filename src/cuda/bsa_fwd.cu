@@ -19,7 +19,8 @@
 //     keys past Skv are masked there too (edge tiles are always partial); the mask is turned
 //     into bits while the tile's S GEMM runs (tile_bits) and applied after it;
 //   - the epilogue writes each consumer's normalised 64 rows of O into its own Q rows (swizzled)
-//     and TMA-stores them (dense calls whose O view TMA can write; else per-element stores);
+//     and TMA-stores them (O views TMA can write; VL: through the sequence's own map, whose row
+//     count clips the stores at its end; else per-element stores);
 //   - warp 1 of the producer warpgroup brings into L2 the list, Q and first K / V tile of the CTA
 //     launched #SMs places later (the likely next on this SM), so its prologue waits on L2;
 //   - VL (packed variable-length batch, spattn_bsa_fwd_varlen): a CTA is (sequence b, head,
@@ -94,6 +95,7 @@ __global__ void __launch_bounds__(384, 1)
     int vSq = 0, vSkv = 0, bt = b;
     long long q0 = 0;
     const CUtensorMap *mq = &tmq, *mk = &tmk, *mv = &tmv;  // PG: mk / mv are the last-page maps
+    const CUtensorMap *mo = &tmo;
     if constexpr (VL) {
         if (*p.vl.err != ~0ull) return;  // bad prefix sums / table: nothing is written (the host reports it)
         const int4 sq = p.vl.seq[b];
@@ -102,9 +104,10 @@ __global__ void __launch_bounds__(384, 1)
         vSq = sq.y;
         vSkv = sq.w;
         bt = 0;
-        mq = static_cast<const CUtensorMap *>(p.vl.tm) + 3 * b;
+        mq = static_cast<const CUtensorMap *>(p.vl.tm) + (o_tma ? 4 : 3) * b;  // q, k, v (, o)
         mk = mq + 1;
         mv = mq + 2;
+        mo = mq + 3;
     }
     // the query / key counts of the edge tests (dense: read from p at each use, as before VL)
     const auto Sq = [&]() { return bsa_len<VL>(vSq, p.Sq); };
@@ -466,8 +469,9 @@ __global__ void __launch_bounds__(384, 1)
         hop::fence_proxy_async();
         hop::bar_sync(3 + cw, 128);
         if (tid == 0) {
+            if constexpr (VL) tmap_acquire(mo);  // written by the prep kernel
 #pragma unroll
-            for (int x = 0; x < NBOX; x++) hop::tma_store_4d(&tmo, so + x * BM * 128, x * 64, r0 + cw * 64, n, bt);
+            for (int x = 0; x < NBOX; x++) hop::tma_store_4d(mo, so + x * BM * 128, x * 64, r0 + cw * 64, n, bt);
             hop::bulk_commit();
         }
     }
@@ -507,14 +511,14 @@ cudaError_t launch(const bsa_params &p, const bsa_tmaps &tm, int lu, cudaStream_
     cudaError_t e = hop::set_smem(bsa_fwd90_kernel<DP, T, VL, PG>, C::SMEM, &done);
     if (e != cudaSuccess) return e;
     dim3 grid((unsigned)((long long)((p.Sq + C::BM - 1) / C::BM) * p.N * p.B));
-    const int flags = VL ? 0 : tm.o_tma ? 1 : 0;
+    const int flags = tm.o_tma ? 1 : 0;
     // L2 prefetch of the successor CTA's first-touch data (dense calls: a varlen successor's maps
     // are its sequence's); one CTA per SM, so the successor is #SMs places later in launch order
     int ahead = 0, dev = 0;
     if (VL || cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&ahead, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
         ahead = 0;
-    bsa_fwd90_kernel<DP, T, VL, PG><<<grid, 384, C::SMEM, st>>>(p, tm.q, tm.k, tm.v, VL ? tm.q : tm.o, flags, lu, ahead);
+    bsa_fwd90_kernel<DP, T, VL, PG><<<grid, 384, C::SMEM, st>>>(p, tm.q, tm.k, tm.v, tm.o, flags, lu, ahead);
     return cudaGetLastError();
 }
 

@@ -472,7 +472,7 @@ VlLayout vl_layout(const spattn_bsa_problem *vp, bool fast) {
         const bsa_fwd90_tile t = bsa_fwd90_tile_for(bsa_dpad(vp->D));
         const int u = bsa_fwd90_chunk(vp->by);
         const size_t rows = (size_t)vp->B * vp->N * ((vp->Sq + t.bm - 1) / t.bm);
-        sz[2] = (size_t)vp->B * 3 * sizeof(CUtensorMap);
+        sz[2] = (size_t)vp->B * 4 * sizeof(CUtensorMap);  // q, k, v and (when TMA can write it) o
         sz[3] = rows * 4;
         sz[4] = rows * (size_t)((vp->Skv + u - 1) / u) * 8;
         sz[5] = rows * 4;
@@ -668,8 +668,9 @@ extern "C" spattn_status spattn_cuda_bsa_fwd_varlen(const spattn_bsa_problem *pb
         return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED,
                                 "bsa cuda: B * N * ceil(max_seqlen_q / %d) must be < 2^31", t.bm);
     bsa_tmaps tm;
-    // the reference path passes unused maps; o_tma 0: per-element O stores (a map over the packed
-    // rows would write across sequences)
+    // the reference path passes unused maps.  O: per-sequence maps (base at the sequence's first
+    // row, rows = its length, so TMA stores clip at its end) when TMA can write the view, else
+    // per-element stores (o_tma 0)
     memset(&tm, 0, sizeof tm);
     // paged: k / v maps over the page pool in slabs of 2^lr rows (the per-sequence copies cut the last page)
     const int lr = sq->table ? vl_slab_log2(u, sq->page_size) : 0;
@@ -677,9 +678,11 @@ extern "C" spattn_status spattn_cuda_bsa_fwd_varlen(const spattn_bsa_problem *pb
     if (fast && (!make_tmap(&tm.q, vp->q, t.bm) || !make_tmap(&tm.k, vp->k, kv_rows, kv_dim) ||
                  !make_tmap(&tm.v, vp->v, kv_rows, kv_dim)))
         return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "bsa cuda: cuTensorMapEncodeTiled failed for q, k or v");
-    const spattn_tensor *const src[3] = {pb->q, pb->k, pb->v};
-    const CUtensorMap tmpl[3] = {tm.q, tm.k, tm.v};
-    cudaError_t e = vl_prep(sq, src, tmpl, 3, seq, tms, err, st);
+    const bsa_params po = params(vp);
+    tm.o_tma = fast && po.o.vec && make_tmap(&tm.o, vp->o, 64);
+    const spattn_tensor *const src[4] = {pb->q, pb->k, pb->v, pb->o};
+    const CUtensorMap tmpl[4] = {tm.q, tm.k, tm.v, tm.o};
+    cudaError_t e = vl_prep(sq, src, tmpl, tm.o_tma ? 4 : 3, seq, tms, err, st);
     if (e != cudaSuccess) return fail(e, "varlen prefix-sum check");
     if (!fast) {
         s = spattn_cuda_ref_bsa_fwd_varlen(vp, ex, seq, err);

@@ -32,7 +32,7 @@ cudaError_t spattn_bsa_launch_order(const int *cnt, long long rows, int per_tile
 struct bsa_tmaps {
     CUtensorMap q, k, v;
     CUtensorMap o;  // forward output, boxes of 64 rows (one consumer warpgroup's), when o_tma
-    int o_tma;      // O is written by TMA stores (dense forward; else per-element stores)
+    int o_tma;      // O is written by TMA stores (forward, dense or varlen, when TMA can write the view)
 };
 // Packed variable-length forward / backward (bsa_sched.cu, bsa_vl_prep_kernel): checks the
 // prefix sums into *err (~0 before: the caller memsets it; see the kernel for the key), fills

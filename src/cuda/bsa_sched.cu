@@ -193,7 +193,8 @@ extern "C" cudaError_t spattn_bsa_launch_sched_fwd(const bsa_params *p, int bm, 
 //     kernel acquires each map before its first TMA.
 constexpr int kPrepThreads = 256;
 
-// The backward (a.nmaps = 4) adds dO's map (with q's lengths): tm [B][4] = q, k, v, dO.
+// a.nmaps = 4 adds a map of query rows: the backward's dO, the forward's o (tm [B][4] = q, k, v,
+// dO / o).
 __global__ void __launch_bounds__(kPrepThreads) bsa_vl_prep_kernel(const __grid_constant__ CUtensorMap tq,
                                                                    const __grid_constant__ CUtensorMap tk,
                                                                    const __grid_constant__ CUtensorMap tv,
@@ -236,7 +237,7 @@ __global__ void __launch_bounds__(kPrepThreads) bsa_vl_prep_kernel(const __grid_
     if (lane < 16) reinterpret_cast<uint2 *>(sm)[lane] = reinterpret_cast<const uint2 *>(tmpl)[lane];
     __syncwarp();
     if (lane == 0) {
-        const bool qside = which == 0 || which == 3;  // q and dO: query rows
+        const bool qside = which == 0 || which == 3;  // q and dO / o: query rows
         const int *cu = qside ? a.cu_q : a.cu_kv;
         const long long st = qside ? a.st_q : a.st_kv;
         const long long r0 = cu[b * st], len = (long long)cu[(b + 1) * st] - r0;
