@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(384, 1)
     // the mask keeps b
     int vSq = 0, vSkv = 0, bt = b;
     long long q0 = 0, k0 = 0;
-    const CUtensorMap *mq = &tmq, *mdo = &tmdo, *mk = &tmk, *mv = &tmv;
+    const CUtensorMap *mq = &tmq, *mdo = &tmdo, *mk = &tmk, *mv = &tmv, *mdk = &tmdk, *mdv = &tmdv;
     // Launched as the Delta kernel's programmatic dependent: what is read before hop::griddep_wait()
     // (lists, counts, a plan's slots, the varlen table and maps, K and V) was written before the
     // Delta kernel ran; LSE2 / Delta, the zeroed semaphores and accumulator, and slots written by
@@ -138,10 +138,12 @@ __global__ void __launch_bounds__(384, 1)
         vSq = sq.y;
         vSkv = sq.w;
         bt = 0;
-        mq = static_cast<const CUtensorMap *>(p.vl.tm) + 4 * b;
+        mq = static_cast<const CUtensorMap *>(p.vl.tm) + (kv_tma ? 6 : 4) * b;  // q, k, v, dO (, dk, dv)
         mk = mq + 1;
         mv = mq + 2;
         mdo = mq + 3;
+        mdk = mq + 4;
+        mdv = mq + 5;
     }
     // the query / key counts of the edge tests (dense: read from p at each use, as before VL)
     const auto Sq = [&]() { return bsa_len<VL>(vSq, p.Sq); };
@@ -576,10 +578,14 @@ __global__ void __launch_bounds__(384, 1)
         hop::fence_proxy_async();
         hop::bar_sync(NB_ST + c, 128);
         if (tid == 0) {
+            if constexpr (VL) {  // the sequence's maps (rows = its keys: the stores clip at its end)
+                bwd_tmap_acquire(mdk);
+                bwd_tmap_acquire(mdv);
+            }
 #pragma unroll
             for (int x = 0; x < NBOX; x++) {
-                hop::tma_store_4d(&tmdk, kb + x * BN * 128, x * 64, nt * BN + c * 64, hk, bt);
-                hop::tma_store_4d(&tmdv, vb + x * BN * 128, x * 64, nt * BN + c * 64, hk, bt);
+                hop::tma_store_4d(mdk, kb + x * BN * 128, x * 64, nt * BN + c * 64, hk, bt);
+                hop::tma_store_4d(mdv, vb + x * BN * 128, x * 64, nt * BN + c * 64, hk, bt);
             }
             hop::bulk_commit();
             hop::bulk_wait_read();  // shared memory is read before the CTA exits
@@ -707,7 +713,7 @@ cudaError_t launch(const bsa_params &p, const bsa_bwd_tmaps &tm, float *dqacc, i
     // this one (measured on the H200: 0.985x the time deterministic, 0.983x non-deterministic;
     // short backwards gain most, bsa01 0.95x)
     e = hop::launch_pdl(bsa_bwd90_kernel<DP, T, VL, PG>, dim3((unsigned)ctas), dim3(384), C::SMEM, st, p, tm.q, tm.dout,
-                        tm.k, tm.v, VL ? tm.q : tm.dk, VL ? tm.q : tm.dv, VL ? 0 : tm.kv_tma, dqacc, sem, det, sp);
+                        tm.k, tm.v, tm.dk, tm.dv, PG ? 0 : tm.kv_tma, dqacc, sem, det, sp);
     if (e != cudaSuccess) return e;
     const long long total = VL ? (long long)p.N * p.vl.Tq * p.D + (long long)p.Nkv * p.vl.Tkv * p.D
                                : (long long)p.B * p.N * p.Sq * p.D;

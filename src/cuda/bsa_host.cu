@@ -608,7 +608,7 @@ VlBwdLayout vl_bwd_layout(const spattn_bsa_problem *vp) {
     const size_t np = sq->table ? (size_t)sq->num_pages : 0, nl = sq->table ? (size_t)vp->B * sq->max_pages : 0;
     const size_t sz[18] = {8,
                            (size_t)vp->B * 16,
-                           (size_t)vp->B * 4 * sizeof(CUtensorMap),
+                           (size_t)vp->B * 6 * sizeof(CUtensorMap),  // q, k, v, dO (, dk, dv)
                            rows * 4,
                            rows * 4,
                            nq * 4,
@@ -775,13 +775,17 @@ extern "C" spattn_status spattn_cuda_bsa_bwd_varlen(const spattn_bsa_problem *pb
     const int lr = sq->table ? vl_slab_log2(128, sq->page_size) : 0;
     const int kv_rows = sq->table ? 1 << lr : 128, kv_dim = sq->table ? 2 : 1;
     bsa_bwd_tmaps tm;
-    tm.kv_tma = 0;  // per-element dK / dV stores (per-sequence rows; paged: fp32 scratch)
+    memset(&tm, 0, sizeof tm);
     if (!make_tmap(&tm.q, vp->q, 64) || !make_tmap(&tm.dout, vp->dout, 64) || !make_tmap(&tm.k, vp->k, kv_rows, kv_dim) ||
         !make_tmap(&tm.v, vp->v, kv_rows, kv_dim))
         return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "bsa cuda: cuTensorMapEncodeTiled failed for q, dout, k or v");
-    const spattn_tensor *const src[4] = {pb->q, pb->k, pb->v, pb->dout};
-    const CUtensorMap tmpl[4] = {tm.q, tm.k, tm.v, tm.dout};
-    cudaError_t e = vl_prep(sq, src, tmpl, 4, seq, tms, err, st);
+    // packed: dK / dV by TMA stores through per-sequence maps of dk / dv (rows = the sequence's
+    // key count, so the stores clip at its end) when TMA can write the views; paged: fp32 scratch
+    tm.kv_tma = !sq->table && view(vp->dk).vec && view(vp->dv).vec && make_tmap(&tm.dk, vp->dk, 64) &&
+                make_tmap(&tm.dv, vp->dv, 64);
+    const spattn_tensor *const src[6] = {pb->q, pb->k, pb->v, pb->dout, pb->dk, pb->dv};
+    const CUtensorMap tmpl[6] = {tm.q, tm.k, tm.v, tm.dout, tm.dk, tm.dv};
+    cudaError_t e = vl_prep(sq, src, tmpl, tm.kv_tma ? 6 : 4, seq, tms, err, st);
     if (e != cudaSuccess) return fail(e, "varlen prefix-sum check");
     bsa_params p = params(vp);
     p.vl.seq = seq;

@@ -44,9 +44,9 @@ struct bsa_vl_prep_args {
     const int *cu_q, *cu_kv;
     long long st_q, st_kv;          // element strides of the prefix sums
     long long B, Tq, Tkv, max_q, max_kv;
-    const char *base[4];
-    long long row_bytes[4];
-    int nmaps;                      // 3 (forward) or 4 (backward)
+    const char *base[6];
+    long long row_bytes[6];
+    int nmaps;                      // forward 3 (+ o: 4), backward 4 (+ dk, dv: 6)
     int4 *seq;
     CUtensorMap *tm;
     unsigned long long *err;
@@ -83,7 +83,7 @@ cudaError_t spattn_bsa_launch_fwd(const bsa_params *p, const bsa_tmaps *tm, int 
 struct bsa_bwd_tmaps {
     CUtensorMap q, dout, k, v;
     CUtensorMap dk, dv;  // outputs, boxes of 64 rows (one consumer warpgroup's keys), when kv_tma
-    int kv_tma;          // dK / dV written by TMA stores (dense; else per-element stores)
+    int kv_tma;          // dK / dV written by TMA stores (dense or packed varlen; else per-element stores)
 };
 // Hopper backward (bsa_bwd.cu): p->sk is the key-major schedule at query tiles of 64 rows and
 // key tiles of 128 keys (p->nqt = ceil(Sq / 64)), p->sq the query-major one at the same tiles

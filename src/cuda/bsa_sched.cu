@@ -194,11 +194,13 @@ extern "C" cudaError_t spattn_bsa_launch_sched_fwd(const bsa_params *p, int bm, 
 constexpr int kPrepThreads = 256;
 
 // a.nmaps = 4 adds a map of query rows: the backward's dO, the forward's o (tm [B][4] = q, k, v,
-// dO / o).
+// dO / o); 6 (packed backward) two of key rows: dk, dv (tm [B][6] = q, k, v, dO, dk, dv).
 __global__ void __launch_bounds__(kPrepThreads) bsa_vl_prep_kernel(const __grid_constant__ CUtensorMap tq,
                                                                    const __grid_constant__ CUtensorMap tk,
                                                                    const __grid_constant__ CUtensorMap tv,
                                                                    const __grid_constant__ CUtensorMap tdo,
+                                                                   const __grid_constant__ CUtensorMap tdk,
+                                                                   const __grid_constant__ CUtensorMap tdv,
                                                                    const bsa_vl_prep_args a) {
     __shared__ alignas(128) CUtensorMap stage[kPrepThreads / 32];
     const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -232,12 +234,12 @@ __global__ void __launch_bounds__(kPrepThreads) bsa_vl_prep_kernel(const __grid_
     if (!a.tm || w >= nm * B) return;  // no maps for the reference path
     const long long b = w / nm;
     const int which = (int)(w % nm);
-    const CUtensorMap *tmpl = which == 0 ? &tq : which == 1 ? &tk : which == 2 ? &tv : &tdo;
+    const CUtensorMap *tmpl = which == 0 ? &tq : which == 1 ? &tk : which == 2 ? &tv : which == 3 ? &tdo : which == 4 ? &tdk : &tdv;
     CUtensorMap *sm = &stage[threadIdx.x >> 5];
     if (lane < 16) reinterpret_cast<uint2 *>(sm)[lane] = reinterpret_cast<const uint2 *>(tmpl)[lane];
     __syncwarp();
     if (lane == 0) {
-        const bool qside = which == 0 || which == 3;  // q and dO / o: query rows
+        const bool qside = which == 0 || which == 3;  // q and dO / o: query rows (dk, dv: key rows)
         const int *cu = qside ? a.cu_q : a.cu_kv;
         const long long st = qside ? a.st_q : a.st_kv;
         const long long r0 = cu[b * st], len = (long long)cu[(b + 1) * st] - r0;
@@ -277,7 +279,8 @@ extern "C" cudaError_t spattn_bsa_launch_vl_prep(const CUtensorMap *tmpl, const 
     // threads: one warp per map (nmaps * B warps) and at least one per prefix-sum check (grid-stride)
     const long long maps = (long long)a->B * a->nmaps * 32, checks = 2 * ((long long)a->B + 2);
     const long long blocks = ((maps > checks ? maps : checks) + kPrepThreads - 1) / kPrepThreads;
-    bsa_vl_prep_kernel<<<(unsigned)blocks, kPrepThreads, 0, st>>>(tmpl[0], tmpl[1], tmpl[2], tmpl[a->nmaps > 3 ? 3 : 0], *a);
+    bsa_vl_prep_kernel<<<(unsigned)blocks, kPrepThreads, 0, st>>>(tmpl[0], tmpl[1], tmpl[2], tmpl[a->nmaps > 3 ? 3 : 0],
+                                                                  tmpl[a->nmaps > 5 ? 4 : 0], tmpl[a->nmaps > 5 ? 5 : 0], *a);
     return cudaGetLastError();
 }
 
