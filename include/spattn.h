@@ -196,7 +196,8 @@ SPATTN_API void spattn_options_init(spattn_options *opt);
  * spattn_sfa_bwd_varlen: the lengths, the table and the indices are checked on the device, where
  * they stay; one wait per call for the checks' verdict, as the dense sfa calls), the bsa
  * forward packed and paged (spattn_bsa_fwd_varlen: the prefix sums and the table are checked on
- * the device; one synchronisation per call) and the bsa backward,
+ * the device; one wait per call for that check's verdict, the kernels run on after the call
+ * returns, stream-ordered) and the bsa backward,
  * packed and paged (spattn_bsa_bwd_varlen, for fp16 / bf16, D <= 128 and TMA-readable views only;
  * paged: page sizes that are multiples of 8).  Other shapes give SPATTN_STATUS_NOT_SUPPORTED.
  */
@@ -325,7 +326,8 @@ SPATTN_API spattn_status spattn_bsa_plan_workspace_size(const spattn_bsa_plan *p
  * page lists, 8 * B * max_pages bytes, and 12 * num_pages + 4 bytes of counts, each piece rounded
  * up to 256 bytes).
  * CUDA tensors: the forward and the backward, packed and paged, run on the GPU (the prefix sums
- * and the block table are checked there before any write; one synchronisation per call; the
+ * and the block table are checked there before any write; the call waits for that check's
+ * verdict only, its kernels run on after it returns, stream-ordered; the
  * backward takes fp16 / bf16, D <= 128 and views the TMA engine can read: 16-byte aligned,
  * contiguous D, row / head strides multiples of 8 elements, and for pages a page_size that is a
  * multiple of 8; other shapes give SPATTN_STATUS_NOT_SUPPORTED, and their workspace query 0

@@ -231,6 +231,9 @@ def _bsa_setup(ctx, inputs, output):
 
 def _bsa_backward(ctx, grad_o, grad_lse):
     q, k, v, block_mask, o, lse = ctx.saved_tensors
+    # o.sum().backward() hands an expanded (stride 0) grad_o: the CUDA kernels read dO by TMA
+    # (contiguous rows), so make it a plain tensor (a no-op when it is one)
+    grad_o = grad_o.contiguous()
     dq, dk, dv = bsa_bwd(q, k, v, block_mask, o, grad_o, lse, ctx.bx, ctx.by, ctx.scale,
                          ctx.deterministic)
     return dq, dk, dv, None, None, None, None, None
@@ -312,6 +315,7 @@ def _sfa_setup(ctx, inputs, output):
 
 def _sfa_backward(ctx, grad_o, grad_lse):
     q, k, indices, v, q_rope, k_rope, o, lse = ctx.saved_tensors
+    grad_o = grad_o.contiguous()  # see _bsa_backward
     dq, dk, dv, dqr, dkr = sfa_bwd(q, k, indices, v, q_rope, k_rope, o, grad_o, lse, ctx.sbs, ctx.mode,
                                    ctx.scale, ctx.deterministic)
     return (dq, dk, None, dv if ctx.has_v else None, dqr if ctx.has_rope else None,

@@ -126,6 +126,7 @@ def _setup(ctx, inputs, output):
 
 def _backward(ctx, grad_o, grad_lse):
     q, k, v, o, lse = ctx.saved_tensors
+    grad_o = grad_o.contiguous()  # o.sum().backward(): an expanded grad_o (see _ops._bsa_backward)
     dq, dk, dv = bsa_bwd_plan(q, k, v, ctx.plan, o, grad_o, lse, ctx.scale, ctx.deterministic)
     return dq, dk, dv, None, None, None
 

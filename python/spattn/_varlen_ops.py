@@ -127,6 +127,10 @@ def _bsa_setup(ctx, inputs, output):
 def _bsa_backward(ctx, grad_o, grad_lse):
     q, k, v, block_mask, cq, ck, bt, o, lse = ctx.saved_tensors
     mq, mk, bx, by, scale, deterministic = ctx.args
+    # o.sum().backward() hands an expanded (stride 0) grad_o: the CUDA varlen backward reads dO by
+    # TMA only (contiguous rows; other views: NOT_SUPPORTED), so make it a plain tensor (a no-op
+    # when it is one)
+    grad_o = grad_o.contiguous()
     dq, dk, dv = bsa_bwd_varlen(q, k, v, block_mask, cq, ck, mq, mk, bt, o, grad_o, lse, bx, by,
                                 scale, deterministic)
     return (dq, dk, dv) + (None,) * 10
@@ -220,6 +224,7 @@ def _sfa_setup(ctx, inputs, output):
 def _sfa_backward(ctx, grad_o, grad_lse):
     q, k, indices, v, q_rope, k_rope, cq, ck, bt, o, lse = ctx.saved_tensors
     mq, mk, sbs, mode, scale, deterministic = ctx.args
+    grad_o = grad_o.contiguous()  # see _bsa_backward
     dq, dk, dv, dqr, dkr = sfa_bwd_varlen(q, k, indices, v, q_rope, k_rope, cq, ck, mq, mk, bt, o,
                                           grad_o, lse, sbs, mode, scale, deterministic)
     return (dq, dk, None, dv if ctx.has_v else None, dqr if ctx.has_rope else None,

@@ -101,6 +101,34 @@ class TestBsaVarlen(unittest.TestCase):
                 self.assertTrue(bool((k.grad[sk] == 0).all()) and bool((v.grad[sk] == 0).all()))
             qs, ks = qs + a, ks + c
 
+    def test_sum_backward_expanded_grad(self):
+        # o.sum().backward() hands the backward an expanded (stride 0) grad_o, which the CUDA
+        # varlen backward cannot read by TMA (it refused it: NOT_SUPPORTED); the op makes it a
+        # plain tensor: the gradients equal those of an explicit grad of ones, bitwise
+        devs = ["cpu"] + (["cuda"] if torch.cuda.is_available() and spattn.cuda_available() else [])
+        for dev in devs:
+            dt = torch.float32 if dev == "cpu" else torch.bfloat16
+            g = torch.Generator().manual_seed(3)
+            lens, N, D, blk = [70, 0, 33], 2, 64, 16
+            T, nb = sum(lens), -(-max(lens) // blk)
+            cu = cu_of(lens).to(dev)
+            m = (torch.rand(len(lens), N, nb, nb, generator=g) < 0.7).to(dev)
+            base = [torch.randn(T, N, D, generator=g).to(dev, dt) for _ in range(3)]
+            grads = []
+            for explicit in (False, True):
+                q, k, v = (x.clone().requires_grad_(True) for x in base)
+                o = spattn.block_sparse_attention(q, k, v, m, blk, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                                  max_seqlen_q=max(lens), max_seqlen_k=max(lens),
+                                                  deterministic=True)
+                if explicit:
+                    o.backward(torch.ones_like(o))
+                else:
+                    o.sum().backward()
+                grads.append([x.grad for x in (q, k, v)])
+            for a, b in zip(*grads):
+                with self.subTest(device=dev):
+                    self.assertTrue(torch.equal(a, b))
+
     def test_paged_forward_and_default_bounds(self):
         o, lse = self.run_varlen(self.q, self.k, self.v)  # max_seqlen from the mask's extent
         for ps in (1, 4):

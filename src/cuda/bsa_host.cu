@@ -19,6 +19,7 @@ extern "C" {
 #include "convert.cuh"
 #include "scratch.h"
 #include "bsa_plan.h"
+#include "verdict.h"
 
 namespace {
 
@@ -592,6 +593,38 @@ cudaError_t vl_prep(const spattn_seqs *sq, const spattn_tensor *const *src, cons
     return spattn_bsa_launch_vl_table(&ta, st);
 }
 
+// The check word's early verdict (verdict.h): copied to the thread's pinned word with an event
+// right after the checks (vl_prep), so that the call waits for the checks only and its kernels
+// (gated on the word) run on after it returns; without a pinned word or an event, a copy and a
+// stream synchronisation after the kernels, as before.  The workspace holding the word is
+// stream-ordered (cudaMallocAsync / cudaFreeAsync, or the caller's).
+struct VlVerdict {
+    unsigned long long *h = nullptr;
+    cudaEvent_t ev = nullptr;
+};
+cudaError_t vl_verdict_copy(const unsigned long long *err, cudaStream_t st, VlVerdict *v) {
+    int dev = -1;
+    v->h = spattn_verdict_host_word();
+    v->ev = v->h && cudaGetDevice(&dev) == cudaSuccess ? spattn_verdict_event(dev) : nullptr;
+    if (!v->h || !v->ev) {
+        cudaGetLastError();
+        v->ev = nullptr;
+        return cudaSuccess;
+    }
+    cudaError_t e = cudaMemcpyAsync(v->h, err, 8, cudaMemcpyDeviceToHost, st);
+    if (e == cudaSuccess) e = cudaEventRecord(v->ev, st);
+    return e;
+}
+cudaError_t vl_verdict_wait(const unsigned long long *err, cudaStream_t st, const VlVerdict &v, unsigned long long *key) {
+    cudaError_t e;
+    if (v.ev) {
+        if ((e = cudaEventSynchronize(v.ev)) == cudaSuccess) *key = *v.h;
+        return e;
+    }
+    if ((e = cudaMemcpyAsync(key, err, 8, cudaMemcpyDeviceToHost, st)) == cudaSuccess) e = cudaStreamSynchronize(st);
+    return e;
+}
+
 long long vl_ntile(const spattn_bsa_problem *vp) { return vp->seqs->Tq / 64 + vp->B + 1; }
 struct VlBwdLayout {
     size_t off[18];
@@ -683,6 +716,8 @@ extern "C" spattn_status spattn_cuda_bsa_fwd_varlen(const spattn_bsa_problem *pb
     const spattn_tensor *const src[4] = {pb->q, pb->k, pb->v, pb->o};
     const CUtensorMap tmpl[4] = {tm.q, tm.k, tm.v, tm.o};
     cudaError_t e = vl_prep(sq, src, tmpl, tm.o_tma ? 4 : 3, seq, tms, err, st);
+    VlVerdict vv;
+    if (e == cudaSuccess) e = vl_verdict_copy(err, st, &vv);
     if (e != cudaSuccess) return fail(e, "varlen prefix-sum check");
     if (!fast) {
         s = spattn_cuda_ref_bsa_fwd_varlen(vp, ex, seq, err);
@@ -710,10 +745,9 @@ extern "C" spattn_status spattn_cuda_bsa_fwd_varlen(const spattn_bsa_problem *pb
         if ((e = spattn_bsa_launch_fwd(&p, &tm, dp, bf16, u, st)) != cudaSuccess) return fail(e, "forward kernel");
     }
     if (s != SPATTN_STATUS_SUCCESS) return s;
-    // the check's verdict (the kernels above wrote nothing if it failed)
+    // the check's verdict (the kernels above write nothing if it failed)
     unsigned long long key = 0;
-    if ((e = cudaMemcpyAsync(&key, err, 8, cudaMemcpyDeviceToHost, st)) == cudaSuccess) e = cudaStreamSynchronize(st);
-    if (e != cudaSuccess) return fail(e, "varlen forward");
+    if ((e = vl_verdict_wait(err, st, vv, &key)) != cudaSuccess) return fail(e, "varlen forward");
     return vl_report(pb, key, st);
 }
 
@@ -786,6 +820,8 @@ extern "C" spattn_status spattn_cuda_bsa_bwd_varlen(const spattn_bsa_problem *pb
     const spattn_tensor *const src[6] = {pb->q, pb->k, pb->v, pb->dout, pb->dk, pb->dv};
     const CUtensorMap tmpl[6] = {tm.q, tm.k, tm.v, tm.dout, tm.dk, tm.dv};
     cudaError_t e = vl_prep(sq, src, tmpl, tm.kv_tma ? 6 : 4, seq, tms, err, st);
+    VlVerdict vv;
+    if (e == cudaSuccess) e = vl_verdict_copy(err, st, &vv);
     if (e != cudaSuccess) return fail(e, "varlen prefix-sum check");
     bsa_params p = params(vp);
     p.vl.seq = seq;
@@ -856,9 +892,8 @@ extern "C" spattn_status spattn_cuda_bsa_bwd_varlen(const spattn_bsa_problem *pb
         }
         if ((e = spattn_bsa_launch_pg_fold(&f, st)) != cudaSuccess) return fail(e, "page fold");
     }
-    // the check's verdict (the kernels above wrote nothing if it failed)
+    // the check's verdict (the kernels above write nothing if it failed)
     unsigned long long key = 0;
-    if ((e = cudaMemcpyAsync(&key, err, 8, cudaMemcpyDeviceToHost, st)) == cudaSuccess) e = cudaStreamSynchronize(st);
-    if (e != cudaSuccess) return fail(e, "varlen backward");
+    if ((e = vl_verdict_wait(err, st, vv, &key)) != cudaSuccess) return fail(e, "varlen backward");
     return vl_report(pb, key, st);
 }

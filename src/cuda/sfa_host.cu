@@ -26,6 +26,7 @@
 #include "sfa_gather.cuh"
 #include "sfa_bwd_small.h"
 #include "sfa_ref.h"
+#include "verdict.h"
 #include "sfa_common.cuh"
 
 extern "C" cudaError_t spattn_sfa_fast_fwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
@@ -593,26 +594,10 @@ cudaMemPool_t check_pool(int dev) {
     return pools[dev];
 }
 
-// The verdict's event of this host thread and device (created once).
-cudaEvent_t check_event(int dev) {
-    static thread_local cudaEvent_t evs[64];
-    if (dev < 0 || dev >= 64) return nullptr;
-    if (!evs[dev] && cudaEventCreateWithFlags(&evs[dev], cudaEventDisableTiming) != cudaSuccess) {
-        cudaGetLastError();
-        evs[dev] = nullptr;
-    }
-    return evs[dev];
-}
-
-// The pinned host word of this host thread (read by the thread's own call only, after its event).
+// The pinned host word of this host thread (verdict.h: read by the thread's own call only, after its event).
 spattn_status host_word(IdxCheck *c) {
-    static thread_local unsigned long long *h_word = nullptr;
-    if (!h_word) {
-        void *hp = nullptr;
-        CU_TRY(cudaHostAlloc(&hp, 64, cudaHostAllocPortable));
-        h_word = (unsigned long long *)hp;
-    }
-    c->h_bad = h_word;
+    c->h_bad = spattn_verdict_host_word();
+    if (!c->h_bad) return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "sfa cuda: cudaHostAlloc of the verdict word failed");
     return SPATTN_STATUS_SUCCESS;
 }
 
@@ -634,7 +619,7 @@ spattn_status check_word(cudaStream_t st, IdxCheck *c) {
     int dev = -1;
     CU_TRY(cudaGetDevice(&dev));
     cudaMemPool_t mp = check_pool(dev);
-    c->ev = check_event(dev);
+    c->ev = spattn_verdict_event(dev);
     if (mp && c->ev && cudaMallocFromPoolAsync((void **)&c->d_bad, 8, mp, st) == cudaSuccess) {
         c->mode = IdxCheck::EARLY;
         return SPATTN_STATUS_SUCCESS;
