@@ -97,6 +97,10 @@ struct Case {
     int longshort;     // sequence 0 has maxq queries, the others at most 40
     int page = 0;      // > 0: k / v as pages of this many rows (the packed copy is the reference)
     int share = 0;     // paged: always share a page between two sequences (else a coin decides)
+    // with pad 4 (rows TMA cannot read): the device calls read unpadded copies of their inputs, so
+    // the Hopper kernels run and write the padded outputs (o; dq, dk, dv) with per-element stores
+    // instead of TMA stores (packed only)
+    int fastin = 0;
 };
 
 // A packed batch on the host and its device copies.
@@ -313,6 +317,16 @@ struct Out {
     std::string msg;
 };
 
+// A device copy, unpadded (rows of `cols` elements), of `rows` rows of row stride rs (elements) at
+// src, device or host memory (Case::fastin).
+static void *unpadded(const void *src, int rows, long long rs, int cols, size_t es) {
+    void *d = nullptr;
+    CK(cudaMalloc(&d, (size_t)std::max(rows, 1) * cols * es + 256));
+    if (rows > 0)
+        CK(cudaMemcpy2D(d, (size_t)cols * es, src, (size_t)rs * es, (size_t)cols * es, rows, cudaMemcpyDefault));
+    return d;
+}
+
 // One spattn_bsa_fwd_varlen call.  q / o start at row `row0` of their buffers with Tq - row0 rows
 // and the prefix sums cq / ckv (host vectors copied to the device for dev calls).  dev: CUDA.
 // tab: paged keys (the batch's pages) through this table of `maxp` columns (row stride t.maxp).
@@ -349,10 +363,19 @@ static Out run(const Batch &t, bool dev, const std::vector<int32_t> &cq, const s
         CK(cudaMemcpy(cukv, ckv.data(), ckv.size() * 4, cudaMemcpyHostToDevice));
     }
     const int64_t shq[3] = {Tq, c.N, c.D}, stq[3] = {t.rsq, c.D, 1};
-    const int64_t shk[3] = {t.Tkv, c.Nkv, c.D}, stk[3] = {t.rskv, c.D, 1};
+    const int64_t shk[3] = {t.Tkv, c.Nkv, c.D};
     const int64_t shm[4] = {c.B, c.N, t.nbx, t.nby}, shl[2] = {Tq, c.N}, shc[1] = {(int64_t)cq.size()};
-    spattn_tensor tq = mk((char *)q + (size_t)row0 * t.rsq * es, c.dt, 3, shq, stq, dev);
-    spattn_tensor tk = mk(k, c.dt, 3, shk, stk, dev), tv = mk(v, c.dt, 3, shk, stk, dev);
+    // Case::fastin: the inputs as unpadded device copies (of the device buffers: a test may have
+    // changed them), the output keeps the padded rows
+    const bool fin = dev && c.fastin && !tab;
+    const int64_t stqi[3] = {fin ? (int64_t)c.N * c.D : t.rsq, c.D, 1}, stki[3] = {fin ? (int64_t)c.Nkv * c.D : t.rskv, c.D, 1};
+    if (fin) {
+        q = unpadded(t.dq, t.Tq, t.rsq, c.N * c.D, es);
+        k = unpadded(t.dk, t.Tkv, t.rskv, c.Nkv * c.D, es);
+        v = unpadded(t.dv, t.Tkv, t.rskv, c.Nkv * c.D, es);
+    }
+    spattn_tensor tq = mk((char *)q + (size_t)row0 * stqi[0] * es, c.dt, 3, shq, stqi, dev);
+    spattn_tensor tk = mk(k, c.dt, 3, shk, stki, dev), tv = mk(v, c.dt, 3, shk, stki, dev);
     const int64_t shp[4] = {t.np, c.page, c.Nkv, c.D}, stp[4] = {t.pgs, t.rskv, c.D, 1};
     const int64_t sht[2] = {c.B, maxp}, stt[2] = {t.maxp, 1};
     spattn_tensor tt = mk(dtab, SPATTN_DTYPE_I32, 2, sht, stt, dev);
@@ -400,6 +423,11 @@ static Out run(const Batch &t, bool dev, const std::vector<int32_t> &cq, const s
         if (tab) cudaFree(dtab);
         if (ws) cudaFree(ws);
         if (stream) cudaStreamDestroy(stream);
+        if (fin) {
+            cudaFree(q);
+            cudaFree(k);
+            cudaFree(v);
+        }
     }
     return r;
 }
@@ -464,9 +492,9 @@ static std::string compare(const Batch &t, const Out &g, const Out &cpu, int r0,
 static std::string ctx_of(const Batch &t) {
     const Case &c = t.c;
     char buf[512];
-    int n = snprintf(buf, sizeof buf, "B=%d N=%d Nkv=%d D=%d bx=%d by=%d %s %s pad=%d ws=%d maxq=%lld maxkv=%lld ",
-                     c.B, c.N, c.Nkv, c.D, c.bx, c.by, dtn(c.dt), c.causal ? "causal" : "random", c.pad, c.use_ws,
-                     t.maxq, t.maxkv);
+    int n = snprintf(buf, sizeof buf, "B=%d N=%d Nkv=%d D=%d bx=%d by=%d %s %s pad=%d%s ws=%d maxq=%lld maxkv=%lld ",
+                     c.B, c.N, c.Nkv, c.D, c.bx, c.by, dtn(c.dt), c.causal ? "causal" : "random", c.pad,
+                     c.fastin ? " (unpadded inputs)" : "", c.use_ws, t.maxq, t.maxkv);
     if (c.page)
         n += snprintf(buf + n, sizeof buf - n, "page=%d np=%d maxp=%d pgs=%lld ", c.page, t.np, t.maxp, t.pgs);
     n += snprintf(buf + n, sizeof buf - n, "cu_q=");
@@ -485,7 +513,10 @@ struct Grad {
 };
 
 // The CUDA backward takes fp16 / bf16, D <= 128 and TMA-readable rows (pad 0 or 8).
-static bool bwd_fast(const Case &c) { return c.dt != SPATTN_DTYPE_F32 && c.D <= 128 && c.pad % 8 == 0; }
+static bool bwd_fast(const Case &c) {
+    return c.dt != SPATTN_DTYPE_F32 && c.D <= 128 && (c.pad % 8 == 0 || (c.fastin && !c.page));
+}
+
 
 // One spattn_bsa_bwd_varlen call with o / lse of `fw` (a CPU forward of the batch), dO of the batch.
 // tab: paged keys (the batch's pages, table of `maxp` columns, row stride t.maxp); dk / dv are
@@ -530,10 +561,21 @@ static Grad run_bwd(const Batch &t, bool dev, const std::vector<int32_t> &cq, co
     const int64_t shq[3] = {t.Tq, c.N, c.D}, stq[3] = {t.rsq, c.D, 1};
     const int64_t shk[3] = {t.Tkv, c.Nkv, c.D}, stk[3] = {t.rskv, c.D, 1};
     const int64_t shm[4] = {c.B, c.N, t.nbx, t.nby}, shl[2] = {t.Tq, c.N}, shc[1] = {(int64_t)cq.size()};
-    spattn_tensor tq = mk(q, c.dt, 3, shq, stq, dev), tdo = mk(dO, c.dt, 3, shq, stq, dev);
-    spattn_tensor tk = mk(k, c.dt, 3, shk, stk, dev), tv = mk(v, c.dt, 3, shk, stk, dev);
+    // Case::fastin: q, k, v, o, dO as unpadded device copies; dq, dk, dv keep the padded rows
+    const bool fin = dev && c.fastin && !tab;
+    const int64_t stqi[3] = {fin ? (int64_t)c.N * c.D : t.rsq, c.D, 1}, stki[3] = {fin ? (int64_t)c.Nkv * c.D : t.rskv, c.D, 1};
+    void *o_pad = o;
+    if (fin) {
+        q = unpadded(t.dq, t.Tq, t.rsq, c.N * c.D, es);
+        k = unpadded(t.dk, t.Tkv, t.rskv, c.Nkv * c.D, es);
+        v = unpadded(t.dv, t.Tkv, t.rskv, c.Nkv * c.D, es);
+        dO = unpadded(t.ddo, t.Tq, t.rsq, c.N * c.D, es);
+        o = unpadded(o_pad, t.Tq, t.rsq, c.N * c.D, es);
+    }
+    spattn_tensor tq = mk(q, c.dt, 3, shq, stqi, dev), tdo = mk(dO, c.dt, 3, shq, stqi, dev);
+    spattn_tensor tk = mk(k, c.dt, 3, shk, stki, dev), tv = mk(v, c.dt, 3, shk, stki, dev);
     spattn_tensor tm = mk(m, SPATTN_DTYPE_U8, 4, shm, NULL, dev);
-    spattn_tensor to = mk(o, c.dt, 3, shq, stq, dev), tl = mk(l, SPATTN_DTYPE_F32, 2, shl, NULL, dev);
+    spattn_tensor to = mk(o, c.dt, 3, shq, stqi, dev), tl = mk(l, SPATTN_DTYPE_F32, 2, shl, NULL, dev);
     spattn_tensor tgq = mk(gq, c.dt, 3, shq, stq, dev), tgk = mk(gk, c.dt, 3, shk, stk, dev);
     spattn_tensor tgv = mk(gv, c.dt, 3, shk, stk, dev);
     const int64_t shp[4] = {t.np, c.page, c.Nkv, c.D}, stp[4] = {t.pgs, t.rskv, c.D, 1};
@@ -579,6 +621,10 @@ static Grad run_bwd(const Batch &t, bool dev, const std::vector<int32_t> &cq, co
         CK(cudaMemcpy(r.dv.data(), gv, r.dv.size(), cudaMemcpyDeviceToHost));
         void *fr[7] = {o, l, gq, gk, gv, cuq, cukv};
         for (void *x : fr) cudaFree(x);
+        if (fin) {
+            void *fr2[5] = {q, k, v, dO, o_pad};
+            for (void *x : fr2) cudaFree(x);
+        }
         if (tab) cudaFree(dtab);
         if (ws) cudaFree(ws);
         if (stream) cudaStreamDestroy(stream);
@@ -738,7 +784,9 @@ static void run_case(const Case &c, bool quick) {
 
 // The Hopper forward's shapes (fp16 / bf16, D <= 128, TMA-readable rows); paged besides: a page
 // size that is a multiple of 8.  Elsewhere the reference kernel runs.
-static bool hopper_shape(const Case &c) { return c.dt != SPATTN_DTYPE_F32 && c.D <= 128 && c.pad % 8 == 0; }
+static bool hopper_shape(const Case &c) {
+    return c.dt != SPATTN_DTYPE_F32 && c.D <= 128 && (c.pad % 8 == 0 || (c.fastin && !c.page));
+}
 
 // The dk / dv pages as np * page rows of Nkv * D values (into rows); "" or a note when a byte
 // outside them (row padding, page padding) is not poison.
@@ -1139,6 +1187,9 @@ int main(int argc, char **argv) {
     //             B  N Nkv   D   bx   by  dt   maxq maxkv kv causal dens pad ws
     v.push_back({3, 2, 1, 64, 64, 64, F16, 150, 150, 1, 1, 0.5, 0, 0, 0});
     v.push_back({5, 4, 2, 128, 48, 48, BF, 200, 260, 0, 0, 0.5, 8, 1, 0});
+    // Hopper kernels reading unpadded inputs, outputs with rows TMA cannot write (pad 4):
+    // per-element o / dq / dk / dv stores (the other packed calls store o, dk, dv by TMA)
+    v.push_back({4, 4, 2, 128, 64, 64, BF, 200, 260, 1, 1, 0.5, 4, 0, 0, 0, 0, 1});
     // paged keys (last field: page size)
     std::vector<Case> pv;
     pv.push_back({3, 2, 1, 64, 64, 64, F16, 150, 150, 1, 1, 0.5, 0, 0, 0, 16});     // chunks 64, slabs 16
@@ -1183,6 +1234,7 @@ int main(int argc, char **argv) {
         v.push_back({40, 2, 1, 64, 16, 32, F16, 30, 30, 1, 1, 0.5, 0, 0, 0});    // many short sequences
         v.push_back({9, 4, 2, 128, 64, 64, BF, 700, 700, 1, 1, 0.5, 0, 1, 1}); // one long among short ones
         v.push_back({6, 4, 1, 64, 7, 48, F16, 150, 200, 0, 0, 0.4, 8, 0, 0});    // odd bx != by, GQA 4/1
+        v.push_back({5, 2, 1, 64, 16, 32, F16, 150, 200, 0, 0, 0.5, 4, 1, 0, 0, 0, 1});  // as the quick one, ws
         const char *seed = getenv("SPATTN_TEST_SEED");
         g_rng = seed ? strtoull(seed, NULL, 0) : (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull + 1;
         printf("random batches: seed %llu (SPATTN_TEST_SEED replays)\n", (unsigned long long)g_rng);
