@@ -27,7 +27,9 @@
 // S = a separate-V shape (sfa::Sep in sfa_gather.cuh; sfa::Nsa: D = 128, no rope, NSA-style
 // selection): the same kernel with blocks of the K boxes then the V boxes, the K half released
 // after S^T, the output's d-tiles split between the warpgroups at the end; any H (grid.z: chunks
-// of N <= 32 heads).  S = sfa::Mla is the DeepSeek shape above.
+// of N <= 32 heads).  S = sfa::Mla is the DeepSeek shape above; sfa::Shv the same layout (V = the
+// first D columns of the gathered block) at D 128 / 256 with or without rope, any H (gated until
+// their first device run, sfa_host.cu's fwd_shape).
 #include <math.h>
 
 #include "cta_trace.cuh"
@@ -78,6 +80,8 @@ template <int N, typename S> struct SmallCfg {
     // whose shared memory fits twice (228 KB per SM, 1 KB reserved per CTA: all but D 256) run two
     // CTAs per SM with 40 / 96: 0.73x the time of one CTA (sfas01-04, H200), the gather's latency
     // hidden by the other CTA's.
+    // The other shared-V shapes (sfa::Shv) keep one CTA: at 40 / 96 registers ptxas spilled 84-356
+    // bytes in them (D 256 at N 32: 356), against 16-36 in the separate-V ones.
     static constexpr int CTAS = S::SEPV && 2 * (SMEM + 1024) <= 233472 ? 2 : 1;
     static constexpr int LREG = 65536 / (384 * CTAS) / 8 * 8;  // 168 or 80
     static constexpr int PREG = CTAS == 2 ? 40 : 72, CREG = CTAS == 2 ? 96 : 216;
@@ -497,6 +501,10 @@ template <bool VL> cudaError_t launch_shape(const sfa::Params *p, int is_bf16, i
     case sfa::SHAPE_SEP_128_64: return launch_t<VL, sfa::Sep<2, 1>>(p, is_bf16, st);
     case sfa::SHAPE_SEP_64: return launch_t<VL, sfa::Sep<1, 0>>(p, is_bf16, st);
     case sfa::SHAPE_SEP_256: return launch_t<VL, sfa::Sep<4, 0>>(p, is_bf16, st);
+    case sfa::SHAPE_SHV_128_64: return launch_t<VL, sfa::Shv<2, 1>>(p, is_bf16, st);
+    case sfa::SHAPE_SHV_128: return launch_t<VL, sfa::Shv<2, 0>>(p, is_bf16, st);
+    case sfa::SHAPE_SHV_256_64: return launch_t<VL, sfa::Shv<4, 1>>(p, is_bf16, st);
+    case sfa::SHAPE_SHV_256: return launch_t<VL, sfa::Shv<4, 0>>(p, is_bf16, st);
     default: return cudaErrorInvalidValue;
     }
 }

@@ -28,9 +28,23 @@ template <int NBN_, int NBR_, bool SEPV_> struct Shape {
 using Mla = Shape<8, 1, false>;
 template <int NBN, int NBR> using Sep = Shape<NBN, NBR, true>;
 using Nsa = Sep<2, 0>;
+// shared V (V = k's first D columns) at other widths: D 128 / 256, with or without the 64-wide
+// rope part (an even number of value boxes: the buffer's halves split the d-tiles)
+template <int NBN, int NBR> using Shv = Shape<NBN, NBR, false>;
 // The forward's kernel shapes (sfa_host.cu's fwd_shape chooses, sfa_fwd_small.cu's launcher
-// instantiates): Mla (both forward kernels), then the separate-V ones of the small-head kernel
-enum FwdShape { SHAPE_MLA, SHAPE_NSA, SHAPE_SEP_128_64, SHAPE_SEP_64, SHAPE_SEP_256 };
+// instantiates): Mla (both forward kernels), then the separate-V and the other shared-V ones of
+// the small-head kernel
+enum FwdShape {
+    SHAPE_MLA,
+    SHAPE_NSA,
+    SHAPE_SEP_128_64,
+    SHAPE_SEP_64,
+    SHAPE_SEP_256,
+    SHAPE_SHV_128_64,
+    SHAPE_SHV_128,
+    SHAPE_SHV_256_64,
+    SHAPE_SHV_256
+};
 static_assert(Mla::NBK == GNBOX, "the Mla shape is the fast kernels' D + Dr");
 
 // One producer thread's share of a block gather: 128 threads, 8 per key row (16-byte chunk ig of

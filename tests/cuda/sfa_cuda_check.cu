@@ -903,6 +903,24 @@ static int small_tests(bool quick) {
         sep(mk("sep_d256_h8x2_sbs32_strided", 2, 16, 400, 16, 2, 10, 32, 0, FP), 256, 0);
         ns.back().row_pad = 8;
     }
+    // shared V (V = k's first D columns) at D 128 / 256 with and without rope (gated until their
+    // first device run: SPATTN_SFA_FWD_SHV, set in main)
+    auto shv = [&](Cfg c, int D, int Dr) {
+        c.D = D;
+        c.Dr = Dr;
+        ns.push_back(c);
+    };
+    shv(mk("shv_quick_d128r64_h16_sbs16", 1, 8, 400, 16, 1, 8, 16, 3, BF), 128, 64);
+    if (!quick) {
+        shv(mk("shv_d128_h8x2_b2_mode0_dups", 2, 20, 300, 16, 2, 24, 4, 0, FP), 128, 0);
+        ns.back().dups = 1;
+        shv(mk("shv_d256r64_h40_chunks_empty", 1, 12, 500, 40, 1, 20, 8, 3, BF), 256, 64);
+        ns.back().empty = 1;
+        shv(mk("shv_d256_h4_sbs1_strided", 1, 30, 600, 4, 1, 300, 1, 3, FP), 256, 0);
+        ns.back().row_pad = 8;
+        shv(mk("shv_d128r64_h32_long_pad", 1, 10, 900, 32, 1, 40, 32, 0, BF), 128, 64);
+        ns.back().pad_any = 1;
+    }
     for (auto &c : ns) {
         int before = g_fail;
         test_case(c, seed++, true, true);
@@ -951,5 +969,6 @@ int main(int argc, char **argv) {
         printf("sfa_cuda_check: no CUDA device, skipped\n");
         return 0;
     }
+    setenv("SPATTN_SFA_FWD_SHV", "1", 0);  // the gated shared-V forward shapes (sfa_host.cu's fwd_shape)
     return small_tests(argc > 1 && !strcmp(argv[1], "quick"));
 }
