@@ -601,6 +601,12 @@ cudaError_t vl_prep(const spattn_seqs *sq, const spattn_tensor *const *src, cons
 struct VlVerdict {
     unsigned long long *h = nullptr;
     cudaEvent_t ev = nullptr;
+    bool waited = false;
+    // a call that fails after the copy still waits for it: a later call of this thread (on another
+    // stream, say) must not see this copy land in the shared pinned word after its own
+    ~VlVerdict() {
+        if (ev && !waited) cudaEventSynchronize(ev);
+    }
 };
 cudaError_t vl_verdict_copy(const unsigned long long *err, cudaStream_t st, VlVerdict *v) {
     int dev = -1;
@@ -615,9 +621,10 @@ cudaError_t vl_verdict_copy(const unsigned long long *err, cudaStream_t st, VlVe
     if (e == cudaSuccess) e = cudaEventRecord(v->ev, st);
     return e;
 }
-cudaError_t vl_verdict_wait(const unsigned long long *err, cudaStream_t st, const VlVerdict &v, unsigned long long *key) {
+cudaError_t vl_verdict_wait(const unsigned long long *err, cudaStream_t st, VlVerdict &v, unsigned long long *key) {
     cudaError_t e;
     if (v.ev) {
+        v.waited = true;
         if ((e = cudaEventSynchronize(v.ev)) == cudaSuccess) *key = *v.h;
         return e;
     }
