@@ -514,10 +514,7 @@ cudaError_t launch(const bsa_params &p, const bsa_tmaps &tm, int lu, cudaStream_
     const int flags = tm.o_tma ? 1 : 0;
     // L2 prefetch of the successor CTA's first-touch data (dense calls: a varlen successor's maps
     // are its sequence's); one CTA per SM, so the successor is #SMs places later in launch order
-    int ahead = 0, dev = 0;
-    if (VL || cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&ahead, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-        ahead = 0;
+    const int ahead = VL ? 0 : hop::sm_count();
     bsa_fwd90_kernel<DP, T, VL, PG><<<grid, 384, C::SMEM, st>>>(p, tm.q, tm.k, tm.v, tm.o, flags, lu, ahead);
     return cudaGetLastError();
 }

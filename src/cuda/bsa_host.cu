@@ -718,8 +718,7 @@ extern "C" spattn_status spattn_cuda_bsa_fwd_varlen(const spattn_bsa_problem *pb
     if (fast && (!make_tmap(&tm.q, vp->q, t.bm) || !make_tmap(&tm.k, vp->k, kv_rows, kv_dim) ||
                  !make_tmap(&tm.v, vp->v, kv_rows, kv_dim)))
         return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "bsa cuda: cuTensorMapEncodeTiled failed for q, k or v");
-    const bsa_params po = params(vp);
-    tm.o_tma = fast && po.o.vec && make_tmap(&tm.o, vp->o, 64);
+    tm.o_tma = fast && view(vp->o).vec && make_tmap(&tm.o, vp->o, 64);
     const spattn_tensor *const src[4] = {pb->q, pb->k, pb->v, pb->o};
     const CUtensorMap tmpl[4] = {tm.q, tm.k, tm.v, tm.o};
     cudaError_t e = vl_prep(sq, src, tmpl, tm.o_tma ? 4 : 3, seq, tms, err, st);

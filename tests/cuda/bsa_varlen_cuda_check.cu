@@ -784,9 +784,7 @@ static void run_case(const Case &c, bool quick) {
 
 // The Hopper forward's shapes (fp16 / bf16, D <= 128, TMA-readable rows); paged besides: a page
 // size that is a multiple of 8.  Elsewhere the reference kernel runs.
-static bool hopper_shape(const Case &c) {
-    return c.dt != SPATTN_DTYPE_F32 && c.D <= 128 && (c.pad % 8 == 0 || (c.fastin && !c.page));
-}
+static bool hopper_shape(const Case &c) { return bwd_fast(c); }  // the backward's shapes
 
 // The dk / dv pages as np * page rows of Nkv * D values (into rows); "" or a note when a byte
 // outside them (row padding, page padding) is not poison.

@@ -873,12 +873,16 @@ static int small_tests(bool quick) {
     // runs on the simple kernels): D 128 without rope (NSA-style), D 128 + Dr 64, D 64 (one
     // d-tile: warpgroup 1 finalises none), D 256
     std::vector<Cfg> ns;
-    auto sep = [&](Cfg c, int D, int Dr) {
+    // sep: a separate v; shv: shared V (V = k's first D columns) at D 128 / 256 with and without
+    // rope (gated until their first device run: SPATTN_SFA_FWD_SHV, set in main)
+    auto add = [&](Cfg c, int D, int Dr, int sep_v) {
         c.D = D;
         c.Dr = Dr;
-        c.sep_v = 1;
+        c.sep_v = sep_v;
         ns.push_back(c);
     };
+    auto sep = [&](Cfg c, int D, int Dr) { add(c, D, Dr, 1); };
+    auto shv = [&](Cfg c, int D, int Dr) { add(c, D, Dr, 0); };
     sep(mk("nsa_quick_h8x2_sbs64", 1, 8, 400, 16, 2, 6, 64, 3, BF), 128, 0);
     sep(mk("sep_quick_d128r64_h16x2_sbs64", 1, 6, 500, 32, 2, 5, 64, 3, FP), 128, 64);
     if (!quick) {
@@ -903,13 +907,6 @@ static int small_tests(bool quick) {
         sep(mk("sep_d256_h8x2_sbs32_strided", 2, 16, 400, 16, 2, 10, 32, 0, FP), 256, 0);
         ns.back().row_pad = 8;
     }
-    // shared V (V = k's first D columns) at D 128 / 256 with and without rope (gated until their
-    // first device run: SPATTN_SFA_FWD_SHV, set in main)
-    auto shv = [&](Cfg c, int D, int Dr) {
-        c.D = D;
-        c.Dr = Dr;
-        ns.push_back(c);
-    };
     shv(mk("shv_quick_d128r64_h16_sbs16", 1, 8, 400, 16, 1, 8, 16, 3, BF), 128, 64);
     if (!quick) {
         shv(mk("shv_d128_h8x2_b2_mode0_dups", 2, 20, 300, 16, 2, 24, 4, 0, FP), 128, 0);

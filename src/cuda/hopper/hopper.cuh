@@ -214,6 +214,24 @@ template <typename K> static inline cudaError_t set_smem(K kern, size_t smem, un
     return e;
 }
 
+// The current device's SM count, read once per device (0 when it cannot be read; the error is
+// cleared, so a following launch's cudaGetLastError does not report it).
+static inline int sm_count() {
+    static int cache[64];
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    if (dev < 64 && cache[dev] > 0) return cache[dev];
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    if (dev < 64) cache[dev] = n;
+    return n;
+}
+
 // ---- element types ------------------------------------------------------------------------
 template <typename T> struct elt;
 template <> struct elt<__half> {
