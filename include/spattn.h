@@ -389,8 +389,8 @@ SPATTN_API spattn_status spattn_bsa_varlen_workspace_size(const spattn_tensor *q
  * be two strided views of one concatenated [.., D+Dr] buffer or separate buffers.
  * CUDA kernels: fp16/bf16 rows of unit stride, 16-byte aligned, with D 512, Dr 64 and v NULL
  * (DeepSeek MLA) or, forward only, a separate v with D 128 and Dr 0 (NSA-style) or 64, D 64 or
- * D 256 (Dr 0) run the Hopper kernels; other shapes run simple kernels (fp32 arithmetic on CUDA
- * cores: correct, not fast).
+ * D 256 (Dr 0), or v NULL with D 128 or 256 and Dr 0 or 64, run the Hopper kernels; other shapes
+ * run simple kernels (fp32 arithmetic on CUDA cores: correct, not fast).
  * CUDA: the indices are checked on the device and the verdict read back once per call: the call
  * waits for the scan (and the work queued before it on the stream), not for the attention
  * kernels, which run on after it returns, gated on the verdict on the device.  Under stream capture (CUDA graphs) the fp16/bf16 forward and backward of
@@ -463,7 +463,7 @@ SPATTN_API spattn_status spattn_sfa_workspace_size(const spattn_tensor *q, const
  * count histogram; shapes of the simple kernels: fp32 dq / dk / dv scratch plus 9 bytes per
  * dk / dk_rope / dv element and key-side row).  CUDA: the Hopper kernels for fp16/bf16, D 512,
  * Dr 64, shared key/value, pages page_size rows apart (the backward token-major), and in the
- * forward also the separate-v shapes of spattn_sfa_fwd; other shapes on the simple kernels (fp32
+ * forward also the other Hopper shapes of spattn_sfa_fwd; other shapes on the simple kernels (fp32
  * arithmetic on CUDA cores: correct, not fast).  The CUDA backward is bitwise reproducible
  * with deterministic = 1 on both (int64 fixed-point dK / dV).
  */

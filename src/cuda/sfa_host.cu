@@ -228,8 +228,7 @@ bool fast_shape(const spattn_sfa_problem *p, int backward) {
 // The Hopper forward kernels' shapes (sfa::FwdShape): SHAPE_MLA (fast_shape: both kernels, by H)
 // or, on the small-head kernel for any H, fp16/bf16 with rows of unit stride, 16-byte aligned: a
 // separate v with D 128 (SHAPE_NSA), D 128 + Dr 64, D 64, D 256, or V = k's first D columns with
-// D 128 / 256 and Dr 0 / 64; -1: the simple kernels.  The shared-V ones wait for their first
-// device run behind SPATTN_SFA_FWD_SHV=1 (read per call; the CUDA checks set it).
+// D 128 / 256 and Dr 0 / 64; -1: the simple kernels.
 int fwd_shape(const spattn_sfa_problem *p) {
     if (fast_shape(p, 0)) return sfa::SHAPE_MLA;
     if (p->dtype == SPATTN_DTYPE_F32 || p->D % 64 || p->Dr % 64) return -1;
@@ -242,8 +241,6 @@ int fwd_shape(const spattn_sfa_problem *p) {
                 : nbr == 0 && nbn == 4 ? sfa::SHAPE_SEP_256
                                        : -1;
     } else {
-        const char *g = getenv("SPATTN_SFA_FWD_SHV");
-        if (!g || g[0] != '1') return -1;
         shape = nbr == 1 && nbn == 2   ? sfa::SHAPE_SHV_128_64
                 : nbr == 0 && nbn == 2 ? sfa::SHAPE_SHV_128
                 : nbr == 1 && nbn == 4 ? sfa::SHAPE_SHV_256_64

@@ -874,7 +874,7 @@ static int small_tests(bool quick) {
     // d-tile: warpgroup 1 finalises none), D 256
     std::vector<Cfg> ns;
     // sep: a separate v; shv: shared V (V = k's first D columns) at D 128 / 256 with and without
-    // rope (gated until their first device run: SPATTN_SFA_FWD_SHV, set in main)
+    // rope
     auto add = [&](Cfg c, int D, int Dr, int sep_v) {
         c.D = D;
         c.Dr = Dr;
@@ -966,6 +966,5 @@ int main(int argc, char **argv) {
         printf("sfa_cuda_check: no CUDA device, skipped\n");
         return 0;
     }
-    setenv("SPATTN_SFA_FWD_SHV", "1", 0);  // the gated shared-V forward shapes (sfa_host.cu's fwd_shape)
     return small_tests(argc > 1 && !strcmp(argv[1], "quick"));
 }

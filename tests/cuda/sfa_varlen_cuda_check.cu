@@ -917,7 +917,6 @@ static std::vector<int> rand_lens(Rng &r, int B, int maxlen) {
 }
 
 int main(int argc, char **argv) {
-    setenv("SPATTN_SFA_FWD_SHV", "1", 0);  // the gated shared-V forward shapes (sfa_host.cu's fwd_shape)
     int a = 1;
     if (argc > a && !strcmp(argv[a], "selftest")) {
         g_cpu_only = true;
@@ -950,7 +949,7 @@ int main(int argc, char **argv) {
     cases.push_back({"nsa_packed_h48x2_sbs16_m0", 96, 2, 128, 0, 12, 16, 0, FP, 0, 1, {9, 0, 20}, {300, 5, 150}});
     cases.back().lse_t = 1;
     cases.push_back({"sep_d256_packed_h8", 8, 1, 256, 0, 20, 4, 3, BF, 0, 1, {5, 12, 0}, {80, 200, 3}});
-    // shared V at other widths (gated until their first device run: SPATTN_SFA_FWD_SHV, set in main)
+    // shared V at other widths
     cases.push_back({"shv_d128r64_paged16_h16", 16, 1, 128, 64, 24, 8, 3, BF, 16, 0, {6, 0, 11, 2}, {70, 5, 130, 0}});
     cases.push_back({"shv_d256_packed_h40_m0", 40, 1, 256, 0, 20, 4, 0, FP, 0, 0, {5, 12, 0}, {80, 200, 3}});
     if (!quick) {
