@@ -46,7 +46,8 @@ struct bsa_varlen {
                                     // CUtensorMap: base at the sequence's first row, rows = its
                                     // length (TMA zero-fills past its end)
     const unsigned long long *err;  // ~0: prefix sums valid; else nothing may be written
-    long long Tq, Tkv;              // backward: packed token counts (Delta / lse2 are [N][Tq])
+    long long Tq, Tkv;              // packed token counts (backward: Delta / lse2 are [N][Tq];
+                                    // forward: Tq bounds the grid)
     long long ntile;                // backward: dQ accumulator tiles per head (bsa_vl_qtile)
     // paged K / V (forward; table NULL: packed): key j of sequence b is row j % page_size of page
     // table[b * tab_s0 + (j / page_size) * tab_s1]; the kernel's maps of k / v are the page pool

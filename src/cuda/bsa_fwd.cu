@@ -510,7 +510,16 @@ cudaError_t launch(const bsa_params &p, const bsa_tmaps &tm, int lu, cudaStream_
     static unsigned long long done = 0;
     cudaError_t e = hop::set_smem(bsa_fwd90_kernel<DP, T, VL, PG>, C::SMEM, &done);
     if (e != cudaSuccess) return e;
-    dim3 grid((unsigned)((long long)((p.Sq + C::BM - 1) / C::BM) * p.N * p.B));
+    long long rows = (long long)((p.Sq + C::BM - 1) / C::BM) * p.N * p.B;
+    // VL: the sequences' tiles number at most N (ceil(Tq / BM) + B); the launch order puts the
+    // tiles past a sequence's end (up to B * N * ceil(max_seqlen_q / BM), mostly empty slots
+    // when lengths vary) last, so the grid stops before them instead of running them as CTAs
+    // that exit at once (14K of 18K on 32 sequences of 26-4527 tokens)
+    if (VL) {
+        const long long cap = (long long)p.N * ((p.vl.Tq + C::BM - 1) / C::BM + p.B);
+        rows = rows < cap ? rows : cap;
+    }
+    dim3 grid((unsigned)rows);
     const int flags = tm.o_tma ? 1 : 0;
     // L2 prefetch of the successor CTA's first-touch data (dense calls: a varlen successor's maps
     // are its sequence's); one CTA per SM, so the successor is #SMs places later in launch order

@@ -732,6 +732,7 @@ extern "C" spattn_status spattn_cuda_bsa_fwd_varlen(const spattn_bsa_problem *pb
         p.vl.seq = seq;
         p.vl.tm = tms;
         p.vl.err = err;
+        p.vl.Tq = sq->Tq;  // the grid's bound (bsa_fwd.cu's launch)
         if (sq->table) {
             p.vl.table = sq->table;
             p.vl.tab_s0 = sq->tab_s0;
