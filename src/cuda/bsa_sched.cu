@@ -113,9 +113,9 @@ __global__ void bsa_sched_k_kernel(const bsa_params p, int bm, int bn, int nqt, 
 // mask bit of the tile's block row r0 / bx + r for the chunk's block column (one column: u
 // divides by), else 0 (the kernel reads the mask per token).  Edge chunks (past Skv) are partial.
 // VL (packed variable-length batch): Sq / Skv are sequence b's own (p.vl.seq; block rows and
-// columns restart at its first token), tiles past its queries get count -1 (no CTA needs to run
-// for them: bsa_order_kernel puts them last and the forward's grid stops before them), and with
-// bad prefix sums (p.vl.err) every row does; the list stride nkt covers max_seqlen_kv.
+// columns restart at its first token); tiles past its queries, and every tile when the prefix
+// sums are bad (p.vl.err), get count -1: no CTA needs to run for them (bsa_order_kernel puts
+// them last and the forward's grid stops before them).  The list stride nkt covers max_seqlen_kv.
 template <bool VL>
 __global__ void bsa_sched_fwd_kernel(const bsa_params p, int bm, int u, int nqt, int nkt, int rowbits, int *cnt,
                                      int2 *list) {
@@ -415,8 +415,8 @@ extern "C" cudaError_t spattn_bsa_launch_split_slots(const int *cnt, long long r
 // Launch order of the forward's CTAs (and of the non-deterministic backward's, per_tile = 1): rows
 // by decreasing tile count (ceil(cnt / per_tile)),
 // so that the longest rows start first and the short ones fill the tail; rows of count -1 (a
-// varlen forward's tiles past their sequence) after every other, empty ones included.  A counting sort in
-// one CTA: histogram, scan, placement.  Placement within a bin uses atomics: the order of equal
+// varlen forward's tiles past their sequence) come after all others, empty ones included.  A
+// counting sort in one CTA: histogram, scan, placement.  Placement within a bin uses atomics: the order of equal
 // rows varies, which changes nothing but the launch order (every row's result is computed by
 // one CTA alone).
 constexpr int kOrderBins = 4096, kOrderThreads = 1024;
