@@ -65,15 +65,16 @@ template <int DP> struct FwdCfg {
     static constexpr int BM = TL.bm, BN = TL.bn, ST = TL.stages;
     static constexpr int NBOX = DP / 64;                     // 64-column TMA boxes per row
     static constexpr int Q_BYTES = BM * DP * 2, KV_BYTES = BN * DP * 2;
-    static constexpr int OFF_K = Q_BYTES, OFF_V = OFF_K + ST * KV_BYTES, OFF_BAR = OFF_V + ST * KV_BYTES;
-    static constexpr int SMEM = OFF_BAR + (1 + 4 * ST) * 8 + 1024;  // + alignment slack
+    // Q double-buffered (the next row's Q lands while this row runs), K and V rings
+    static constexpr int OFF_K = 2 * Q_BYTES, OFF_V = OFF_K + ST * KV_BYTES, OFF_BAR = OFF_V + ST * KV_BYTES;
+    static constexpr int SMEM = OFF_BAR + (4 + 4 * ST) * 8 + 1024;  // + alignment slack
 };
 
 template <int DP, typename T, bool VL, bool PG = false>
 __global__ void __launch_bounds__(384, 1)
     bsa_fwd90_kernel(const bsa_params p, const __grid_constant__ CUtensorMap tmq,
                      const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
-                     const __grid_constant__ CUtensorMap tmo, const int flags, const int lu, const int ahead) {
+                     const __grid_constant__ CUtensorMap tmo, const int flags, const int lu, const int rows) {
     // flags: bit 0 O by TMA stores (tmo)
     const bool o_tma = flags & 1;
     using C = FwdCfg<DP>;
@@ -82,47 +83,66 @@ __global__ void __launch_bounds__(384, 1)
     extern __shared__ unsigned char smem_raw[];
     unsigned char *sm = hop::align1024(smem_raw);
     unsigned char *sQ = sm, *sK = sm + C::OFF_K, *sV = sm + C::OFF_V;
-    uint64_t *barQ = reinterpret_cast<uint64_t *>(sm + C::OFF_BAR);
-    uint64_t *fullK = barQ + 1, *fullV = fullK + ST, *emptyK = fullV + ST, *emptyV = emptyK + ST;
-
-    // one CTA per schedule row (b, n, query tile m), launched heaviest first (p.sq.order)
-    const int nqt = (p.Sq + BM - 1) / BM;
-    const long long row_id = p.sq.order ? p.sq.order[blockIdx.x] : (long long)blockIdx.x;
-    const int m = (int)(row_id % nqt), n = (int)((row_id / nqt) % p.N), b = (int)(row_id / ((long long)nqt * p.N));
-    const int hk = n / p.G;
-    // VL: this sequence's lengths and maps; tensors are [1, H, T, D] views (batch index 0,
-    // rows offset by q0), the mask keeps b
-    int vSq = 0, vSkv = 0, bt = b;
-    long long q0 = 0;
-    const CUtensorMap *mq = &tmq, *mk = &tmk, *mv = &tmv;  // PG: mk / mv are the last-page maps
-    const CUtensorMap *mo = &tmo;
+    uint64_t *barQ = reinterpret_cast<uint64_t *>(sm + C::OFF_BAR);  // [2]: Q buffer landed
+    uint64_t *qempty = barQ + 2;                                        // [2]: Q buffer free again
+    uint64_t *fullK = qempty + 2, *fullV = fullK + ST, *emptyK = fullV + ST, *emptyV = emptyK + ST;
     if constexpr (VL) {
         if (*p.vl.err != ~0ull) return;  // bad prefix sums / table: nothing is written (the host reports it)
-        const int4 sq = p.vl.seq[b];
-        if (m * BM >= sq.y) return;      // a tile past the sequence's queries: nothing to do
-        q0 = sq.x;
-        vSq = sq.y;
-        vSkv = sq.w;
-        bt = 0;
-        mq = static_cast<const CUtensorMap *>(p.vl.tm) + (o_tma ? 4 : 3) * b;  // q, k, v (, o)
-        mk = mq + 1;
-        mv = mq + 2;
-        mo = mq + 3;
     }
-    // the query / key counts of the edge tests (dense: read from p at each use, as before VL)
-    const auto Sq = [&]() { return bsa_len<VL>(vSq, p.Sq); };
-    const auto Skv = [&]() { return bsa_len<VL>(vSkv, p.Skv); };
-    const int cnt = p.sq.cnt[row_id];                 // attended key chunks of U = 2^lu keys
-    // entries {chunk * 2 + partial, row bits} (bsa_sched_fwd_kernel)
-    const int2 *lst = reinterpret_cast<const int2 *>(p.sq.list) + row_id * p.sq.stride;
-    const int U = 1 << lu, G = BN >> lu;               // chunks per tile
-    const int ntiles = (cnt + G - 1) >> (7 - lu);
+
+    const int nqt = (p.Sq + BM - 1) / BM;
+    const int U = 1 << lu, G = BN >> lu;  // chunks per tile
     static_assert(BN == 128, "tiles of 128 keys (G = 128 / U)");
-    const int r0 = m * BM;
     const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
+    // Persistent CTAs: CTA c runs the schedule rows (launch order p.sq.order, heaviest first) at
+    // positions k P + c for even k and k P + P - 1 - c for odd k (P = gridDim.x: a "snake", so
+    // each CTA's sum of row lengths is about the mean).  Producer and consumers walk the same
+    // sequence; a row's Q, K and V buffers are loaded while the previous row's last tiles and
+    // epilogue run (one CTA per SM: that row's prologue was ~3 us of ~34 per causal S 4096 row)
+    // (rows < 2^31, checked by the host)
+    const auto pos = [&](int k) -> int {
+        const int P = gridDim.x;
+        return k * P + ((k & 1) ? P - 1 - (int)blockIdx.x : (int)blockIdx.x);
+    };
+    // the schedule row at position j: (b, n, query tile m); VL: false when the tile lies past
+    // its sequence's queries (nothing to do), else the sequence's lengths and maps
+    struct Item {
+        long long q0;
+        int row_id, m, n, b, bt, vSq, vSkv;
+        const CUtensorMap *mq, *mk, *mv, *mo;
+    };
+    const auto item = [&](int j, Item &w) {
+        w.row_id = p.sq.order ? p.sq.order[j] : j;
+        w.m = w.row_id % nqt;
+        w.n = (w.row_id / nqt) % p.N;
+        w.b = w.row_id / nqt / p.N;
+        w.bt = w.b;
+        w.q0 = 0;
+        w.vSq = w.vSkv = 0;
+        w.mq = &tmq;
+        w.mk = &tmk;
+        w.mv = &tmv;
+        w.mo = &tmo;
+        if constexpr (VL) {
+            const int4 sq = p.vl.seq[w.b];
+            if (w.m * BM >= sq.y) return false;  // a tile past the sequence's queries
+            w.q0 = sq.x;
+            w.vSq = sq.y;
+            w.vSkv = sq.w;
+            w.bt = 0;
+            w.mq = static_cast<const CUtensorMap *>(p.vl.tm) + (o_tma ? 4 : 3) * w.b;  // q, k, v (, o)
+            w.mk = w.mq + 1;
+            w.mv = w.mq + 2;
+            w.mo = w.mq + 3;
+        }
+        return true;
+    };
 
     if (threadIdx.x == 0) {
-        hop::mbar_init(barQ, 1);
+        for (int s = 0; s < 2; s++) {
+            hop::mbar_init(barQ + s, 1);
+            hop::mbar_init(qempty + s, 2);  // one arrival per consumer warpgroup
+        }
         for (int s = 0; s < ST; s++) {
             hop::mbar_init(fullK + s, 1);
             hop::mbar_init(fullV + s, 1);
@@ -137,34 +157,52 @@ __global__ void __launch_bounds__(384, 1)
         hop::setmaxnreg_dec<24>();
         // warp 0; lane gi < G loads the list entry of the tile's chunk gi and issues its copies (the
         // G dependent list loads of one thread were serial; G = 128 / U <= 8).  Q first, before the
-        // list count is known (an empty row still loads it: the consumers' epilogue waits for it
-        // before reusing its buffer)
-        if (tid < 32) {
-            const int gi = tid;
+        // list count is known (an empty row still loads it: its consumers wait for it and then
+        // release the buffer like any other)
+        if (tid >= 32) return;
+        const int gi = tid;
+        if (gi == 0 && !VL) {
+            hop::tma_prefetch_desc(&tmq);
+            hop::tma_prefetch_desc(&tmk);
+            hop::tma_prefetch_desc(&tmv);
+        }
+        int gt = 0, kq = 0;  // tiles and rows (Q buffer uses) so far
+        for (int k = 0;; k++) {
+            const int j = pos(k);
+            if (j >= rows) break;
+            Item w;
+            if (!item(j, w)) continue;
+            const int cnt = p.sq.cnt[w.row_id];  // attended key chunks of U = 2^lu keys
+            const int2 *lst = reinterpret_cast<const int2 *>(p.sq.list) + (long long)w.row_id * p.sq.stride;
+            const int ntiles = (cnt + G - 1) >> (7 - lu);
+            const int hk = w.n / p.G;
             // tile 0's entries are loaded together with the count, not after it (one dependent
-            // first-touch load less per CTA): the row holds stride >= 1 entries, lane gi < G reads
+            // first-touch load less per row): the row holds stride >= 1 entries, lane gi < G reads
             // entry min(gi, stride - 1) and the padding is resolved by a shuffle once cnt is known
             const int first = gi < G && p.sq.stride > 0 ? lst[min(gi, p.sq.stride - 1)].x : 0;
+            const int qb = kq & 1;
             if (gi == 0) {
                 if constexpr (VL) {  // maps written by the prep kernel: acquire before the first TMA
-                    tmap_acquire(mq);
-                    tmap_acquire(mk);
-                    tmap_acquire(mv);
+                    tmap_acquire(w.mq);
+                    tmap_acquire(w.mk);
+                    tmap_acquire(w.mv);
+                    hop::tma_prefetch_desc(w.mq);
+                    hop::tma_prefetch_desc(w.mk);
+                    hop::tma_prefetch_desc(w.mv);
+                    if constexpr (PG) {
+                        hop::tma_prefetch_desc(&tmk);
+                        hop::tma_prefetch_desc(&tmv);
+                    }
                 }
-                hop::tma_prefetch_desc(mq);
-                hop::tma_prefetch_desc(mk);
-                hop::tma_prefetch_desc(mv);
-                if constexpr (PG) {
-                    hop::tma_prefetch_desc(&tmk);
-                    hop::tma_prefetch_desc(&tmv);
-                }
-                hop::mbar_expect_tx(barQ, C::Q_BYTES);
+                hop::mbar_wait(qempty + qb, ((kq >> 1) & 1) ^ 1);  // the row two back released it
+                hop::mbar_expect_tx(barQ + qb, C::Q_BYTES);
 #pragma unroll
-                for (int x = 0; x < NBOX; x++) hop::tma_load_4d(sQ + x * BM * 128, mq, x * 64, r0, n, bt, barQ);
+                for (int x = 0; x < NBOX; x++)
+                    hop::tma_load_4d(sQ + qb * C::Q_BYTES + x * BM * 128, w.mq, x * 64, w.m * BM, w.n, w.bt, barQ + qb);
             }
             for (int it = 0; it < ntiles; it++) {
-                const int s = it % ST;
-                const uint32_t par = ((it / ST) & 1) ^ 1;
+                const int s = (gt + it) % ST;
+                const uint32_t par = (((gt + it) / ST) & 1) ^ 1;
                 // padding slots repeat the last chunk (masked)
                 const int ex = it == 0 ? __shfl_sync(0xffffffffu, first, min(gi, cnt - 1))
                                        : (gi < G ? lst[min(it * G + gi, cnt - 1)].x : 0);
@@ -174,14 +212,14 @@ __global__ void __launch_bounds__(384, 1)
                 __syncwarp();
                 if (gi < G) {
                     if constexpr (PG) {
-                        bsa_load_paged<NBOX, BN>(sK + s * C::KV_BYTES + gi * U * 128, &tmk, mk, key, U, p.vl.lr, hk,
-                                                 p.vl.table + b * p.vl.tab_s0, p.vl.tab_s1, p.vl.page_size, vSkv,
+                        bsa_load_paged<NBOX, BN>(sK + s * C::KV_BYTES + gi * U * 128, &tmk, w.mk, key, U, p.vl.lr, hk,
+                                                 p.vl.table + w.b * p.vl.tab_s0, p.vl.tab_s1, p.vl.page_size, w.vSkv,
                                                  fullK + s);
                     } else {
 #pragma unroll
                         for (int x = 0; x < NBOX; x++)
-                            hop::tma_load_4d(sK + s * C::KV_BYTES + x * BN * 128 + gi * U * 128, mk, x * 64, key, hk,
-                                             bt, fullK + s);
+                            hop::tma_load_4d(sK + s * C::KV_BYTES + x * BN * 128 + gi * U * 128, w.mk, x * 64, key, hk,
+                                             w.bt, fullK + s);
                     }
                 }
                 hop::mbar_wait(emptyV + s, par);
@@ -189,319 +227,332 @@ __global__ void __launch_bounds__(384, 1)
                 __syncwarp();
                 if (gi < G) {
                     if constexpr (PG) {
-                        bsa_load_paged<NBOX, BN>(sV + s * C::KV_BYTES + gi * U * 128, &tmv, mv, key, U, p.vl.lr, hk,
-                                                 p.vl.table + b * p.vl.tab_s0, p.vl.tab_s1, p.vl.page_size, vSkv,
+                        bsa_load_paged<NBOX, BN>(sV + s * C::KV_BYTES + gi * U * 128, &tmv, w.mv, key, U, p.vl.lr, hk,
+                                                 p.vl.table + w.b * p.vl.tab_s0, p.vl.tab_s1, p.vl.page_size, w.vSkv,
                                                  fullV + s);
                     } else {
 #pragma unroll
                         for (int x = 0; x < NBOX; x++)
-                            hop::tma_load_4d(sV + s * C::KV_BYTES + x * BN * 128 + gi * U * 128, mv, x * 64, key, hk,
-                                             bt, fullV + s);
+                            hop::tma_load_4d(sV + s * C::KV_BYTES + x * BN * 128 + gi * U * 128, w.mv, x * 64, key, hk,
+                                             w.bt, fullV + s);
                     }
                 }
             }
-        } else if (!VL && tid == 32 && ahead > 0 && blockIdx.x + ahead < gridDim.x) {
-            // warp 1 (otherwise idle): the CTA launched `ahead` (= resident CTAs) places later
-            // will likely take this SM's slot next; bring its first-touch data into L2 now so that
-            // its prologue (list count -> list entries -> K; Q) waits on L2, not HBM.  0.988x /
-            // 0.990x the time (public suite geomean, H200; window / dense 0.95-0.98x, causal 1.00x;
-            // Q and the list alone: 0.991x / 0.993x)
-            const int nx = blockIdx.x + ahead;
-            const int rs = p.sq.order ? p.sq.order[nx] : nx;  // < gridDim.x
-            const int ms = rs % nqt, ns = (rs / nqt) % p.N, bs = rs / nqt / p.N;
-            const int2 *ls = reinterpret_cast<const int2 *>(p.sq.list) + (long long)rs * p.sq.stride;
-            hop::prefetch_l2(p.sq.cnt + rs);
-            hop::prefetch_l2(ls);
-#pragma unroll
-            for (int x = 0; x < NBOX; x++) hop::tma_prefetch_4d(mq, x * 64, ms * BM, ns, bs);
-            if (p.sq.stride > 0) {
-                const int cs = p.sq.cnt[rs];
-                for (int gi = 0; gi < G && gi < cs; gi++) {
-                    const int key = (ls[gi].x >> 1) << lu;
-#pragma unroll
-                    for (int x = 0; x < NBOX; x++) {
-                        hop::tma_prefetch_4d(mk, x * 64, key, ns / p.G, bs);
-                        hop::tma_prefetch_4d(mv, x * 64, key, ns / p.G, bs);
-                    }
-                }
-            }
+            gt += ntiles;
+            kq++;
         }
         return;
     }
     // ------------------------------------------------------------------------------- consumers
     hop::setmaxnreg_inc<240>();
-    const int cw = wg - 1;                         // consumer warpgroup: rows [64 cw, 64 cw + 64)
+    const int cw = wg - 1;  // consumer warpgroup: rows [64 cw, 64 cw + 64) of each tile
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
-    const int i_lo = r0 + cw * 64 + warp * 16 + g;  // this thread's two rows: i_lo, i_lo + 8
     const float sl2 = p.scale_log2;
     const bool rowbits = bsa_fwd90_rowbits(p.bx, p.by, U);
-    // block rows of this thread's two rows relative to the tile's first (< 32 when rowbits)
-    const int rl0 = min(i_lo / p.bx - r0 / p.bx, 31), rl1 = min((i_lo + 8) / p.bx - r0 / p.bx, 31);
-
-    float o[DP / 2], s[BN / 2];
-    uint32_t pa[BN / 16][4];
-#pragma unroll
-    for (int i = 0; i < DP / 2; i++) o[i] = 0.f;
-    float mx0 = -INFINITY, mx1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-
-    // descriptors: Q rows of this warpgroup (A, K-major), K (B, K-major), V (B, MN-major)
-    auto qdesc = [&](int kk) {
-        return hop::desc_sw128(sQ + (kk / 4) * BM * 128 + cw * 64 * 128 + (kk % 4) * 32, 16, 1024);
-    };
-    auto kdesc = [&](int st, int kk) {
-        return hop::desc_sw128(sK + st * C::KV_BYTES + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024);
-    };
-    auto vdesc = [&](int st, int kk) { return hop::desc_sw128(sV + st * C::KV_BYTES + kk * 16 * 128, BN * 128, 1024); };
-    auto issue_qk = [&](int st) {
-        hop::wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < DP / 16; kk++) hop::elt<T>::template ss128<0, 0>(s, qdesc(kk), kdesc(st, kk), kk > 0);
-        hop::wgmma_commit();
-    };
-    auto issue_pv = [&](int st) {
-        hop::wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) {
-            if constexpr (DP == 128) hop::elt<T>::template rs128<1>(o, pa[kk], vdesc(st, kk), 1);
-            else hop::elt<T>::template rs64<1>(o, pa[kk], vdesc(st, kk), 1);
+    // Releases the Q buffer of the previous row (qb ^ 1) once this warpgroup's O stores from it
+    // have read it (the stores were issued at the end of that row; waited for here, after this
+    // row's first GEMMs are issued, so the wait overlaps them)
+    const auto release_prev = [&](int kq) {
+        if (kq > 0 && tid == 0) {
+            hop::bulk_wait_read();
+            hop::mbar_arrive(qempty + ((kq - 1) & 1));
         }
-        hop::wgmma_commit();
     };
-    // The token mask of tile it as bits, computed while the tile's S GEMM runs (the list and mask
-    // loads were on the softmax's critical path): bit 2 jj + h of m0 / m1 keeps column
-    // jj * 8 + 2 c + h of row i_lo / i_lo + 8.  Returns whether the tile is partial (a chunk
-    // marked partial, or padding); m0 / m1 are only meaningful then.
-    auto tile_bits = [&](int it, uint32_t &m0, uint32_t &m1) {
-        const int e0 = it * G;
-        bool part = e0 + G > cnt;  // padded tile
-        for (int gi = 0; gi < G && !part; gi++) part = lst[e0 + gi].x & 1;
-        m0 = m1 = 0u;
-        if (!part) return false;
-        if (rowbits) {  // the schedule's row bits: no mask reads
-            // chunk gi holds columns [gi U, gi U + U): bits [gi U / 4, gi U / 4 + U / 4)
-            const int nb = U >> 2;
-            for (int gi = 0; gi < G && e0 + gi < cnt; gi++) {
-                const int2 en = lst[e0 + gi];
-                const int key0 = (en.x >> 1) << lu;
-                uint32_t bits = (nb >= 32 ? ~0u : (1u << nb) - 1u) << (gi * nb);
-                if (key0 + U > Skv()) {  // the edge chunk: columns past Skv
+    int gt = 0, kq = 0;
+    for (int k = 0;; k++) {
+        const int j = pos(k);
+        if (j >= rows) break;
+        Item w;
+        if (!item(j, w)) continue;
+        const int m = w.m, n = w.n, b = w.b, bt = w.bt;
+        const int vSq = w.vSq, vSkv = w.vSkv;
+        const long long q0 = w.q0;
+        // the query / key counts of the edge tests (dense: read from p at each use, as before VL)
+        const auto Sq = [&]() { return bsa_len<VL>(vSq, p.Sq); };
+        const auto Skv = [&]() { return bsa_len<VL>(vSkv, p.Skv); };
+        const int cnt = p.sq.cnt[w.row_id];  // attended key chunks of U = 2^lu keys
+        // entries {chunk * 2 + partial, row bits} (bsa_sched_fwd_kernel)
+        const int2 *lst = reinterpret_cast<const int2 *>(p.sq.list) + (long long)w.row_id * p.sq.stride;
+        const int ntiles = (cnt + G - 1) >> (7 - lu);
+        const int r0 = m * BM;
+        const int qb = kq & 1;
+        unsigned char *sQb = sQ + qb * C::Q_BYTES;
+        const int i_lo = r0 + cw * 64 + warp * 16 + g;  // this thread's two rows: i_lo, i_lo + 8
+        // block rows of this thread's two rows relative to the tile's first (< 32 when rowbits)
+        const int rl0 = min(i_lo / p.bx - r0 / p.bx, 31), rl1 = min((i_lo + 8) / p.bx - r0 / p.bx, 31);
+
+        float o[DP / 2], s[BN / 2];
+        uint32_t pa[BN / 16][4];
 #pragma unroll
-                    for (int jj = 0; jj < BN / 8; jj++)
+        for (int i = 0; i < DP / 2; i++) o[i] = 0.f;
+        float mx0 = -INFINITY, mx1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+
+        // descriptors: Q rows of this warpgroup (A, K-major), K (B, K-major), V (B, MN-major)
+        auto qdesc = [&](int kk) {
+            return hop::desc_sw128(sQb + (kk / 4) * BM * 128 + cw * 64 * 128 + (kk % 4) * 32, 16, 1024);
+        };
+        auto kdesc = [&](int st, int kk) {
+            return hop::desc_sw128(sK + st * C::KV_BYTES + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024);
+        };
+        auto vdesc = [&](int st, int kk) { return hop::desc_sw128(sV + st * C::KV_BYTES + kk * 16 * 128, BN * 128, 1024); };
+        auto issue_qk = [&](int st) {
+            hop::wgmma_fence();
 #pragma unroll
-                        for (int h = 0; h < 2; h++)
-                            if (((jj * 8) >> lu) == gi && key0 + ((jj * 8 + 2 * c + h) & (U - 1)) >= Skv())
-                                bits &= ~(1u << (2 * jj + h));
-                }
-                if ((en.y >> rl0) & 1) m0 |= bits;
-                if ((en.y >> rl1) & 1) m1 |= bits;
+            for (int kk = 0; kk < DP / 16; kk++) hop::elt<T>::template ss128<0, 0>(s, qdesc(kk), kdesc(st, kk), kk > 0);
+            hop::wgmma_commit();
+        };
+        auto issue_pv = [&](int st) {
+            hop::wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++) {
+                if constexpr (DP == 128) hop::elt<T>::template rs128<1>(o, pa[kk], vdesc(st, kk), 1);
+                else hop::elt<T>::template rs64<1>(o, pa[kk], vdesc(st, kk), 1);
             }
-        } else {  // per token: mask[i / bx][j / by]
-            const uint8_t *mb = p.mask.p + (long long)b * p.mask.s0 + (long long)n * p.mask.s1;
-            const uint8_t *mr0 = mb + (long long)min(bsa_div(i_lo, p.bx, p.inv_bx), p.nbx - 1) * p.mask.s2;
-            const uint8_t *mr1 = mb + (long long)min(bsa_div(i_lo + 8, p.bx, p.inv_bx), p.nbx - 1) * p.mask.s2;
+            hop::wgmma_commit();
+        };
+        // The token mask of tile it as bits, computed while the tile's S GEMM runs (the list and mask
+        // loads were on the softmax's critical path): bit 2 jj + h of m0 / m1 keeps column
+        // jj * 8 + 2 c + h of row i_lo / i_lo + 8.  Returns whether the tile is partial (a chunk
+        // marked partial, or padding); m0 / m1 are only meaningful then.
+        auto tile_bits = [&](int it, uint32_t &m0, uint32_t &m1) {
+            const int e0 = it * G;
+            bool part = e0 + G > cnt;  // padded tile
+            for (int gi = 0; gi < G && !part; gi++) part = lst[e0 + gi].x & 1;
+            m0 = m1 = 0u;
+            if (!part) return false;
+            if (rowbits) {  // the schedule's row bits: no mask reads
+                // chunk gi holds columns [gi U, gi U + U): bits [gi U / 4, gi U / 4 + U / 4)
+                const int nb = U >> 2;
+                for (int gi = 0; gi < G && e0 + gi < cnt; gi++) {
+                    const int2 en = lst[e0 + gi];
+                    const int key0 = (en.x >> 1) << lu;
+                    uint32_t bits = (nb >= 32 ? ~0u : (1u << nb) - 1u) << (gi * nb);
+                    if (key0 + U > Skv()) {  // the edge chunk: columns past Skv
+#pragma unroll
+                        for (int jj = 0; jj < BN / 8; jj++)
+#pragma unroll
+                            for (int h = 0; h < 2; h++)
+                                if (((jj * 8) >> lu) == gi && key0 + ((jj * 8 + 2 * c + h) & (U - 1)) >= Skv())
+                                    bits &= ~(1u << (2 * jj + h));
+                    }
+                    if ((en.y >> rl0) & 1) m0 |= bits;
+                    if ((en.y >> rl1) & 1) m1 |= bits;
+                }
+            } else {  // per token: mask[i / bx][j / by]
+                const uint8_t *mb = p.mask.p + (long long)b * p.mask.s0 + (long long)n * p.mask.s1;
+                const uint8_t *mr0 = mb + (long long)min(bsa_div(i_lo, p.bx, p.inv_bx), p.nbx - 1) * p.mask.s2;
+                const uint8_t *mr1 = mb + (long long)min(bsa_div(i_lo + 8, p.bx, p.inv_bx), p.nbx - 1) * p.mask.s2;
+#pragma unroll
+                for (int jj = 0; jj < BN / 8; jj++) {
+                    const int e = e0 + ((jj * 8) >> lu);
+                    const bool valid = e < cnt;
+                    const int key0 = valid ? (lst[e].x >> 1) << lu : 0;
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int j = key0 + ((jj * 8 + 2 * c + h) & (U - 1));
+                        const bool okc = valid && j < Skv();
+                        const long long cb = (long long)min(bsa_div(j, p.by, p.inv_by), p.nby - 1) * p.mask.s3;
+                        if (okc && __ldg(mr0 + cb)) m0 |= 1u << (2 * jj + h);
+                        if (okc && __ldg(mr1 + cb)) m1 |= 1u << (2 * jj + h);
+                    }
+                }
+            }
+            return true;
+        };
+        // Applies the token mask of a partial tile (tile_bits), updates the running max and sums
+        // (scaled); leaves exp2 values in s and returns the rescale factors of O.
+        auto softmax = [&](bool part, uint32_t m0, uint32_t m1, float &a0, float &a1) {
+            if (!(sl2 > 0.f)) {  // a negative scale reverses the order: scale first (rare)
+#pragma unroll
+                for (int i = 0; i < BN / 2; i++) s[i] *= sl2;
+            }
+            if (part) {
+#pragma unroll
+                for (int jj = 0; jj < BN / 8; jj++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        if (!((m0 >> (2 * jj + h)) & 1u)) s[4 * jj + h] = -INFINITY;
+                        if (!((m1 >> (2 * jj + h)) & 1u)) s[4 * jj + 2 + h] = -INFINITY;
+                    }
+            }
+            // max of the raw scores, then the scale folded into one FFMA per exp2 (sc > 0 keeps the
+            // order); mx0/mx1 stay in scaled log2 units
+            const float sc = sl2 > 0.f ? sl2 : 1.f;
+            float t0 = -INFINITY, t1 = -INFINITY;
 #pragma unroll
             for (int jj = 0; jj < BN / 8; jj++) {
-                const int e = e0 + ((jj * 8) >> lu);
-                const bool valid = e < cnt;
-                const int key0 = valid ? (lst[e].x >> 1) << lu : 0;
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int j = key0 + ((jj * 8 + 2 * c + h) & (U - 1));
-                    const bool okc = valid && j < Skv();
-                    const long long cb = (long long)min(bsa_div(j, p.by, p.inv_by), p.nby - 1) * p.mask.s3;
-                    if (okc && __ldg(mr0 + cb)) m0 |= 1u << (2 * jj + h);
-                    if (okc && __ldg(mr1 + cb)) m1 |= 1u << (2 * jj + h);
-                }
+                t0 = fmaxf(t0, fmaxf(s[4 * jj], s[4 * jj + 1]));
+                t1 = fmaxf(t1, fmaxf(s[4 * jj + 2], s[4 * jj + 3]));
             }
-        }
-        return true;
-    };
-    // Applies the token mask of a partial tile (tile_bits), updates the running max and sums
-    // (scaled); leaves exp2 values in s and returns the rescale factors of O.
-    auto softmax = [&](bool part, uint32_t m0, uint32_t m1, float &a0, float &a1) {
-        if (!(sl2 > 0.f)) {  // a negative scale reverses the order: scale first (rare)
+            t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, 1));
+            t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, 2));
+            t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, 1));
+            t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, 2));
+            float n0 = fmaxf(mx0, t0 * sc), n1 = fmaxf(mx1, t1 * sc);
+            // lazy rescaling: keep the running max unless the tile's exceeds it by more than 8 (log2
+            // units): P <= 2^8 loses nothing in fp16 / bf16 (same relative rounding), l and O stay
+            // fp32, and O needs no rescale (a = 1).  0.990x the time, geomean over the public suite
+            // (every case <= 1.00x; H200).
+            if (n0 <= mx0 + 8.f) n0 = mx0;
+            if (n1 <= mx1 + 8.f) n1 = mx1;
+            const float u0 = n0 == -INFINITY ? 0.f : n0, u1 = n1 == -INFINITY ? 0.f : n1;
+            a0 = bsa_exp2(mx0 - u0);
+            a1 = bsa_exp2(mx1 - u1);
+            mx0 = n0;
+            mx1 = n1;
+            float ls0 = 0.f, ls1 = 0.f;
 #pragma unroll
-            for (int i = 0; i < BN / 2; i++) s[i] *= sl2;
-        }
-        if (part) {
+            for (int jj = 0; jj < BN / 8; jj++) {
+                s[4 * jj] = bsa_exp2(fmaf(s[4 * jj], sc, -u0));
+                s[4 * jj + 1] = bsa_exp2(fmaf(s[4 * jj + 1], sc, -u0));
+                s[4 * jj + 2] = bsa_exp2(fmaf(s[4 * jj + 2], sc, -u1));
+                s[4 * jj + 3] = bsa_exp2(fmaf(s[4 * jj + 3], sc, -u1));
+                ls0 += s[4 * jj] + s[4 * jj + 1];
+                ls1 += s[4 * jj + 2] + s[4 * jj + 3];
+            }
+            l0 = l0 * a0 + ls0;
+            l1 = l1 * a1 + ls1;
+        };
+        auto to_pa = [&]() {
 #pragma unroll
-            for (int jj = 0; jj < BN / 8; jj++)
+            for (int kk = 0; kk < BN / 16; kk++) {
+                pa[kk][0] = hop::elt<T>::pack(s[8 * kk], s[8 * kk + 1]);
+                pa[kk][1] = hop::elt<T>::pack(s[8 * kk + 2], s[8 * kk + 3]);
+                pa[kk][2] = hop::elt<T>::pack(s[8 * kk + 4], s[8 * kk + 5]);
+                pa[kk][3] = hop::elt<T>::pack(s[8 * kk + 6], s[8 * kk + 7]);
+            }
+        };
+        auto rescale = [&](float a0, float a1) {
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    if (!((m0 >> (2 * jj + h)) & 1u)) s[4 * jj + h] = -INFINITY;
-                    if (!((m1 >> (2 * jj + h)) & 1u)) s[4 * jj + 2 + h] = -INFINITY;
-                }
-        }
-        // max of the raw scores, then the scale folded into one FFMA per exp2 (sc > 0 keeps the
-        // order); mx0/mx1 stay in scaled log2 units
-        const float sc = sl2 > 0.f ? sl2 : 1.f;
-        float t0 = -INFINITY, t1 = -INFINITY;
-#pragma unroll
-        for (int jj = 0; jj < BN / 8; jj++) {
-            t0 = fmaxf(t0, fmaxf(s[4 * jj], s[4 * jj + 1]));
-            t1 = fmaxf(t1, fmaxf(s[4 * jj + 2], s[4 * jj + 3]));
-        }
-        t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, 1));
-        t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, 2));
-        t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, 1));
-        t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, 2));
-        float n0 = fmaxf(mx0, t0 * sc), n1 = fmaxf(mx1, t1 * sc);
-        // lazy rescaling: keep the running max unless the tile's exceeds it by more than 8 (log2
-        // units): P <= 2^8 loses nothing in fp16 / bf16 (same relative rounding), l and O stay
-        // fp32, and O needs no rescale (a = 1).  0.990x the time, geomean over the public suite
-        // (every case <= 1.00x; H200).
-        if (n0 <= mx0 + 8.f) n0 = mx0;
-        if (n1 <= mx1 + 8.f) n1 = mx1;
-        const float u0 = n0 == -INFINITY ? 0.f : n0, u1 = n1 == -INFINITY ? 0.f : n1;
-        a0 = bsa_exp2(mx0 - u0);
-        a1 = bsa_exp2(mx1 - u1);
-        mx0 = n0;
-        mx1 = n1;
-        float ls0 = 0.f, ls1 = 0.f;
-#pragma unroll
-        for (int jj = 0; jj < BN / 8; jj++) {
-            s[4 * jj] = bsa_exp2(fmaf(s[4 * jj], sc, -u0));
-            s[4 * jj + 1] = bsa_exp2(fmaf(s[4 * jj + 1], sc, -u0));
-            s[4 * jj + 2] = bsa_exp2(fmaf(s[4 * jj + 2], sc, -u1));
-            s[4 * jj + 3] = bsa_exp2(fmaf(s[4 * jj + 3], sc, -u1));
-            ls0 += s[4 * jj] + s[4 * jj + 1];
-            ls1 += s[4 * jj + 2] + s[4 * jj + 3];
-        }
-        l0 = l0 * a0 + ls0;
-        l1 = l1 * a1 + ls1;
-    };
-    auto to_pa = [&]() {
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) {
-            pa[kk][0] = hop::elt<T>::pack(s[8 * kk], s[8 * kk + 1]);
-            pa[kk][1] = hop::elt<T>::pack(s[8 * kk + 2], s[8 * kk + 3]);
-            pa[kk][2] = hop::elt<T>::pack(s[8 * kk + 4], s[8 * kk + 5]);
-            pa[kk][3] = hop::elt<T>::pack(s[8 * kk + 6], s[8 * kk + 7]);
-        }
-    };
-    auto rescale = [&](float a0, float a1) {
-#pragma unroll
-        for (int jj = 0; jj < DP / 8; jj++) {
-            o[4 * jj] *= a0; o[4 * jj + 1] *= a0; o[4 * jj + 2] *= a1; o[4 * jj + 3] *= a1;
-        }
-    };
+            for (int jj = 0; jj < DP / 8; jj++) {
+                o[4 * jj] *= a0; o[4 * jj + 1] *= a0; o[4 * jj + 2] *= a1; o[4 * jj + 3] *= a1;
+            }
+        };
 
-    // Ping-pong: the two consumer warpgroups take turns issuing their GEMMs (named barrier
-    // 1 + cw: "my turn"), so one's softmax runs while the other's GEMMs occupy the tensor
-    // cores.  Every issue point syncs on its own barrier and arrives on the other's; warpgroup
-    // 1 opens with an arrival for warpgroup 0 and skips its last one, so the counts match.
-    const int n_issue = ntiles + 1;
-    int issue_no = 0;
-    auto my_turn = [&]() { hop::bar_sync(1 + cw, 256); };
-    auto your_turn = [&]() {
-        if (cw == 0 || ++issue_no < n_issue) hop::bar_arrive(2 - cw, 256);
-    };
-    if (ntiles > 0) {
-        if (cw == 1) hop::bar_arrive(1, 256);
-        hop::mbar_wait(barQ, 0);
-        float a0, a1;
-        hop::mbar_wait(fullK, 0);
-        my_turn();
-        issue_qk(0);
-        your_turn();
-        uint32_t m0, m1;
-        bool part = tile_bits(0, m0, m1);
-        hop::wgmma_wait<0>();
-        hop::reg_fence(s);
-        hop::mbar_arrive(emptyK);
-        softmax(part, m0, m1, a0, a1);
-        to_pa();
-        for (int it = 1; it < ntiles; it++) {
-            const int sk = it % ST, sv = (it - 1) % ST;
-            hop::mbar_wait(fullK + sk, (it / ST) & 1);
-            hop::mbar_wait(fullV + sv, ((it - 1) / ST) & 1);
+        // Ping-pong: the two consumer warpgroups take turns issuing their GEMMs (named barrier
+        // 1 + cw: "my turn"), so one's softmax runs while the other's GEMMs occupy the tensor
+        // cores.  Every issue point syncs on its own barrier and arrives on the other's; warpgroup
+        // 1 opens with an arrival for warpgroup 0 and skips its last one, so the counts match
+        // within each row.
+        const int n_issue = ntiles + 1;
+        int issue_no = 0;
+        auto my_turn = [&]() { hop::bar_sync(1 + cw, 256); };
+        auto your_turn = [&]() {
+            if (cw == 0 || ++issue_no < n_issue) hop::bar_arrive(2 - cw, 256);
+        };
+        hop::mbar_wait(barQ + qb, (kq >> 1) & 1);
+        if (ntiles > 0) {
+            if (cw == 1) hop::bar_arrive(1, 256);
+            float a0, a1;
+            const int s0 = gt % ST;
+            hop::mbar_wait(fullK + s0, (gt / ST) & 1);
             my_turn();
-            issue_qk(sk);
+            issue_qk(s0);
+            your_turn();
+            release_prev(kq);
+            uint32_t m0, m1;
+            bool part = tile_bits(0, m0, m1);
+            hop::wgmma_wait<0>();
+            hop::reg_fence(s);
+            hop::mbar_arrive(emptyK + s0);
+            softmax(part, m0, m1, a0, a1);
+            to_pa();
+            for (int it = 1; it < ntiles; it++) {
+                const int sk = (gt + it) % ST, sv = (gt + it - 1) % ST;
+                hop::mbar_wait(fullK + sk, ((gt + it) / ST) & 1);
+                hop::mbar_wait(fullV + sv, ((gt + it - 1) / ST) & 1);
+                my_turn();
+                issue_qk(sk);
+                issue_pv(sv);
+                your_turn();
+                part = tile_bits(it, m0, m1);
+                hop::wgmma_wait<1>();  // S_it is ready; P V of the previous tile still runs
+                hop::reg_fence(s);
+                hop::mbar_arrive(emptyK + sk);
+                softmax(part, m0, m1, a0, a1);
+                hop::wgmma_wait<0>();
+                hop::reg_fence(o);
+                hop::reg_fence(pa);
+                hop::mbar_arrive(emptyV + sv);
+                // lazy: only warps where some row's running max moved (warp-uniform, so skipped FMULs)
+                if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) rescale(a0, a1);
+                to_pa();
+            }
+            const int sv = (gt + ntiles - 1) % ST;
+            hop::mbar_wait(fullV + sv, ((gt + ntiles - 1) / ST) & 1);
+            my_turn();
             issue_pv(sv);
             your_turn();
-            part = tile_bits(it, m0, m1);
-            hop::wgmma_wait<1>();  // S_it is ready; P V of the previous tile still runs
-            hop::reg_fence(s);
-            hop::mbar_arrive(emptyK + sk);
-            softmax(part, m0, m1, a0, a1);
             hop::wgmma_wait<0>();
             hop::reg_fence(o);
             hop::reg_fence(pa);
             hop::mbar_arrive(emptyV + sv);
-            // lazy: only warps where some row's running max moved (warp-uniform, so skipped FMULs)
-            if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) rescale(a0, a1);
-            to_pa();
+        } else {
+            release_prev(kq);
         }
-        const int sv = (ntiles - 1) % ST;
-        hop::mbar_wait(fullV + sv, ((ntiles - 1) / ST) & 1);
-        my_turn();
-        issue_pv(sv);
-        your_turn();
-        hop::wgmma_wait<0>();
-        hop::reg_fence(o);
-        hop::reg_fence(pa);
-        hop::mbar_arrive(emptyV + sv);
-    }
 
-    // ---- epilogue: normalise, store O (only rows < Sq, columns < D) and LSE (VL: rows q0 + i)
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
-    if (ntiles == 0) hop::mbar_wait(barQ, 0);  // Q was loaded anyway: land before its buffer is reused / freed
-    if (o_tma) {
-        // O through this warpgroup's 64 Q rows (its own S GEMMs are done; the other warpgroup reads
-        // only its own rows): the 128-byte swizzled layout the map's boxes use (conflict-free: the 8
-        // rows of a store instruction land in 8 different 16-byte chunks), then two TMA stores.
-        // Per-element stores were 8 sectors per instruction: ~2.3 us per CTA (measured, H200)
-        unsigned char *so = sQ + cw * 64 * 128;
+        // ---- epilogue: normalise, store O (only rows < Sq, columns < D) and LSE (VL: rows q0 + i)
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+        const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+        if (o_tma) {
+            // O through this warpgroup's 64 Q rows (its own S GEMMs are done; the other warpgroup
+            // reads only its own rows): the 128-byte swizzled layout the map's boxes use
+            // (conflict-free: the 8 rows of a store instruction land in 8 different 16-byte chunks),
+            // then two TMA stores, whose reads the next row's release_prev waits for.  Per-element
+            // stores were 8 sectors per instruction: ~2.3 us per CTA (measured, H200)
+            unsigned char *so = sQb + cw * 64 * 128;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int r = warp * 16 + g + 8 * h;
+                const float inv = h ? inv1 : inv0;
+#pragma unroll
+                for (int jj = 0; jj < DP / 8; jj++) {
+                    const uint32_t v = hop::elt<T>::pack(o[4 * jj + 2 * h] * inv, o[4 * jj + 2 * h + 1] * inv);
+                    *reinterpret_cast<uint32_t *>(so + (jj >> 3) * BM * 128 + hop::sw128(r, jj & 7) + 4 * c) = v;
+                }
+            }
+            hop::fence_proxy_async();
+            hop::bar_sync(3 + cw, 128);
+            if (tid == 0) {
+                if constexpr (VL) tmap_acquire(w.mo);  // written by the prep kernel
+#pragma unroll
+                for (int x = 0; x < NBOX; x++) hop::tma_store_4d(w.mo, so + x * BM * 128, x * 64, r0 + cw * 64, n, bt);
+                hop::bulk_commit();
+            }
+        }
+        T *ob = reinterpret_cast<T *>(p.o.p) + (long long)bt * p.o.s0 + (long long)n * p.o.s1 + q0 * p.o.s2;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const int r = warp * 16 + g + 8 * h;
+            const int i = i_lo + 8 * h;
+            if (i >= Sq()) continue;
             const float inv = h ? inv1 : inv0;
+            T *orow = ob + (long long)i * p.o.s2;
 #pragma unroll
-            for (int jj = 0; jj < DP / 8; jj++) {
+            for (int jj = 0; jj < DP / 8 && !o_tma; jj++) {
+                const int col = jj * 8 + 2 * c;
+                if (col >= p.D) continue;
                 const uint32_t v = hop::elt<T>::pack(o[4 * jj + 2 * h] * inv, o[4 * jj + 2 * h + 1] * inv);
-                *reinterpret_cast<uint32_t *>(so + (jj >> 3) * BM * 128 + hop::sw128(r, jj & 7) + 4 * c) = v;
+                if (p.o.vec) {
+                    *reinterpret_cast<uint32_t *>(orow + col) = v;
+                } else {
+                    const T *e = reinterpret_cast<const T *>(&v);
+                    orow[(long long)col * p.o.s3] = e[0];
+                    orow[(long long)(col + 1) * p.o.s3] = e[1];
+                }
+            }
+            if (p.lse && c == 0) {
+                const float l = h ? l1 : l0, mxv = h ? mx1 : mx0;
+                p.lse[(long long)bt * p.lse_s0 + (long long)n * p.lse_s1 + (q0 + i) * p.lse_s2] =
+                    l > 0.f ? (mxv + __log2f(l)) * BSA_LN2 : l == 0.f ? -INFINITY : __int_as_float(0x7fc00000);
             }
         }
-        hop::fence_proxy_async();
-        hop::bar_sync(3 + cw, 128);
-        if (tid == 0) {
-            if constexpr (VL) tmap_acquire(mo);  // written by the prep kernel
-#pragma unroll
-            for (int x = 0; x < NBOX; x++) hop::tma_store_4d(mo, so + x * BM * 128, x * 64, r0 + cw * 64, n, bt);
-            hop::bulk_commit();
-        }
+        gt += ntiles;
+        kq++;
     }
-    T *ob = reinterpret_cast<T *>(p.o.p) + (long long)bt * p.o.s0 + (long long)n * p.o.s1 + q0 * p.o.s2;
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int i = i_lo + 8 * h;
-        if (i >= Sq()) continue;
-        const float inv = h ? inv1 : inv0;
-        T *orow = ob + (long long)i * p.o.s2;
-#pragma unroll
-        for (int jj = 0; jj < DP / 8 && !o_tma; jj++) {
-            const int col = jj * 8 + 2 * c;
-            if (col >= p.D) continue;
-            const uint32_t v = hop::elt<T>::pack(o[4 * jj + 2 * h] * inv, o[4 * jj + 2 * h + 1] * inv);
-            if (p.o.vec) {
-                *reinterpret_cast<uint32_t *>(orow + col) = v;
-            } else {
-                const T *e = reinterpret_cast<const T *>(&v);
-                orow[(long long)col * p.o.s3] = e[0];
-                orow[(long long)(col + 1) * p.o.s3] = e[1];
-            }
-        }
-        if (p.lse && c == 0) {
-            const float l = h ? l1 : l0, mxv = h ? mx1 : mx0;
-            p.lse[(long long)bt * p.lse_s0 + (long long)n * p.lse_s1 + (q0 + i) * p.lse_s2] =
-                l > 0.f ? (mxv + __log2f(l)) * BSA_LN2 : l == 0.f ? -INFINITY : __int_as_float(0x7fc00000);
-        }
-    }
-    if (o_tma && tid == 0) hop::bulk_wait_read();  // the stores have read shared memory before the CTA exits
+    if (tid == 0) hop::bulk_wait_read();  // the last row's stores have read shared memory before the CTA exits
 }
 
 template <int DP, typename T, bool VL, bool PG>
@@ -519,12 +570,12 @@ cudaError_t launch(const bsa_params &p, const bsa_tmaps &tm, int lu, cudaStream_
         const long long cap = (long long)p.N * ((p.vl.Tq + C::BM - 1) / C::BM + p.B);
         rows = rows < cap ? rows : cap;
     }
-    dim3 grid((unsigned)rows);
+    if (rows == 0) return cudaSuccess;
+    // persistent: one CTA per SM (at most one per row), each walking its rows (pos() in the kernel)
+    const long long sms = hop::sm_count();
+    dim3 grid((unsigned)(rows < sms ? rows : sms));
     const int flags = tm.o_tma ? 1 : 0;
-    // L2 prefetch of the successor CTA's first-touch data (dense calls: a varlen successor's maps
-    // are its sequence's); one CTA per SM, so the successor is #SMs places later in launch order
-    const int ahead = VL ? 0 : hop::sm_count();
-    bsa_fwd90_kernel<DP, T, VL, PG><<<grid, 384, C::SMEM, st>>>(p, tm.q, tm.k, tm.v, tm.o, flags, lu, ahead);
+    bsa_fwd90_kernel<DP, T, VL, PG><<<grid, 384, C::SMEM, st>>>(p, tm.q, tm.k, tm.v, tm.o, flags, lu, (int)rows);
     return cudaGetLastError();
 }
 
