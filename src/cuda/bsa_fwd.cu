@@ -1,5 +1,5 @@
 // Block-sparse attention forward for Hopper (sm_90a), FlashAttention-3 style:
-//   - one CTA per (query tile of 128 rows, head, batch), 3 warpgroups: warpgroup 0 is the
+//   - a schedule row = (query tile of 128 rows, head, batch); 3 warpgroups: warpgroup 0 is the
 //     producer (one warp: lane 0 loads Q, lane g < BN / U the tile's chunk g; registers lowered
 //     with setmaxnreg), warpgroups 1 and 2 are consumers, 64 query rows each (registers raised);
 //   - Q (128 x DP) is loaded once by TMA; K and V tiles (BN x DP) stream through a STAGES-deep
@@ -21,8 +21,11 @@
 //   - the epilogue writes each consumer's normalised 64 rows of O into its own Q rows (swizzled)
 //     and TMA-stores them (O views TMA can write; VL: through the sequence's own map, whose row
 //     count clips the stores at its end; else per-element stores);
-//   - warp 1 of the producer warpgroup brings into L2 the list, Q and first K / V tile of the CTA
-//     launched #SMs places later (the likely next on this SM), so its prologue waits on L2;
+//   - persistent: one CTA per SM walks its share of the schedule rows (a "snake" over the
+//     heaviest-first launch order); Q is double-buffered and the K / V ring runs across rows, so
+//     the producer loads the next row's Q and first tiles while the consumers finish this row's
+//     last tiles and epilogue (a row's prologue and the CTA switch were ~3.7 us of ~34 per
+//     causal S 4096 row when each row was a CTA);
 //   - VL (packed variable-length batch, spattn_bsa_fwd_varlen): a CTA is (sequence b, head,
 //     query tile) with b's own Sq / Skv in every edge test, TMA maps whose base is b's first row
 //     and whose row count is its length (rows past its end read as 0, as past S in a dense

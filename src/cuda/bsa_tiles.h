@@ -32,8 +32,8 @@ BSA_HD int bsa_dpad(long long D) { return D <= 64 ? 64 : (D <= 128 ? 128 : 0); }
 
 // Hopper forward (bsa_fwd.cu): bm query rows (64 per consumer warpgroup, 2 consumers) x bn keys
 // per step, K and V each in a ring of `stages` shared-memory buffers.
-// Shared memory (2-byte elements): Q bm*dp*2 + (K + V) 2*stages*bn*dp*2 = 32 + 128 KB at dp 128,
-// stages 2; 16 + 96 KB at dp 64, stages 3.  One CTA of 384 threads per SM.
+// Shared memory (2-byte elements): Q 2 buffers of bm*dp*2 + (K + V) 2*stages*bn*dp*2 = 64 + 128 KB
+// at dp 128, stages 2; 32 + 96 KB at dp 64, stages 3.  One persistent CTA of 384 threads per SM.
 typedef struct bsa_fwd90_tile {
     int bm, bn, stages;
 } bsa_fwd90_tile;
