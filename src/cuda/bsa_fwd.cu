@@ -63,6 +63,9 @@ __device__ __forceinline__ void tmap_acquire(const CUtensorMap *m) {
                  : "memory");
 }
 
+// the dynamic row counter (SPATTN_BSA_FWD_DYN=1; an experiment: one launch at a time)
+__device__ int g_fwd_ctr[2];
+
 template <int DP> struct FwdCfg {
     static constexpr bsa_fwd90_tile TL = bsa_fwd90_tile_for(DP);
     static constexpr int BM = TL.bm, BN = TL.bn, ST = TL.stages;
@@ -70,16 +73,17 @@ template <int DP> struct FwdCfg {
     static constexpr int Q_BYTES = BM * DP * 2, KV_BYTES = BN * DP * 2;
     // Q double-buffered (the next row's Q lands while this row runs), K and V rings
     static constexpr int OFF_K = 2 * Q_BYTES, OFF_V = OFF_K + ST * KV_BYTES, OFF_BAR = OFF_V + ST * KV_BYTES;
-    static constexpr int SMEM = OFF_BAR + (4 + 4 * ST) * 8 + 1024;  // + alignment slack
+    static constexpr int SMEM = OFF_BAR + (4 + 4 * ST) * 8 + 16 + 1024;  // + rows posted, alignment slack
 };
 
 template <int DP, typename T, bool VL, bool PG = false>
 __global__ void __launch_bounds__(384, 1)
     bsa_fwd90_kernel(const bsa_params p, const __grid_constant__ CUtensorMap tmq,
                      const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
-                     const __grid_constant__ CUtensorMap tmo, const int flags, const int lu, const int rows) {
-    // flags: bit 0 O by TMA stores (tmo)
-    const bool o_tma = flags & 1;
+                     const __grid_constant__ CUtensorMap tmo, const int flags, const int lu, const int rows, int *ctr) {
+    // flags: bit 0 O by TMA stores (tmo); bit 1 rows taken from a global counter (ctr) instead of
+    // the static snake
+    const bool o_tma = flags & 1, dyn = flags & 2;
     using C = FwdCfg<DP>;
     static_assert(VL || !PG, "paged K / V come with a varlen batch only");
     constexpr int BM = C::BM, BN = C::BN, ST = C::ST, NBOX = C::NBOX;
@@ -89,6 +93,7 @@ __global__ void __launch_bounds__(384, 1)
     uint64_t *barQ = reinterpret_cast<uint64_t *>(sm + C::OFF_BAR);  // [2]: Q buffer landed
     uint64_t *qempty = barQ + 2;                                        // [2]: Q buffer free again
     uint64_t *fullK = qempty + 2, *fullV = fullK + ST, *emptyK = fullV + ST, *emptyV = emptyK + ST;
+    int2 *posted = reinterpret_cast<int2 *>(emptyV + ST);  // [2]: {row id or -1 (no more), count} per Q buffer
     if constexpr (VL) {
         if (*p.vl.err != ~0ull) return;  // bad prefix sums / table: nothing is written (the host reports it)
     }
@@ -114,8 +119,8 @@ __global__ void __launch_bounds__(384, 1)
         int row_id, m, n, b, bt, vSq, vSkv;
         const CUtensorMap *mq, *mk, *mv, *mo;
     };
-    const auto item = [&](int j, Item &w) {
-        w.row_id = p.sq.order ? p.sq.order[j] : j;
+    const auto item = [&](int row_id, Item &w) {
+        w.row_id = row_id;
         w.m = w.row_id % nqt;
         w.n = (w.row_id / nqt) % p.N;
         w.b = w.row_id / nqt / p.N;
@@ -171,10 +176,29 @@ __global__ void __launch_bounds__(384, 1)
         }
         int gt = 0, kq = 0;  // tiles and rows (Q buffer uses) so far
         for (int k = 0;; k++) {
-            const int j = pos(k);
-            if (j >= rows) break;
+            int j = pos(k);
+            if (dyn) {  // the first row by CTA index, then from the counter
+                if (gi == 0 && k > 0) j = (int)gridDim.x + atomicAdd(ctr, 1);
+                j = __shfl_sync(0xffffffffu, j, 0);
+            }
+            if (j >= rows) {  // no more rows: post -1 on the next Q buffer (no bytes: a plain arrival)
+                if (gi == 0) {
+                    const int qb = kq & 1;
+                    hop::mbar_wait(qempty + qb, ((kq >> 1) & 1) ^ 1);
+                    posted[qb] = make_int2(-1, 0);
+                    hop::mbar_arrive(barQ + qb);
+                    if (dyn) {  // the last CTA to finish resets the counter for the next launch
+                        __threadfence();
+                        if (atomicAdd(ctr + 1, 1) == (int)gridDim.x - 1) {
+                            atomicExch(ctr, 0);
+                            atomicExch(ctr + 1, 0);
+                        }
+                    }
+                }
+                break;
+            }
             Item w;
-            if (!item(j, w)) continue;
+            if (!item(p.sq.order ? p.sq.order[j] : j, w)) continue;
             const int cnt = p.sq.cnt[w.row_id];  // attended key chunks of U = 2^lu keys
             const int2 *lst = reinterpret_cast<const int2 *>(p.sq.list) + (long long)w.row_id * p.sq.stride;
             const int ntiles = (cnt + G - 1) >> (7 - lu);
@@ -198,6 +222,7 @@ __global__ void __launch_bounds__(384, 1)
                     }
                 }
                 hop::mbar_wait(qempty + qb, ((kq >> 1) & 1) ^ 1);  // the row two back released it
+                posted[qb] = make_int2(w.row_id, cnt);  // read by the consumers after their wait on barQ
                 hop::mbar_expect_tx(barQ + qb, C::Q_BYTES);
 #pragma unroll
                 for (int x = 0; x < NBOX; x++)
@@ -262,23 +287,25 @@ __global__ void __launch_bounds__(384, 1)
         }
     };
     int gt = 0, kq = 0;
-    for (int k = 0;; k++) {
-        const int j = pos(k);
-        if (j >= rows) break;
+    for (;;) {
+        // the row the producer posted with this Q buffer (after its Q landed)
+        const int qb = kq & 1;
+        hop::mbar_wait(barQ + qb, (kq >> 1) & 1);
+        const int2 pr = posted[qb];
+        if (pr.x < 0) break;
         Item w;
-        if (!item(j, w)) continue;
+        item(pr.x, w);
         const int m = w.m, n = w.n, b = w.b, bt = w.bt;
         const int vSq = w.vSq, vSkv = w.vSkv;
         const long long q0 = w.q0;
         // the query / key counts of the edge tests (dense: read from p at each use, as before VL)
         const auto Sq = [&]() { return bsa_len<VL>(vSq, p.Sq); };
         const auto Skv = [&]() { return bsa_len<VL>(vSkv, p.Skv); };
-        const int cnt = p.sq.cnt[w.row_id];  // attended key chunks of U = 2^lu keys
+        const int cnt = pr.y;  // attended key chunks of U = 2^lu keys
         // entries {chunk * 2 + partial, row bits} (bsa_sched_fwd_kernel)
         const int2 *lst = reinterpret_cast<const int2 *>(p.sq.list) + (long long)w.row_id * p.sq.stride;
         const int ntiles = (cnt + G - 1) >> (7 - lu);
         const int r0 = m * BM;
-        const int qb = kq & 1;
         unsigned char *sQb = sQ + qb * C::Q_BYTES;
         const int i_lo = r0 + cw * 64 + warp * 16 + g;  // this thread's two rows: i_lo, i_lo + 8
         // block rows of this thread's two rows relative to the tile's first (< 32 when rowbits)
@@ -443,7 +470,6 @@ __global__ void __launch_bounds__(384, 1)
         auto your_turn = [&]() {
             if (cw == 0 || ++issue_no < n_issue) hop::bar_arrive(2 - cw, 256);
         };
-        hop::mbar_wait(barQ + qb, (kq >> 1) & 1);
         if (ntiles > 0) {
             if (cw == 1) hop::bar_arrive(1, 256);
             float a0, a1;
@@ -577,8 +603,14 @@ cudaError_t launch(const bsa_params &p, const bsa_tmaps &tm, int lu, cudaStream_
     // persistent: one CTA per SM (at most one per row), each walking its rows (pos() in the kernel)
     const long long sms = hop::sm_count();
     dim3 grid((unsigned)(rows < sms ? rows : sms));
-    const int flags = tm.o_tma ? 1 : 0;
-    bsa_fwd90_kernel<DP, T, VL, PG><<<grid, 384, C::SMEM, st>>>(p, tm.q, tm.k, tm.v, tm.o, flags, lu, (int)rows);
+    static const int dyn = [] {
+        const char *e = getenv("SPATTN_BSA_FWD_DYN");
+        return e && e[0] == '1' ? 2 : 0;
+    }();
+    const int flags = (tm.o_tma ? 1 : 0) | dyn;
+    int *ctr = nullptr;
+    if (dyn && cudaGetSymbolAddress(reinterpret_cast<void **>(&ctr), g_fwd_ctr) != cudaSuccess) return cudaGetLastError();
+    bsa_fwd90_kernel<DP, T, VL, PG><<<grid, 384, C::SMEM, st>>>(p, tm.q, tm.k, tm.v, tm.o, flags, lu, (int)rows, ctr);
     return cudaGetLastError();
 }
 
