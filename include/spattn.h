@@ -282,7 +282,7 @@ SPATTN_API spattn_status spattn_bsa_workspace_size(const spattn_tensor *q, const
  * spattn_bsa_fwd_plan / spattn_bsa_bwd_plan take the arguments of spattn_bsa_fwd_ex /
  * spattn_bsa_bwd_ex with the plan in place of (block_mask, bx, by); q, k, v must have the
  * plan's B, N, Nkv, Sq, Skv and be on its device.  On CUDA with a caller workspace (see
- * spattn_bsa_plan_workspace_size: 0 bytes for a fp16/bf16 forward) they allocate nothing and
+ * spattn_bsa_plan_workspace_size: 256 bytes for a fp16/bf16 forward) they allocate nothing and
  * never synchronize, so they can be captured in a CUDA graph.  Results are bitwise identical to
  * the plan-less calls.  A plan may be shared by threads; destroy it after its last use has
  * completed on the device.  spattn_bsa_plan_destroy(NULL) does nothing.

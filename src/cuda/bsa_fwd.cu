@@ -48,6 +48,7 @@
 // because every exp2 of a NaN score is NaN anyway.
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "bsa_common.cuh"
 #include "bsa_launch.h"
@@ -56,15 +57,14 @@
 
 namespace {
 
+__device__ int g_fwd_ctr[2];  // EXPERIMENT (SPATTN_BSA_FWD_X r): a self-resetting counter
+
 // Makes a TMA map written in global memory by an earlier kernel (the varlen prep kernel, through
 // the generic proxy) visible to this thread's TMA loads (the tensormap proxy).
 __device__ __forceinline__ void tmap_acquire(const CUtensorMap *m) {
     asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(reinterpret_cast<uint64_t>(m))
                  : "memory");
 }
-
-// the dynamic row counter (SPATTN_BSA_FWD_DYN=1; an experiment: one launch at a time)
-__device__ int g_fwd_ctr[2];
 
 template <int DP> struct FwdCfg {
     static constexpr bsa_fwd90_tile TL = bsa_fwd90_tile_for(DP);
@@ -81,9 +81,10 @@ __global__ void __launch_bounds__(384, 1)
     bsa_fwd90_kernel(const bsa_params p, const __grid_constant__ CUtensorMap tmq,
                      const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
                      const __grid_constant__ CUtensorMap tmo, const int flags, const int lu, const int rows, int *ctr) {
-    // flags: bit 0 O by TMA stores (tmo); bit 1 rows taken from a global counter (ctr) instead of
-    // the static snake
-    const bool o_tma = flags & 1, dyn = flags & 2;
+    // flags: bit 0 O by TMA stores (tmo).  ctr: the row counter (zero at launch), or NULL for the
+    // static snake.  EXPERIMENT flags: bit 2 ctr self-reset by the last CTA (ctr[1] counts
+    // finished CTAs), bit 3 the next row claimed one tile early
+    const bool o_tma = flags & 1, dyn = ctr != nullptr, early = flags & 8;
     using C = FwdCfg<DP>;
     static_assert(VL || !PG, "paged K / V come with a varlen batch only");
     constexpr int BM = C::BM, BN = C::BN, ST = C::ST, NBOX = C::NBOX;
@@ -175,10 +176,14 @@ __global__ void __launch_bounds__(384, 1)
             hop::tma_prefetch_desc(&tmv);
         }
         int gt = 0, kq = 0;  // tiles and rows (Q buffer uses) so far
+        int nxt = -1;        // dyn: the counter's ticket already claimed for the next row (lane 0)
         for (int k = 0;; k++) {
             int j = pos(k);
             if (dyn) {  // the first row by CTA index, then from the counter
-                if (gi == 0 && k > 0) j = (int)gridDim.x + atomicAdd(ctr, 1);
+                if (gi == 0 && k > 0) {
+                    j = (int)gridDim.x + (nxt >= 0 ? nxt : atomicAdd(ctr, 1));
+                    nxt = -1;
+                }
                 j = __shfl_sync(0xffffffffu, j, 0);
             }
             if (j >= rows) {  // no more rows: post -1 on the next Q buffer (no bytes: a plain arrival)
@@ -187,7 +192,7 @@ __global__ void __launch_bounds__(384, 1)
                     hop::mbar_wait(qempty + qb, ((kq >> 1) & 1) ^ 1);
                     posted[qb] = make_int2(-1, 0);
                     hop::mbar_arrive(barQ + qb);
-                    if (dyn) {  // the last CTA to finish resets the counter for the next launch
+                    if (dyn && (flags & 4)) {  // the last CTA to finish resets the counter for the next launch
                         __threadfence();
                         if (atomicAdd(ctr + 1, 1) == (int)gridDim.x - 1) {
                             atomicExch(ctr, 0);
@@ -235,6 +240,7 @@ __global__ void __launch_bounds__(384, 1)
                 const int ex = it == 0 ? __shfl_sync(0xffffffffu, first, min(gi, cnt - 1))
                                        : (gi < G ? lst[min(it * G + gi, cnt - 1)].x : 0);
                 const int key = (ex >> 1) << lu;
+                if (early && gi == 0 && it == ntiles - 1) nxt = atomicAdd(ctr, 1);
                 hop::mbar_wait(emptyK + s, par);
                 if (gi == 0) hop::mbar_expect_tx(fullK + s, C::KV_BYTES);
                 __syncwarp();
@@ -585,7 +591,7 @@ __global__ void __launch_bounds__(384, 1)
 }
 
 template <int DP, typename T, bool VL, bool PG>
-cudaError_t launch(const bsa_params &p, const bsa_tmaps &tm, int lu, cudaStream_t st) {
+cudaError_t launch(const bsa_params &p, const bsa_tmaps &tm, int lu, int *ctr, cudaStream_t st) {
     using C = FwdCfg<DP>;
     static unsigned long long done = 0;
     cudaError_t e = hop::set_smem(bsa_fwd90_kernel<DP, T, VL, PG>, C::SMEM, &done);
@@ -603,29 +609,30 @@ cudaError_t launch(const bsa_params &p, const bsa_tmaps &tm, int lu, cudaStream_
     // persistent: one CTA per SM (at most one per row), each walking its rows (pos() in the kernel)
     const long long sms = hop::sm_count();
     dim3 grid((unsigned)(rows < sms ? rows : sms));
-    static const int dyn = [] {
-        const char *e = getenv("SPATTN_BSA_FWD_DYN");
-        return e && e[0] == '1' ? 2 : 0;
-    }();
-    const int flags = (tm.o_tma ? 1 : 0) | dyn;
-    int *ctr = nullptr;
-    if (dyn && cudaGetSymbolAddress(reinterpret_cast<void **>(&ctr), g_fwd_ctr) != cudaSuccess) return cudaGetLastError();
+    // EXPERIMENT gates (SPATTN_BSA_FWD_X: s = static snake, r = self-reset (ctr[1]), e = early claim)
+    static const char *x = getenv("SPATTN_BSA_FWD_X");
+    const bool snake = x && strchr(x, 's'), early = x && strchr(x, 'e');
+    const int flags = (tm.o_tma ? 1 : 0) | (early ? 8 : 0) | (x && strchr(x, 'r') ? 4 : 0);
+    if (snake) ctr = nullptr;
+    if (!snake && (flags & 4) && cudaGetSymbolAddress(reinterpret_cast<void **>(&ctr), g_fwd_ctr) != cudaSuccess)
+        return cudaGetLastError();
     bsa_fwd90_kernel<DP, T, VL, PG><<<grid, 384, C::SMEM, st>>>(p, tm.q, tm.k, tm.v, tm.o, flags, lu, (int)rows, ctr);
     return cudaGetLastError();
 }
 
 template <bool VL, bool PG = false>
-cudaError_t launch_dt(const bsa_params &p, const bsa_tmaps &tm, int dp, int bf16, int lu, cudaStream_t st) {
+cudaError_t launch_dt(const bsa_params &p, const bsa_tmaps &tm, int dp, int bf16, int lu, int *ctr, cudaStream_t st) {
     if (dp == 64)
-        return bf16 ? launch<64, __nv_bfloat16, VL, PG>(p, tm, lu, st) : launch<64, __half, VL, PG>(p, tm, lu, st);
-    return bf16 ? launch<128, __nv_bfloat16, VL, PG>(p, tm, lu, st) : launch<128, __half, VL, PG>(p, tm, lu, st);
+        return bf16 ? launch<64, __nv_bfloat16, VL, PG>(p, tm, lu, ctr, st) : launch<64, __half, VL, PG>(p, tm, lu, ctr, st);
+    return bf16 ? launch<128, __nv_bfloat16, VL, PG>(p, tm, lu, ctr, st) : launch<128, __half, VL, PG>(p, tm, lu, ctr, st);
 }
 
 }  // namespace
 
 extern "C" cudaError_t spattn_bsa_launch_fwd(const bsa_params *p, const bsa_tmaps *tm, int dp, int bf16, int chunk,
-                                             cudaStream_t st) {
+                                             int *ctr, cudaStream_t st) {
     const int lu = chunk == 16 ? 4 : chunk == 32 ? 5 : chunk == 64 ? 6 : 7;
-    if (!p->vl.seq) return launch_dt<false>(*p, *tm, dp, bf16, lu, st);
-    return p->vl.table ? launch_dt<true, true>(*p, *tm, dp, bf16, lu, st) : launch_dt<true>(*p, *tm, dp, bf16, lu, st);
+    if (!p->vl.seq) return launch_dt<false>(*p, *tm, dp, bf16, lu, ctr, st);
+    return p->vl.table ? launch_dt<true, true>(*p, *tm, dp, bf16, lu, ctr, st)
+                       : launch_dt<true>(*p, *tm, dp, bf16, lu, ctr, st);
 }

@@ -173,6 +173,7 @@ Layout layout(const spattn_bsa_problem *p, int kind) {
             sz[1] = nq * nk * 8;  // int2 entries
             sz[2] = nq * 4;       // launch order
         }
+        sz[3] = 8;  // the persistent CTAs' row counter (bsa_fwd.cu)
     }
     L.total = place(sz, 10, L.off);
     return L;
@@ -269,21 +270,26 @@ extern "C" spattn_status spattn_cuda_bsa_fwd(const spattn_bsa_problem *pb, const
         return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "bsa cuda: cuTensorMapEncodeTiled failed for q, k or v");
     // O by TMA stores where the engine can write the view (else the kernel stores per element)
     tm.o_tma = p.o.vec && make_tmap(&tm.o, pb->o, 64);
+    int *ctr = reinterpret_cast<int *>(ws.base + L.off[3]);
     if (const bsa_sched *ps = plan_fwd(pb)) {
         p.sq = *ps;
+        // the row counter starts at 0 (the plan-less path zeroes it in its order kernel)
+        static const char *x = getenv("SPATTN_BSA_FWD_X");  // EXPERIMENT gate (bsa_fwd.cu)
+        if (!(x && strchr(x, 'r')) && (e = cudaMemsetAsync(ctr, 0, sizeof(int), st)) != cudaSuccess)
+            return fail(e, "row counter");
     } else {
         int *cnt = reinterpret_cast<int *>(ws.base + L.off[0]), *list = reinterpret_cast<int *>(ws.base + L.off[1]);
         int *order = reinterpret_cast<int *>(ws.base + L.off[2]);
         const long long rows = (long long)p.B * p.N * ((p.Sq + t.bm - 1) / t.bm);
         if ((e = spattn_bsa_launch_sched_fwd(&p, t.bm, u, cnt, reinterpret_cast<int2 *>(list), st)) != cudaSuccess)
             return fail(e, "schedule");
-        if ((e = spattn_bsa_launch_order(cnt, rows, 128 / u, order, st)) != cudaSuccess) return fail(e, "order");
+        if ((e = spattn_bsa_launch_order(cnt, rows, 128 / u, order, ctr, st)) != cudaSuccess) return fail(e, "order");
         p.sq.cnt = cnt;
         p.sq.list = list;
         p.sq.stride = (p.Skv + u - 1) / u;
         p.sq.order = order;
     }
-    if ((e = spattn_bsa_launch_fwd(&p, &tm, dp, bf16, u, st)) != cudaSuccess) return fail(e, "forward kernel");
+    if ((e = spattn_bsa_launch_fwd(&p, &tm, dp, bf16, u, ctr, st)) != cudaSuccess) return fail(e, "forward kernel");
     return SPATTN_STATUS_SUCCESS;
 }
 
@@ -332,7 +338,7 @@ static spattn_status bwd90_run(const spattn_bsa_problem *pb, const spattn_exec *
         if (!ex->deterministic) {
             int *korder = reinterpret_cast<int *>(ws.base + L.off[9]);
             const long long kr = (long long)p.B * p.Nkv * ((p.Skv + 127) / 128);
-            if ((e = spattn_bsa_launch_order(kcnt, kr, 1, korder, st)) != cudaSuccess) return fail(e, "order");
+            if ((e = spattn_bsa_launch_order(kcnt, kr, 1, korder, nullptr, st)) != cudaSuccess) return fail(e, "order");
             p.sk.order = korder;
         }
     }
@@ -460,15 +466,16 @@ int vl_slab_log2(int u, long long page_size) {
 }
 
 // Workspace: [0] the check word, [1] the sequence table, [2] the TMA maps, [3] schedule counts,
-// [4] lists, [5] launch order (2-5: Hopper forward only); + 256 bytes to align a caller's base.
+// [4] lists, [5] launch order, [6] row counter (2-6: Hopper forward only); + 256 bytes to align
+// a caller's base.
 struct VlLayout {
-    size_t off[6];
+    size_t off[7];
     size_t total;
 };
 // (Paged: the same; the 3 maps per sequence are q and the last-page maps of k and v.)
 VlLayout vl_layout(const spattn_bsa_problem *vp, bool fast) {
     VlLayout L = {};
-    size_t sz[6] = {8, (size_t)vp->B * 16, 0, 0, 0, 0};
+    size_t sz[7] = {8, (size_t)vp->B * 16, 0, 0, 0, 0, 0};
     if (fast) {
         const bsa_fwd90_tile t = bsa_fwd90_tile_for(bsa_dpad(vp->D));
         const int u = bsa_fwd90_chunk(vp->by);
@@ -477,8 +484,9 @@ VlLayout vl_layout(const spattn_bsa_problem *vp, bool fast) {
         sz[3] = rows * 4;
         sz[4] = rows * (size_t)((vp->Skv + u - 1) / u) * 8;
         sz[5] = rows * 4;
+        sz[6] = 8;
     }
-    L.total = place(sz, 6, L.off) + kAlign;
+    L.total = place(sz, 7, L.off) + kAlign;
     return L;
 }
 
@@ -744,12 +752,13 @@ extern "C" spattn_status spattn_cuda_bsa_fwd_varlen(const spattn_bsa_problem *pb
         int2 *list = reinterpret_cast<int2 *>(base + L.off[4]);
         const long long rows = (long long)p.B * p.N * ((p.Sq + t.bm - 1) / t.bm);
         if ((e = spattn_bsa_launch_sched_fwd(&p, t.bm, u, cnt, list, st)) != cudaSuccess) return fail(e, "schedule");
-        if ((e = spattn_bsa_launch_order(cnt, rows, 128 / u, order, st)) != cudaSuccess) return fail(e, "order");
+        int *ctr = reinterpret_cast<int *>(base + L.off[6]);
+        if ((e = spattn_bsa_launch_order(cnt, rows, 128 / u, order, ctr, st)) != cudaSuccess) return fail(e, "order");
         p.sq.cnt = cnt;
         p.sq.list = reinterpret_cast<const int *>(list);
         p.sq.stride = (p.Skv + u - 1) / u;
         p.sq.order = order;
-        if ((e = spattn_bsa_launch_fwd(&p, &tm, dp, bf16, u, st)) != cudaSuccess) return fail(e, "forward kernel");
+        if ((e = spattn_bsa_launch_fwd(&p, &tm, dp, bf16, u, ctr, st)) != cudaSuccess) return fail(e, "forward kernel");
     }
     if (s != SPATTN_STATUS_SUCCESS) return s;
     // the check's verdict (the kernels above write nothing if it failed)

@@ -26,7 +26,9 @@ cudaError_t spattn_bsa_launch_sched_k(const bsa_params *p, int bm, int bn, int *
 cudaError_t spattn_bsa_launch_sched_fwd(const bsa_params *p, int bm, int u, int *cnt, int2 *list, cudaStream_t st);
 // Forward launch order (bsa_sched.cu): order [rows] lists the rows of a query-major schedule by
 // decreasing ceil(cnt / per_tile).  rows < 2^31.
-cudaError_t spattn_bsa_launch_order(const int *cnt, long long rows, int per_tile, int *order, cudaStream_t st);
+// ctr: when not NULL, set to 0 (the forward's row counter, zeroed here at no extra launch).
+cudaError_t spattn_bsa_launch_order(const int *cnt, long long rows, int per_tile, int *order, int *ctr,
+                                    cudaStream_t st);
 // TMA descriptors of the forward's Q, K, V (4-d [B, H, S, D] maps, 64-column boxes of
 // bsa_fwd90_tile_for(dp).bm rows for Q and `chunk` rows for K, V; 128-byte swizzle).
 struct bsa_tmaps {
@@ -78,7 +80,7 @@ cudaError_t spattn_bsa_launch_vl_table(const bsa_vl_table_args *a, cudaStream_t 
 // With p->vl.table set too (paged K / V): tm->k / tm->v are the page-pool maps (boxes of
 // 2^p->vl.lr rows, 8 <= 2^lr <= chunk, 2^lr dividing page_size).
 cudaError_t spattn_bsa_launch_fwd(const bsa_params *p, const bsa_tmaps *tm, int dp, int bf16, int chunk,
-                                  cudaStream_t st);
+                                  int *ctr, cudaStream_t st);
 // TMA descriptors of the Hopper backward: Q and dO in boxes of 64 rows, K and V of 128 rows.
 struct bsa_bwd_tmaps {
     CUtensorMap q, dout, k, v;

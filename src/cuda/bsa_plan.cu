@@ -104,12 +104,12 @@ static spattn_status plan_make(spattn_bsa_plan *pl, const spattn_tensor *mask, c
     if ((e = cudaGetLastError()) == cudaSuccess)
         e = spattn_bsa_launch_sched_fwd(&p, tf.bm, c->fwd_bn, const_cast<int *>(c->fwd.cnt),
                                         reinterpret_cast<int2 *>(const_cast<int *>(c->fwd.list)), st);
-    if (e == cudaSuccess) e = spattn_bsa_launch_order(c->fwd.cnt, (long long)f_rows, tf.bn / c->fwd_bn, order, st);
+    if (e == cudaSuccess) e = spattn_bsa_launch_order(c->fwd.cnt, (long long)f_rows, tf.bn / c->fwd_bn, order, nullptr, st);
     if (e == cudaSuccess)
         e = spattn_bsa_launch_sched_q(&p, tq.bm, tq.bn, const_cast<int *>(c->dq.cnt), const_cast<int *>(c->dq.list), st);
     if (e == cudaSuccess)
         e = spattn_bsa_launch_sched_k(&p, tk.bm, tk.bn, const_cast<int *>(c->kv.cnt), const_cast<int *>(c->kv.list), st);
-    if (e == cudaSuccess) e = spattn_bsa_launch_order(c->kv.cnt, (long long)k_rows, 1, korder, st);
+    if (e == cudaSuccess) e = spattn_bsa_launch_order(c->kv.cnt, (long long)k_rows, 1, korder, nullptr, st);
     // which long key-major lists split (a kernel per backward call before plans held it)
     if (e == cudaSuccess && splits > 1) {
         int *slot = reinterpret_cast<int *>(base + off[9]);

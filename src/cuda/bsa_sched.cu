@@ -421,7 +421,8 @@ extern "C" cudaError_t spattn_bsa_launch_split_slots(const int *cnt, long long r
 // one CTA alone).
 constexpr int kOrderBins = 4096, kOrderThreads = 1024;
 __global__ void __launch_bounds__(kOrderThreads) bsa_order_kernel(const int *cnt, long long rows, int per_tile,
-                                                                  int *order) {
+                                                                  int *order, int *ctr) {
+    if (ctr && threadIdx.x == 0) *ctr = 0;
     using Scan = cub::BlockScan<int, kOrderThreads>;
     __shared__ int hist[kOrderBins];
     __shared__ typename Scan::TempStorage tmp;
@@ -443,8 +444,8 @@ __global__ void __launch_bounds__(kOrderThreads) bsa_order_kernel(const int *cnt
     for (long long r = threadIdx.x; r < rows; r += kOrderThreads) order[atomicAdd(&hist[bin(r)], 1)] = (int)r;
 }
 
-extern "C" cudaError_t spattn_bsa_launch_order(const int *cnt, long long rows, int per_tile, int *order,
+extern "C" cudaError_t spattn_bsa_launch_order(const int *cnt, long long rows, int per_tile, int *order, int *ctr,
                                                cudaStream_t st) {
-    bsa_order_kernel<<<1, kOrderThreads, 0, st>>>(cnt, rows, per_tile, order);
+    bsa_order_kernel<<<1, kOrderThreads, 0, st>>>(cnt, rows, per_tile, order, ctr);
     return cudaGetLastError();
 }
