@@ -83,8 +83,8 @@ __global__ void __launch_bounds__(384, 1)
                      const __grid_constant__ CUtensorMap tmo, const int flags, const int lu, const int rows, int *ctr) {
     // flags: bit 0 O by TMA stores (tmo).  ctr: the row counter (zero at launch), or NULL for the
     // static snake.  EXPERIMENT flags: bit 2 ctr self-reset by the last CTA (ctr[1] counts
-    // finished CTAs)
-    const bool o_tma = flags & 1, dyn = ctr != nullptr;
+    // finished CTAs), bit 3 the next row claimed one tile early
+    const bool o_tma = flags & 1, dyn = ctr != nullptr, early = flags & 8;
     using C = FwdCfg<DP>;
     static_assert(VL || !PG, "paged K / V come with a varlen batch only");
     constexpr int BM = C::BM, BN = C::BN, ST = C::ST, NBOX = C::NBOX;
@@ -176,10 +176,14 @@ __global__ void __launch_bounds__(384, 1)
             hop::tma_prefetch_desc(&tmv);
         }
         int gt = 0, kq = 0;  // tiles and rows (Q buffer uses) so far
+        int nxt = -1;        // dyn: the counter's ticket already claimed for the next row (lane 0)
         for (int k = 0;; k++) {
             int j = pos(k);
             if (dyn) {  // the first row by CTA index, then from the counter
-                if (gi == 0 && k > 0) j = (int)gridDim.x + atomicAdd(ctr, 1);
+                if (gi == 0 && k > 0) {
+                    j = (int)gridDim.x + (nxt >= 0 ? nxt : atomicAdd(ctr, 1));
+                    nxt = -1;
+                }
                 j = __shfl_sync(0xffffffffu, j, 0);
             }
             if (j >= rows) {  // no more rows: post -1 on the next Q buffer (no bytes: a plain arrival)
@@ -236,6 +240,7 @@ __global__ void __launch_bounds__(384, 1)
                 const int ex = it == 0 ? __shfl_sync(0xffffffffu, first, min(gi, cnt - 1))
                                        : (gi < G ? lst[min(it * G + gi, cnt - 1)].x : 0);
                 const int key = (ex >> 1) << lu;
+                if (early && gi == 0 && it == ntiles - 1) nxt = atomicAdd(ctr, 1);
                 hop::mbar_wait(emptyK + s, par);
                 if (gi == 0) hop::mbar_expect_tx(fullK + s, C::KV_BYTES);
                 __syncwarp();
@@ -604,10 +609,10 @@ cudaError_t launch(const bsa_params &p, const bsa_tmaps &tm, int lu, int *ctr, c
     // persistent: one CTA per SM (at most one per row), each walking its rows (pos() in the kernel)
     const long long sms = hop::sm_count();
     dim3 grid((unsigned)(rows < sms ? rows : sms));
-    // EXPERIMENT gates (SPATTN_BSA_FWD_X: s = static snake, r = self-reset (ctr[1]))
+    // EXPERIMENT gates (SPATTN_BSA_FWD_X: s = static snake, r = self-reset (ctr[1]), e = early claim)
     static const char *x = getenv("SPATTN_BSA_FWD_X");
-    const bool snake = x && strchr(x, 's');
-    const int flags = (tm.o_tma ? 1 : 0) | (x && strchr(x, 'r') ? 4 : 0);
+    const bool snake = x && strchr(x, 's'), early = x && strchr(x, 'e');
+    const int flags = (tm.o_tma ? 1 : 0) | (early ? 8 : 0) | (x && strchr(x, 'r') ? 4 : 0);
     if (snake) ctr = nullptr;
     if (!snake && (flags & 4) && cudaGetSymbolAddress(reinterpret_cast<void **>(&ctr), g_fwd_ctr) != cudaSuccess)
         return cudaGetLastError();

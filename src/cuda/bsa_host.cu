@@ -77,26 +77,6 @@ encode_fn tensor_map_encoder() {
     }
     return fn;
 }
-// Sets a 32-bit word to 0 on `st`: a stream memory operation (the front end writes it, no
-// kernel; CUDA 12 supports 32-bit ones on every device), else a memset.
-typedef CUresult (*write32_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
-cudaError_t zero_word(int *p, cudaStream_t st) {
-    static write32_fn fn = [] {
-        void *f = nullptr;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &f, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
-            return reinterpret_cast<write32_fn>(f);
-        cudaGetLastError();
-        return static_cast<write32_fn>(nullptr);
-    }();
-    static const char *x = getenv("SPATTN_BSA_FWD_X");  // EXPERIMENT: m = always a memset
-    if (fn && !(x && strchr(x, 'm')) &&
-        fn(reinterpret_cast<CUstream>(st), reinterpret_cast<CUdeviceptr>(p), 0, 0) == CUDA_SUCCESS)
-        return cudaSuccess;
-    return cudaMemsetAsync(p, 0, sizeof(int), st);
-}
-
 // 4-d map over [B, H, S, D] (innermost first: D, S, H, B) with boxes of 64 columns x `rows`
 // rows and the 128-byte swizzle the wgmma descriptors expect; out-of-range elements read as 0.
 // rows_dim: the map dimension (innermost first) the box's rows run along: 1 for [B, H, S, D];
@@ -295,7 +275,7 @@ extern "C" spattn_status spattn_cuda_bsa_fwd(const spattn_bsa_problem *pb, const
         p.sq = *ps;
         // the row counter starts at 0 (the plan-less path zeroes it in its order kernel)
         static const char *x = getenv("SPATTN_BSA_FWD_X");  // EXPERIMENT gate (bsa_fwd.cu)
-        if (!(x && strchr(x, 'r')) && (e = zero_word(ctr, st)) != cudaSuccess)
+        if (!(x && strchr(x, 'r')) && (e = cudaMemsetAsync(ctr, 0, sizeof(int), st)) != cudaSuccess)
             return fail(e, "row counter");
     } else {
         int *cnt = reinterpret_cast<int *>(ws.base + L.off[0]), *list = reinterpret_cast<int *>(ws.base + L.off[1]);
