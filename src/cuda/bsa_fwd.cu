@@ -21,11 +21,13 @@
 //   - the epilogue writes each consumer's normalised 64 rows of O into its own Q rows (swizzled)
 //     and TMA-stores them (O views TMA can write; VL: through the sequence's own map, whose row
 //     count clips the stores at its end; else per-element stores);
-//   - persistent: one CTA per SM walks its share of the schedule rows (a "snake" over the
-//     heaviest-first launch order); Q is double-buffered and the K / V ring runs across rows, so
-//     the producer loads the next row's Q and first tiles while the consumers finish this row's
-//     last tiles and epilogue (a row's prologue and the CTA switch were ~3.7 us of ~34 per
-//     causal S 4096 row when each row was a CTA);
+//   - persistent: one CTA per SM; each takes its first schedule row by its index and the next
+//     ones, in the heaviest-first launch order, from a row counter in global memory (a static
+//     split was 1.2-1.4x slower on bigbird masks, whose few heavy rows it cannot balance); Q is
+//     double-buffered and the K / V ring runs across rows, so the producer loads the next row's
+//     Q and first tiles while the consumers finish this row's last tiles and epilogue (a row's
+//     prologue and the CTA switch were ~3.7 us of ~34 per causal S 4096 row when each row was a
+//     CTA);
 //   - VL (packed variable-length batch, spattn_bsa_fwd_varlen): a CTA is (sequence b, head,
 //     query tile) with b's own Sq / Skv in every edge test, TMA maps whose base is b's first row
 //     and whose row count is its length (rows past its end read as 0, as past S in a dense
@@ -48,7 +50,6 @@
 // because every exp2 of a NaN score is NaN anyway.
 #include <math.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "bsa_common.cuh"
 #include "bsa_launch.h"
@@ -56,8 +57,6 @@
 #include "hopper/hopper.cuh"
 
 namespace {
-
-__device__ int g_fwd_ctr[2];  // EXPERIMENT (SPATTN_BSA_FWD_X r): a self-resetting counter
 
 // Makes a TMA map written in global memory by an earlier kernel (the varlen prep kernel, through
 // the generic proxy) visible to this thread's TMA loads (the tensormap proxy).
@@ -81,10 +80,9 @@ __global__ void __launch_bounds__(384, 1)
     bsa_fwd90_kernel(const bsa_params p, const __grid_constant__ CUtensorMap tmq,
                      const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
                      const __grid_constant__ CUtensorMap tmo, const int flags, const int lu, const int rows, int *ctr) {
-    // flags: bit 0 O by TMA stores (tmo).  ctr: the row counter (zero at launch), or NULL for the
-    // static snake.  EXPERIMENT flags: bit 2 ctr self-reset by the last CTA (ctr[1] counts
-    // finished CTAs), bit 3 the next row claimed one tile early
-    const bool o_tma = flags & 1, dyn = ctr != nullptr, early = flags & 8;
+    // flags: bit 0 O by TMA stores (tmo); bit 1 the last CTA to finish sets ctr[0..1] back to 0
+    // (ctr[1] counts finished CTAs).  ctr[0]: the row counter, 0 at launch
+    const bool o_tma = flags & 1, reset = flags & 2;
     using C = FwdCfg<DP>;
     static_assert(VL || !PG, "paged K / V come with a varlen batch only");
     constexpr int BM = C::BM, BN = C::BN, ST = C::ST, NBOX = C::NBOX;
@@ -103,16 +101,12 @@ __global__ void __launch_bounds__(384, 1)
     const int U = 1 << lu, G = BN >> lu;  // chunks per tile
     static_assert(BN == 128, "tiles of 128 keys (G = 128 / U)");
     const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
-    // Persistent CTAs: CTA c runs the schedule rows (launch order p.sq.order, heaviest first) at
-    // positions k P + c for even k and k P + P - 1 - c for odd k (P = gridDim.x: a "snake", so
-    // each CTA's sum of row lengths is about the mean).  Producer and consumers walk the same
-    // sequence; a row's Q, K and V buffers are loaded while the previous row's last tiles and
-    // epilogue run (one CTA per SM: that row's prologue was ~3 us of ~34 per causal S 4096 row)
-    // (rows < 2^31, checked by the host)
-    const auto pos = [&](int k) -> int {
-        const int P = gridDim.x;
-        return k * P + ((k & 1) ? P - 1 - (int)blockIdx.x : (int)blockIdx.x);
-    };
+    // Persistent CTAs: CTA c runs launch-order position c (p.sq.order, heaviest first), then
+    // positions gridDim.x + t for the tickets t it draws from *ctr, until one is past the rows
+    // (rows < 2^31, checked by the host).  The producer draws them and posts each row with its Q
+    // buffer (posted[]); the consumers follow.  A row's Q, K and V buffers are loaded while the
+    // previous row's last tiles and epilogue run (one CTA per SM: that row's prologue was ~3 us
+    // of ~34 per causal S 4096 row)
     // the schedule row at position j: (b, n, query tile m); VL: false when the tile lies past
     // its sequence's queries (nothing to do), else the sequence's lengths and maps
     struct Item {
@@ -176,14 +170,10 @@ __global__ void __launch_bounds__(384, 1)
             hop::tma_prefetch_desc(&tmv);
         }
         int gt = 0, kq = 0;  // tiles and rows (Q buffer uses) so far
-        int nxt = -1;        // dyn: the counter's ticket already claimed for the next row (lane 0)
         for (int k = 0;; k++) {
-            int j = pos(k);
-            if (dyn) {  // the first row by CTA index, then from the counter
-                if (gi == 0 && k > 0) {
-                    j = (int)gridDim.x + (nxt >= 0 ? nxt : atomicAdd(ctr, 1));
-                    nxt = -1;
-                }
+            int j = blockIdx.x;  // the first row by CTA index, then from the counter
+            if (k > 0) {
+                if (gi == 0) j = (int)gridDim.x + atomicAdd(ctr, 1);
                 j = __shfl_sync(0xffffffffu, j, 0);
             }
             if (j >= rows) {  // no more rows: post -1 on the next Q buffer (no bytes: a plain arrival)
@@ -192,7 +182,7 @@ __global__ void __launch_bounds__(384, 1)
                     hop::mbar_wait(qempty + qb, ((kq >> 1) & 1) ^ 1);
                     posted[qb] = make_int2(-1, 0);
                     hop::mbar_arrive(barQ + qb);
-                    if (dyn && (flags & 4)) {  // the last CTA to finish resets the counter for the next launch
+                    if (reset) {  // the last CTA to finish: the counter back to 0 for the next launch
                         __threadfence();
                         if (atomicAdd(ctr + 1, 1) == (int)gridDim.x - 1) {
                             atomicExch(ctr, 0);
@@ -240,7 +230,6 @@ __global__ void __launch_bounds__(384, 1)
                 const int ex = it == 0 ? __shfl_sync(0xffffffffu, first, min(gi, cnt - 1))
                                        : (gi < G ? lst[min(it * G + gi, cnt - 1)].x : 0);
                 const int key = (ex >> 1) << lu;
-                if (early && gi == 0 && it == ntiles - 1) nxt = atomicAdd(ctr, 1);
                 hop::mbar_wait(emptyK + s, par);
                 if (gi == 0) hop::mbar_expect_tx(fullK + s, C::KV_BYTES);
                 __syncwarp();
@@ -591,7 +580,7 @@ __global__ void __launch_bounds__(384, 1)
 }
 
 template <int DP, typename T, bool VL, bool PG>
-cudaError_t launch(const bsa_params &p, const bsa_tmaps &tm, int lu, int *ctr, cudaStream_t st) {
+cudaError_t launch(const bsa_params &p, const bsa_tmaps &tm, int lu, int *ctr, bool reset, cudaStream_t st) {
     using C = FwdCfg<DP>;
     static unsigned long long done = 0;
     cudaError_t e = hop::set_smem(bsa_fwd90_kernel<DP, T, VL, PG>, C::SMEM, &done);
@@ -606,33 +595,30 @@ cudaError_t launch(const bsa_params &p, const bsa_tmaps &tm, int lu, int *ctr, c
         rows = rows < cap ? rows : cap;
     }
     if (rows == 0) return cudaSuccess;
-    // persistent: one CTA per SM (at most one per row), each walking its rows (pos() in the kernel)
+    // persistent: one CTA per SM (at most one per row), each drawing rows from the counter
     const long long sms = hop::sm_count();
     dim3 grid((unsigned)(rows < sms ? rows : sms));
-    // EXPERIMENT gates (SPATTN_BSA_FWD_X: s = static snake, r = self-reset (ctr[1]), e = early claim)
-    static const char *x = getenv("SPATTN_BSA_FWD_X");
-    const bool snake = x && strchr(x, 's'), early = x && strchr(x, 'e');
-    const int flags = (tm.o_tma ? 1 : 0) | (early ? 8 : 0) | (x && strchr(x, 'r') ? 4 : 0);
-    if (snake) ctr = nullptr;
-    if (!snake && (flags & 4) && cudaGetSymbolAddress(reinterpret_cast<void **>(&ctr), g_fwd_ctr) != cudaSuccess)
-        return cudaGetLastError();
+    const int flags = (tm.o_tma ? 1 : 0) | (reset ? 2 : 0);
     bsa_fwd90_kernel<DP, T, VL, PG><<<grid, 384, C::SMEM, st>>>(p, tm.q, tm.k, tm.v, tm.o, flags, lu, (int)rows, ctr);
     return cudaGetLastError();
 }
 
 template <bool VL, bool PG = false>
-cudaError_t launch_dt(const bsa_params &p, const bsa_tmaps &tm, int dp, int bf16, int lu, int *ctr, cudaStream_t st) {
+cudaError_t launch_dt(const bsa_params &p, const bsa_tmaps &tm, int dp, int bf16, int lu, int *ctr, bool reset,
+                      cudaStream_t st) {
     if (dp == 64)
-        return bf16 ? launch<64, __nv_bfloat16, VL, PG>(p, tm, lu, ctr, st) : launch<64, __half, VL, PG>(p, tm, lu, ctr, st);
-    return bf16 ? launch<128, __nv_bfloat16, VL, PG>(p, tm, lu, ctr, st) : launch<128, __half, VL, PG>(p, tm, lu, ctr, st);
+        return bf16 ? launch<64, __nv_bfloat16, VL, PG>(p, tm, lu, ctr, reset, st)
+                    : launch<64, __half, VL, PG>(p, tm, lu, ctr, reset, st);
+    return bf16 ? launch<128, __nv_bfloat16, VL, PG>(p, tm, lu, ctr, reset, st)
+                : launch<128, __half, VL, PG>(p, tm, lu, ctr, reset, st);
 }
 
 }  // namespace
 
 extern "C" cudaError_t spattn_bsa_launch_fwd(const bsa_params *p, const bsa_tmaps *tm, int dp, int bf16, int chunk,
-                                             int *ctr, cudaStream_t st) {
+                                             int *ctr, int reset, cudaStream_t st) {
     const int lu = chunk == 16 ? 4 : chunk == 32 ? 5 : chunk == 64 ? 6 : 7;
-    if (!p->vl.seq) return launch_dt<false>(*p, *tm, dp, bf16, lu, ctr, st);
-    return p->vl.table ? launch_dt<true, true>(*p, *tm, dp, bf16, lu, ctr, st)
-                       : launch_dt<true>(*p, *tm, dp, bf16, lu, ctr, st);
+    if (!p->vl.seq) return launch_dt<false>(*p, *tm, dp, bf16, lu, ctr, reset, st);
+    return p->vl.table ? launch_dt<true, true>(*p, *tm, dp, bf16, lu, ctr, reset, st)
+                       : launch_dt<true>(*p, *tm, dp, bf16, lu, ctr, reset, st);
 }

@@ -270,13 +270,19 @@ extern "C" spattn_status spattn_cuda_bsa_fwd(const spattn_bsa_problem *pb, const
         return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "bsa cuda: cuTensorMapEncodeTiled failed for q, k or v");
     // O by TMA stores where the engine can write the view (else the kernel stores per element)
     tm.o_tma = p.o.vec && make_tmap(&tm.o, pb->o, 64);
+    // the persistent CTAs' row counter, 0 at launch: the plan's own when no other stream may be
+    // using it (the kernel sets it back to 0), else the workspace's, zeroed by the order kernel of
+    // a plan-less call or by a memset (~1% of the suite's time when measured in place of the plan's)
     int *ctr = reinterpret_cast<int *>(ws.base + L.off[3]);
+    const bsa_plan_cuda *pc = nullptr;
     if (const bsa_sched *ps = plan_fwd(pb)) {
         p.sq = *ps;
-        // the row counter starts at 0 (the plan-less path zeroes it in its order kernel)
-        static const char *x = getenv("SPATTN_BSA_FWD_X");  // EXPERIMENT gate (bsa_fwd.cu)
-        if (!(x && strchr(x, 'r')) && (e = cudaMemsetAsync(ctr, 0, sizeof(int), st)) != cudaSuccess)
+        if (int *c = bsa_plan_fwd_ctr_acquire(plan_of(pb), st)) {
+            pc = plan_of(pb);
+            ctr = c;
+        } else if ((e = cudaMemsetAsync(ctr, 0, 2 * sizeof(int), st)) != cudaSuccess) {
             return fail(e, "row counter");
+        }
     } else {
         int *cnt = reinterpret_cast<int *>(ws.base + L.off[0]), *list = reinterpret_cast<int *>(ws.base + L.off[1]);
         int *order = reinterpret_cast<int *>(ws.base + L.off[2]);
@@ -289,7 +295,9 @@ extern "C" spattn_status spattn_cuda_bsa_fwd(const spattn_bsa_problem *pb, const
         p.sq.stride = (p.Skv + u - 1) / u;
         p.sq.order = order;
     }
-    if ((e = spattn_bsa_launch_fwd(&p, &tm, dp, bf16, u, ctr, st)) != cudaSuccess) return fail(e, "forward kernel");
+    e = spattn_bsa_launch_fwd(&p, &tm, dp, bf16, u, ctr, pc != nullptr, st);
+    if (pc) bsa_plan_fwd_ctr_release(pc, st, e == cudaSuccess);
+    if (e != cudaSuccess) return fail(e, "forward kernel");
     return SPATTN_STATUS_SUCCESS;
 }
 
@@ -758,7 +766,7 @@ extern "C" spattn_status spattn_cuda_bsa_fwd_varlen(const spattn_bsa_problem *pb
         p.sq.list = reinterpret_cast<const int *>(list);
         p.sq.stride = (p.Skv + u - 1) / u;
         p.sq.order = order;
-        if ((e = spattn_bsa_launch_fwd(&p, &tm, dp, bf16, u, ctr, st)) != cudaSuccess) return fail(e, "forward kernel");
+        if ((e = spattn_bsa_launch_fwd(&p, &tm, dp, bf16, u, ctr, 0, st)) != cudaSuccess) return fail(e, "forward kernel");
     }
     if (s != SPATTN_STATUS_SUCCESS) return s;
     // the check's verdict (the kernels above write nothing if it failed)

@@ -79,8 +79,10 @@ cudaError_t spattn_bsa_launch_vl_table(const bsa_vl_table_args *a, cudaStream_t 
 // with the sequence's lengths and TMA maps (p->vl), nothing written unless *p->vl.err == ~0.
 // With p->vl.table set too (paged K / V): tm->k / tm->v are the page-pool maps (boxes of
 // 2^p->vl.lr rows, 8 <= 2^lr <= chunk, 2^lr dividing page_size).
+// ctr[0] (ctr[1] too when reset): the persistent CTAs' row counter, 0 at launch; with reset the
+// last CTA to finish sets both back to 0, so a counter kept between calls needs no zeroing.
 cudaError_t spattn_bsa_launch_fwd(const bsa_params *p, const bsa_tmaps *tm, int dp, int bf16, int chunk,
-                                  int *ctr, cudaStream_t st);
+                                  int *ctr, int reset, cudaStream_t st);
 // TMA descriptors of the Hopper backward: Q and dO in boxes of 64 rows, K and V of 128 rows.
 struct bsa_bwd_tmaps {
     CUtensorMap q, dout, k, v;

@@ -3,9 +3,12 @@
 // the schedule kernels (bsa_sched.cu), all in one device allocation.
 #include <stdlib.h>
 
+#include <mutex>
+
 #include "../core/internal.h"
 #include "bsa_launch.h"
 #include "bsa_plan.h"
+#include "scratch.h"
 
 namespace {
 
@@ -74,10 +77,10 @@ static spattn_status plan_make(spattn_bsa_plan *pl, const spattn_tensor *mask, c
     const size_t k_rows = (size_t)p.B * p.Nkv * ((p.Skv + tk.bn - 1) / tk.bn), k_w = (size_t)p.G * kv_nqt;
     const size_t mask_bytes = BN * (size_t)p.nbx * p.nby;
     const int splits = bsa_bwd90_splits(p.G, kv_nqt);
-    size_t off[10], total = 0;
-    const size_t sz[10] = {mask_bytes, f_rows * 4, f_rows * f_w * 8, q_rows * 4, q_rows * q_w * 4, k_rows * 4,
-                           k_rows * k_w * 4, f_rows * 4, k_rows * 4, splits > 1 ? k_rows * 4 : 0};
-    for (int i = 0; i < 10; i++) {
+    const size_t sz[11] = {mask_bytes, f_rows * 4, f_rows * f_w * 8, q_rows * 4, q_rows * q_w * 4, k_rows * 4,
+                           k_rows * k_w * 4, f_rows * 4, k_rows * 4, splits > 1 ? k_rows * 4 : 0, 8};
+    size_t off[11], total = 0;
+    for (int i = 0; i < 11; i++) {
         off[i] = total;
         total += up(sz[i]);
     }
@@ -87,6 +90,21 @@ static spattn_status plan_make(spattn_bsa_plan *pl, const spattn_tensor *mask, c
         return fail(e, "cudaMalloc");
     }
     char *base = static_cast<char *>(c->buf);
+    c->fwd_ctr = reinterpret_cast<int *>(base + off[10]);
+    e = cudaMemsetAsync(c->fwd_ctr, 0, 8, st);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->fwd_done, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+        cudaFree(c->buf);
+        free(c);
+        return fail(e, "the row counter");
+    }
+    c->lock = new (std::nothrow) std::mutex;
+    if (!c->lock) {
+        cudaEventDestroy(c->fwd_done);
+        cudaFree(c->buf);
+        free(c);
+        return spattn_set_error(SPATTN_STATUS_OUT_OF_MEMORY, "bsa plan: out of host memory");
+    }
     uint8_t *m = reinterpret_cast<uint8_t *>(base + off[0]);
     bsa_mask_view src = {static_cast<const uint8_t *>(mask->data), mask->strides[0], mask->strides[1],
                          mask->strides[2], mask->strides[3]};
@@ -120,6 +138,8 @@ static spattn_status plan_make(spattn_bsa_plan *pl, const spattn_tensor *mask, c
     }
     if (e == cudaSuccess) e = cudaStreamSynchronize(st);
     if (e != cudaSuccess) {
+        delete static_cast<std::mutex *>(c->lock);
+        cudaEventDestroy(c->fwd_done);
         cudaFree(c->buf);
         free(c);
         return fail(e, "building the schedules");
@@ -141,7 +161,44 @@ static spattn_status plan_make(spattn_bsa_plan *pl, const spattn_tensor *mask, c
 extern "C" void spattn_cuda_bsa_plan_free(spattn_bsa_plan *pl) {
     if (!pl || !pl->cuda) return;
     bsa_plan_cuda *c = static_cast<bsa_plan_cuda *>(pl->cuda);
+    delete static_cast<std::mutex *>(c->lock);
+    cudaEventDestroy(c->fwd_done);
     cudaFree(c->buf);
     free(c);
     pl->cuda = nullptr;
+}
+
+int *bsa_plan_fwd_ctr_acquire(const bsa_plan_cuda *cc, cudaStream_t st) {
+    bsa_plan_cuda *c = const_cast<bsa_plan_cuda *>(cc);  // the counter's state is the plan's only mutable part
+    unsigned long long id = 0;
+    // a captured call would bake the counter into a graph replayable on any stream at any time
+    if (stream_capturing(st) || cudaStreamGetId(st, &id) != cudaSuccess) {
+        cudaGetLastError();
+        return nullptr;
+    }
+    std::mutex *m = static_cast<std::mutex *>(c->lock);
+    m->lock();
+    bool ok = !c->fwd_used || c->fwd_stream == id;
+    if (!ok) {  // another stream's use: free once it has finished
+        const cudaError_t q = cudaEventQuery(c->fwd_done);
+        ok = q == cudaSuccess;
+        if (q != cudaSuccess) cudaGetLastError();  // cudaErrorNotReady (or an error: not free)
+    }
+    if (!ok) {
+        m->unlock();
+        return nullptr;
+    }
+    c->fwd_stream = id;
+    return c->fwd_ctr;
+}
+
+void bsa_plan_fwd_ctr_release(const bsa_plan_cuda *cc, cudaStream_t st, bool launched) {
+    bsa_plan_cuda *c = const_cast<bsa_plan_cuda *>(cc);
+    if (launched) {
+        // a failed record leaves fwd_done at an earlier use: later calls on other streams may then
+        // take the workspace path for no reason, never the counter while this use runs (same stream)
+        if (cudaEventRecord(c->fwd_done, st) != cudaSuccess) cudaGetLastError();
+        c->fwd_used = 1;
+    }
+    static_cast<std::mutex *>(c->lock)->unlock();
 }

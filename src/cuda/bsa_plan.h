@@ -19,6 +19,22 @@ struct bsa_plan_cuda {
     int kv_bm, kv_bn;     // key-major list of the backward (64 x 128)
     bsa_sched kv;
     const int *kv_slot;   // split rows' kvbuf slots (spattn_bsa_launch_split_slots), NULL when no list can split
+    // The forward's row counter (2 ints, zeroed at creation, set back to 0 by each forward that
+    // uses it: spattn_bsa_launch_fwd with reset), so plan calls need no zeroing launch.  Calls may
+    // use it only while every earlier use is ordered before them: the state below (under lock)
+    // is the stream of the last use and an event recorded after it.
+    int *fwd_ctr;
+    void *lock;                      // std::mutex
+    cudaEvent_t fwd_done;            // recorded after the last use
+    unsigned long long fwd_stream;   // cudaStreamGetId of the last use's stream
+    int fwd_used;                    // any use yet
 };
+
+// The plan's forward row counter for a call on `st`, locked, when its earlier uses are all
+// ordered before this call (same stream, or finished) and `st` is not capturing; else NULL (the
+// caller zeroes a counter in its workspace instead).  A non-NULL answer must be followed by
+// bsa_plan_fwd_ctr_release on the same stream, after the launch (or its failure).
+int *bsa_plan_fwd_ctr_acquire(const bsa_plan_cuda *c, cudaStream_t st);
+void bsa_plan_fwd_ctr_release(const bsa_plan_cuda *c, cudaStream_t st, bool launched);
 
 #endif

@@ -458,6 +458,40 @@ static void check_plan_graph(const Shape &s) {
         CK(cudaGraphExecDestroy(ge));
         CK(cudaGraphDestroy(g));
     }
+    if (ok) {
+        // one plan, forwards on two streams at once (each with its own workspace and outputs):
+        // the plan's row counter may serve one stream at a time (bsa_plan.h), the other stream
+        // zeroes its workspace's; both must still get the plain call's bits
+        cudaStream_t st2;
+        CK(cudaStreamCreateWithFlags(&st2, cudaStreamNonBlocking));
+        void *o2, *l2, *ws2 = NULL;
+        CK(cudaMalloc(&o2, bq)); CK(cudaMalloc(&l2, nrow * 4));
+        if (opt.workspace_size) CK(cudaMalloc(&ws2, opt.workspace_size));
+        spattn_options opt2 = opt;
+        opt2.cuda_stream = st2;
+        opt2.workspace = ws2;
+        spattn_tensor to2 = dev_tensor(o2, dt, 4, shq, NULL), tl2 = dev_tensor(l2, SPATTN_DTYPE_F32, 3, shl, NULL);
+        for (int rep = 0; ok && rep < 3; rep++) {
+            poison();
+            CK(cudaMemsetAsync(o2, 0xff, bq, st2)); CK(cudaMemsetAsync(l2, 0xff, nrow * 4, st2));
+            for (int i = 0; ok && i < 4; i++)
+                if (spattn_bsa_fwd_plan(plan, &tq, &tk, &tv, 0.0, &to, &tl, &opt) ||
+                    spattn_bsa_fwd_plan(plan, &tq, &tk, &tv, 0.0, &to2, &tl2, &opt2))
+                    fail("plan forwards on two streams");
+            CK(cudaStreamSynchronize(st2));
+            std::vector<char> a(bq + nrow * 4), b(bq + nrow * 4);
+            CK(cudaStreamSynchronize(st));
+            CK(cudaMemcpy(a.data(), o, bq, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(a.data() + bq, l, nrow * 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(b.data(), o2, bq, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(b.data() + bq, l2, nrow * 4, cudaMemcpyDeviceToHost));
+            if (ok && (memcmp(a.data(), want.data(), a.size()) || memcmp(b.data(), want.data(), b.size())))
+                fail("plan forwards on two streams differ from the plain call");
+        }
+        cudaFree(o2); cudaFree(l2);
+        if (ws2) cudaFree(ws2);
+        CK(cudaStreamDestroy(st2));
+    }
     spattn_bsa_plan_destroy(plan);
     if (ws) cudaFree(ws);
     void *all[] = {q, k, v, d, m, o, l, gq, gk, gv};
