@@ -20,14 +20,16 @@ struct bsa_plan_cuda {
     bsa_sched kv;
     const int *kv_slot;   // split rows' kvbuf slots (spattn_bsa_launch_split_slots), NULL when no list can split
     // The forward's row counter (2 ints, zeroed at creation, set back to 0 by each forward that
-    // uses it: spattn_bsa_launch_fwd with reset), so plan calls need no zeroing launch.  Calls may
-    // use it only while every earlier use is ordered before them: the state below (under lock)
-    // is the stream of the last use and an event recorded after it.
+    // uses it: spattn_bsa_launch_fwd with reset), so plan calls need no zeroing launch.  A call
+    // may use it only when every earlier use is ordered before it: the state below (under lock)
+    // is the stream of the last use and, once a second stream has asked, an event recorded
+    // after each use.
     int *fwd_ctr;
     void *lock;                      // std::mutex
-    cudaEvent_t fwd_done;            // recorded after the last use
     unsigned long long fwd_stream;   // cudaStreamGetId of the last use's stream
     int fwd_used;                    // any use yet
+    cudaEvent_t fwd_done;            // NULL until a second stream asks
+    int fwd_rec;                     // fwd_done recorded after the last use
 };
 
 // The plan's forward row counter for a call on `st`, locked, when its earlier uses are all
