@@ -26,7 +26,7 @@ cudaError_t spattn_bsa_launch_sched_k(const bsa_params *p, int bm, int bn, int *
 cudaError_t spattn_bsa_launch_sched_fwd(const bsa_params *p, int bm, int u, int *cnt, int2 *list, cudaStream_t st);
 // Forward launch order (bsa_sched.cu): order [rows] lists the rows of a query-major schedule by
 // decreasing ceil(cnt / per_tile).  rows < 2^31.
-// ctr: when not NULL, set to 0 (the forward's row counter, zeroed here at no extra launch).
+// ctr: when not NULL, ctr[0..1] set to 0 (the forward's row counter, zeroed here at no extra launch).
 cudaError_t spattn_bsa_launch_order(const int *cnt, long long rows, int per_tile, int *order, int *ctr,
                                     cudaStream_t st);
 // TMA descriptors of the forward's Q, K, V (4-d [B, H, S, D] maps, 64-column boxes of

@@ -90,12 +90,7 @@ static spattn_status plan_make(spattn_bsa_plan *pl, const spattn_tensor *mask, c
         return fail(e, "cudaMalloc");
     }
     char *base = static_cast<char *>(c->buf);
-    c->fwd_ctr = reinterpret_cast<int *>(base + off[10]);
-    if ((e = cudaMemsetAsync(c->fwd_ctr, 0, 8, st)) != cudaSuccess) {
-        cudaFree(c->buf);
-        free(c);
-        return fail(e, "the row counter");
-    }
+    c->fwd_ctr = reinterpret_cast<int *>(base + off[10]);  // zeroed by the forward's order kernel below
     c->lock = new (std::nothrow) std::mutex;
     if (!c->lock) {
         cudaFree(c->buf);
@@ -119,7 +114,7 @@ static spattn_status plan_make(spattn_bsa_plan *pl, const spattn_tensor *mask, c
     if ((e = cudaGetLastError()) == cudaSuccess)
         e = spattn_bsa_launch_sched_fwd(&p, tf.bm, c->fwd_bn, const_cast<int *>(c->fwd.cnt),
                                         reinterpret_cast<int2 *>(const_cast<int *>(c->fwd.list)), st);
-    if (e == cudaSuccess) e = spattn_bsa_launch_order(c->fwd.cnt, (long long)f_rows, tf.bn / c->fwd_bn, order, nullptr, st);
+    if (e == cudaSuccess) e = spattn_bsa_launch_order(c->fwd.cnt, (long long)f_rows, tf.bn / c->fwd_bn, order, c->fwd_ctr, st);
     if (e == cudaSuccess)
         e = spattn_bsa_launch_sched_q(&p, tq.bm, tq.bn, const_cast<int *>(c->dq.cnt), const_cast<int *>(c->dq.list), st);
     if (e == cudaSuccess)

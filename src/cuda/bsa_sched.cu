@@ -422,7 +422,7 @@ extern "C" cudaError_t spattn_bsa_launch_split_slots(const int *cnt, long long r
 constexpr int kOrderBins = 4096, kOrderThreads = 1024;
 __global__ void __launch_bounds__(kOrderThreads) bsa_order_kernel(const int *cnt, long long rows, int per_tile,
                                                                   int *order, int *ctr) {
-    if (ctr && threadIdx.x == 0) *ctr = 0;
+    if (ctr && threadIdx.x < 2) ctr[threadIdx.x] = 0;
     using Scan = cub::BlockScan<int, kOrderThreads>;
     __shared__ int hist[kOrderBins];
     __shared__ typename Scan::TempStorage tmp;
