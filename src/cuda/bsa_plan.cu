@@ -91,8 +91,14 @@ static spattn_status plan_make(spattn_bsa_plan *pl, const spattn_tensor *mask, c
     }
     char *base = static_cast<char *>(c->buf);
     c->fwd_ctr = reinterpret_cast<int *>(base + off[10]);  // zeroed by the forward's order kernel below
+    if ((e = cudaEventCreateWithFlags(&c->fwd_done, cudaEventDisableTiming)) != cudaSuccess) {
+        cudaFree(c->buf);
+        free(c);
+        return fail(e, "cudaEventCreate");
+    }
     c->lock = new (std::nothrow) std::mutex;
     if (!c->lock) {
+        cudaEventDestroy(c->fwd_done);
         cudaFree(c->buf);
         free(c);
         return spattn_set_error(SPATTN_STATUS_OUT_OF_MEMORY, "bsa plan: out of host memory");
@@ -131,6 +137,7 @@ static spattn_status plan_make(spattn_bsa_plan *pl, const spattn_tensor *mask, c
     if (e == cudaSuccess) e = cudaStreamSynchronize(st);
     if (e != cudaSuccess) {
         delete static_cast<std::mutex *>(c->lock);
+        cudaEventDestroy(c->fwd_done);
         cudaFree(c->buf);
         free(c);
         return fail(e, "building the schedules");
@@ -153,7 +160,7 @@ extern "C" void spattn_cuda_bsa_plan_free(spattn_bsa_plan *pl) {
     if (!pl || !pl->cuda) return;
     bsa_plan_cuda *c = static_cast<bsa_plan_cuda *>(pl->cuda);
     delete static_cast<std::mutex *>(c->lock);
-    if (c->fwd_done) cudaEventDestroy(c->fwd_done);
+    cudaEventDestroy(c->fwd_done);
     cudaFree(c->buf);
     free(c);
     pl->cuda = nullptr;
@@ -170,18 +177,11 @@ int *bsa_plan_fwd_ctr_acquire(const bsa_plan_cuda *cc, cudaStream_t st) {
     std::mutex *m = static_cast<std::mutex *>(c->lock);
     m->lock();
     bool ok = !c->fwd_used || c->fwd_stream == id;
-    if (!ok && !c->fwd_done) {
-        // the first call from a second stream: from now on each use records an event (one stream
-        // alone never pays for it); this call takes the workspace path
-        if (cudaEventCreateWithFlags(&c->fwd_done, cudaEventDisableTiming) != cudaSuccess) {
-            cudaGetLastError();
-            c->fwd_done = nullptr;
-        }
-    } else if (!ok && c->fwd_rec) {  // another stream's use: free once the last one has finished
+    if (!ok && c->fwd_rec) {  // another stream's use: free once the last one has finished
         const cudaError_t q = cudaEventQuery(c->fwd_done);
         ok = q == cudaSuccess;
         if (q != cudaSuccess) cudaGetLastError();  // cudaErrorNotReady (or an error: not free)
-    }  // (an event not yet recorded after the uses in flight proves nothing: not free)
+    }
     if (!ok) {
         m->unlock();
         return nullptr;
@@ -193,16 +193,14 @@ int *bsa_plan_fwd_ctr_acquire(const bsa_plan_cuda *cc, cudaStream_t st) {
 void bsa_plan_fwd_ctr_release(const bsa_plan_cuda *cc, cudaStream_t st, bool launched) {
     bsa_plan_cuda *c = const_cast<bsa_plan_cuda *>(cc);
     if (launched) {
-        // a failed record would leave fwd_done at an earlier use, and a later call on another
-        // stream could take the counter while this use runs: the counter is withdrawn instead
-        // (every call takes the workspace path from then on)
+        // an event recorded after each use tells a later call on another stream when the counter
+        // is free.  A failed record would leave it at an earlier use, so the counter is withdrawn
+        // instead: no stream has id ~0 and fwd_rec stays 0 (every call takes the workspace path)
         c->fwd_used = 1;
-        if (c->fwd_done) {
-            c->fwd_rec = cudaEventRecord(c->fwd_done, st) == cudaSuccess;
-            if (!c->fwd_rec) {
-                cudaGetLastError();
-                c->fwd_stream = ~0ull;  // no stream has this id: the counter is withdrawn
-            }
+        c->fwd_rec = cudaEventRecord(c->fwd_done, st) == cudaSuccess;
+        if (!c->fwd_rec) {
+            cudaGetLastError();
+            c->fwd_stream = ~0ull;
         }
     }
     static_cast<std::mutex *>(c->lock)->unlock();

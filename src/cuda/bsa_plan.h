@@ -22,13 +22,12 @@ struct bsa_plan_cuda {
     // The forward's row counter (2 ints, zeroed at creation, set back to 0 by each forward that
     // uses it: spattn_bsa_launch_fwd with reset), so plan calls need no zeroing launch.  A call
     // may use it only when every earlier use is ordered before it: the state below (under lock)
-    // is the stream of the last use and, once a second stream has asked, an event recorded
-    // after each use.
+    // is the stream of the last use and an event recorded after it.
     int *fwd_ctr;
     void *lock;                      // std::mutex
     unsigned long long fwd_stream;   // cudaStreamGetId of the last use's stream
     int fwd_used;                    // any use yet
-    cudaEvent_t fwd_done;            // NULL until a second stream asks
+    cudaEvent_t fwd_done;            // recorded after each use
     int fwd_rec;                     // fwd_done recorded after the last use
 };
 
