@@ -4,7 +4,8 @@
 The trace comes from a debugging build: cmake -DSPATTN_CTA_TRACE=ON compiles the marks of
 src/cuda/cta_trace.cuh into the sfa 64-head forward (sfa_fwd90: n = its block pairs) and the sfa
 small-head forward (sfa_fwd_small: n = block pairs, t1 = the first S^T of consumer 0, t2 = its
-last P V), and for the
+last P V), the bsa backward (bsa_bwd90, dense calls with TMA stores: n = the key tile's steps,
+t1 = K / V landed, t2 = consumer 0's last step done, t3 = its dK / dV stores issued), and for the
 bsa forward it was a throw-away patch of the same shape (docs/runbooks/block_sparse_attention.md,
 "Where a CTA's time goes").  One consumer thread per CTA records
   t0 kernel entry, t1 first S ready, t2 last P V done, t3 stores issued, the CTA's loop count and %smid,

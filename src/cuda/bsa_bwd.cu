@@ -51,6 +51,7 @@
 #include "bsa_launch.h"
 #include "bsa_paged.cuh"
 #include "bsa_tiles.h"
+#include "cta_trace.cuh"
 #include "hopper/hopper.cuh"
 
 namespace {
@@ -97,6 +98,9 @@ __global__ void __launch_bounds__(384, 1)
                      float *dqacc, int *sem, int det, const bsa_split sp) {
     using C = BwdCfg<DP>;
     static_assert(VL || !PG, "paged K / V come with a varlen batch only");
+    // trace (debugging build): t0 entry, t1 K / V landed, t2 last step done, t3 dK / dV stores
+    // issued (consumer 0's thread 0; dense calls with TMA stores), n = the row's steps
+    SPATTN_TRACE(const unsigned long long tr0 = cta_trace::now(); unsigned long long tr1 = 0, tr2 = 0;)
     constexpr int NBOX = C::NBOX, NH = C::NH;
     extern __shared__ unsigned char smem_raw[];
     unsigned char *sm = hop::align1024(smem_raw);
@@ -353,6 +357,7 @@ __global__ void __launch_bounds__(384, 1)
     };
 
     if (cnt > 0) hop::mbar_wait(barKV, 0);
+    SPATTN_TRACE(tr1 = cta_trace::now();)
     for (int it = 0; it < cnt; it++) {
         const int s = it % ST;
         // list entry: pair e, then 2 bits per key half (0 empty, 1 full, 2 partial); broadcast so
@@ -501,6 +506,7 @@ __global__ void __launch_bounds__(384, 1)
             hop::mbar_arrive(dqfull + buf);
         }
     }
+    SPATTN_TRACE(tr2 = cta_trace::now();)
 
     // a split row: chunk ck adds the sum of chunks 0 .. ck - 1 (fp32, in the order of the chunks)
     // to its own dK / dV; all but the last pass the sum on through sp.buf, the last stores
@@ -588,6 +594,8 @@ __global__ void __launch_bounds__(384, 1)
                 hop::tma_store_4d(mdv, vb + x * BN * 128, x * 64, nt * BN + c * 64, hk, bt);
             }
             hop::bulk_commit();
+            SPATTN_TRACE(if (c == 0 && cta_trace::g_rec) cta_trace::g_rec[cta_trace::block()] =
+                             cta_trace::Rec{{tr0, tr1, tr2, cta_trace::now()}, cnt, cta_trace::smid()};)
             hop::bulk_wait_read();  // shared memory is read before the CTA exits
         }
         return;
@@ -712,8 +720,10 @@ cudaError_t launch(const bsa_params &p, const bsa_bwd_tmaps &tm, float *dqacc, i
     // programmatic dependent launches: this kernel after the Delta kernel, the postprocess after
     // this one (measured on the H200: 0.985x the time deterministic, 0.983x non-deterministic;
     // short backwards gain most, bsa01 0.95x)
+    SPATTN_TRACE(cta_trace::Rec *trace = cta_trace::begin(ctas, st);)
     e = hop::launch_pdl(bsa_bwd90_kernel<DP, T, VL, PG>, dim3((unsigned)ctas), dim3(384), C::SMEM, st, p, tm.q, tm.dout,
                         tm.k, tm.v, tm.dk, tm.dv, PG ? 0 : tm.kv_tma, dqacc, sem, det, sp);
+    SPATTN_TRACE(cta_trace::end(trace, ctas, st);)
     if (e != cudaSuccess) return e;
     const long long total = VL ? (long long)p.N * p.vl.Tq * p.D + (long long)p.Nkv * p.vl.Tkv * p.D
                                : (long long)p.B * p.N * p.Sq * p.D;
