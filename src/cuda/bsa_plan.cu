@@ -166,8 +166,7 @@ extern "C" void spattn_cuda_bsa_plan_free(spattn_bsa_plan *pl) {
     pl->cuda = nullptr;
 }
 
-int *bsa_plan_fwd_ctr_acquire(const bsa_plan_cuda *cc, cudaStream_t st) {
-    bsa_plan_cuda *c = const_cast<bsa_plan_cuda *>(cc);  // the counter's state is the plan's only mutable part
+int *bsa_plan_fwd_ctr_acquire(const bsa_plan_cuda *c, cudaStream_t st) {
     unsigned long long id = 0;
     // a captured call would bake the counter into a graph replayable on any stream at any time
     if (stream_capturing(st) || cudaStreamGetId(st, &id) != cudaSuccess) {
@@ -190,8 +189,7 @@ int *bsa_plan_fwd_ctr_acquire(const bsa_plan_cuda *cc, cudaStream_t st) {
     return c->fwd_ctr;
 }
 
-void bsa_plan_fwd_ctr_release(const bsa_plan_cuda *cc, cudaStream_t st, bool launched) {
-    bsa_plan_cuda *c = const_cast<bsa_plan_cuda *>(cc);
+void bsa_plan_fwd_ctr_release(const bsa_plan_cuda *c, cudaStream_t st, bool launched) {
     if (launched) {
         // an event recorded after each use tells a later call on another stream when the counter
         // is free.  A failed record would leave it at an earlier use, so the counter is withdrawn

@@ -23,12 +23,13 @@ struct bsa_plan_cuda {
     // uses it: spattn_bsa_launch_fwd with reset), so plan calls need no zeroing launch.  A call
     // may use it only when every earlier use is ordered before it: the state below (under lock)
     // is the stream of the last use and an event recorded after it.
+    // (mutable: the counter's state is all a call changes in a plan it gets as const)
     int *fwd_ctr;
-    void *lock;                      // std::mutex
-    unsigned long long fwd_stream;   // cudaStreamGetId of the last use's stream
-    int fwd_used;                    // any use yet
-    cudaEvent_t fwd_done;            // recorded after each use
-    int fwd_rec;                     // fwd_done recorded after the last use
+    void *lock;                              // std::mutex
+    mutable unsigned long long fwd_stream;   // cudaStreamGetId of the last use's stream
+    mutable int fwd_used;                    // any use yet
+    cudaEvent_t fwd_done;                    // recorded after each use
+    mutable int fwd_rec;                     // fwd_done recorded after the last use
 };
 
 // The plan's forward row counter for a call on `st`, locked, when its earlier uses are all
