@@ -83,6 +83,56 @@ __device__ __forceinline__ int dq_frag_off(int r, int col) {
     return (((r >> 4) * 8 + (col >> 3)) * 32 + lane) * 4 + ((rr >> 3) << 1) + (col & 1);
 }
 
+// Token mask of a step with a partial half, as bits: word 2 r + h of dst covers keys
+// [64 h, 64 h + 64) of the tile for query row r (bit = mask[i / bx][key / by], 0 for i >= Sq or
+// key >= Skv), so the consumers test one bit per element instead of dividing and loading.  Run
+// by the producer warp: lane x takes pair x of (query block, key block) pairs of the tile (one
+// mask byte each, loaded together), then a warp OR per query block gives that block's 128 bits
+// to its rows (lane: rows lane, lane + 32).  A lane per row walking its key blocks was a chain
+// of dependent L2 loads (by = 16: 8 per row, 2 rows per lane) that delayed the step's Q / dO
+// copies behind it (ncu on bsa15: a quarter of the stall samples on the Q / dO barrier).
+// Rows [i0, i0 + BM), keys [c0, c1) of the sequence exist below Sq / c1.
+__device__ __forceinline__ void bwd_mask_bits(uint64_t *dst, const uint8_t *mb, const bsa_params &p, int i0, int Sq,
+                                              int c0, int c1, int lane) {
+    // the rows are ORed in place (a query block's pairs may span two rounds): few live registers
+    // in the 24-register producer
+    dst[2 * lane] = dst[2 * lane + 1] = dst[2 * lane + 64] = dst[2 * lane + 65] = 0;
+    const int i1 = min(Sq, i0 + BM);  // rows [i0, i1) exist
+    if (i0 >= i1 || c0 >= c1) return;  // warp-uniform
+    const int qb0 = i0 / p.bx, kb0 = c0 / p.by, nk = (c1 - 1) / p.by - kb0 + 1;
+    const int np = ((i1 - 1) / p.bx - qb0 + 1) * nk;  // pairs
+    for (int base = 0; base < np; base += 32) {  // warp-uniform
+        const int x = base + lane;
+        uint64_t w0 = 0, w1 = 0;
+        int myq = -1;
+        if (x < np) {
+            myq = qb0 + x / nk;
+            const int kb = kb0 + x % nk;
+            if (mb[(long long)min(myq, p.nbx - 1) * p.mask.s2 + (long long)min(kb, p.nby - 1) * p.mask.s3]) {
+                // bits [lo, hi) of the 128-bit row
+                const int lo = max(kb * p.by, c0) - c0, hi = (int)min((long long)(kb + 1) * p.by, (long long)c1) - c0;
+                const uint64_t a = lo < 64 ? ~0ull << lo : 0ull, bb = hi < 64 ? ~(~0ull << hi) : ~0ull;
+                w0 = a & bb;
+                const int l1 = max(lo, 64) - 64, h1 = hi - 64;
+                if (h1 > 0) w1 = (~0ull << l1) & (h1 < 64 ? ~(~0ull << h1) : ~0ull);
+            }
+        }
+        const int qlo = qb0 + base / nk, qhi = qb0 + min(np - 1, base + 31) / nk;
+        for (int q = qlo; q <= qhi; q++) {
+            const bool me = myq == q;
+            const uint32_t v0 = __reduce_or_sync(0xffffffffu, me ? (uint32_t)w0 : 0u);
+            const uint32_t v1 = __reduce_or_sync(0xffffffffu, me ? (uint32_t)(w0 >> 32) : 0u);
+            const uint32_t v2 = __reduce_or_sync(0xffffffffu, me ? (uint32_t)w1 : 0u);
+            const uint32_t v3 = __reduce_or_sync(0xffffffffu, me ? (uint32_t)(w1 >> 32) : 0u);
+            const uint64_t lo64 = (uint64_t)v1 << 32 | v0, hi64 = (uint64_t)v3 << 32 | v2;
+            // rows [max(i0, q bx), min(i1, (q + 1) bx)) of the tile take them
+            const int r0 = max(i0, q * p.bx) - i0, r1 = min(i1, (q + 1) * p.bx) - i0;
+            for (int r = lane; r < BM; r += 32)
+                if (r >= r0 && r < r1) dst[2 * r] |= lo64, dst[2 * r + 1] |= hi64;
+        }
+    }
+}
+
 // VL: the per-sequence maps are written by bsa_vl_prep_kernel (generic proxy): acquire them for
 // the tensormap proxy before the first TMA that uses them.
 __device__ __forceinline__ void bwd_tmap_acquire(const CUtensorMap *m) {
@@ -169,31 +219,11 @@ __global__ void __launch_bounds__(384, 1)
         if (ck >= chunks(slot_of())) return;  // the whole CTA: nothing initialised yet
     }
     const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 7), 0), tid = threadIdx.x & 127;
-    // Token mask of a step with a partial half, as bits: word 2 r + h of dst covers keys
-    // [64 h, 64 h + 64) of the tile for query row r (bit = mask[i / bx][key / by], 0 for i >= Sq
-    // or key >= Skv).  Built by the producer warp (lane: rows lane, lane + 32), one mask byte per
-    // key block, so the consumers test one bit per element instead of dividing and loading.
+    // Token mask of a step with a partial half (bwd_mask_bits): query rows [m BM, m BM + BM) of
+    // head n, keys [nt BN, nt BN + BN) of the tile
     auto mask_bits = [&](uint64_t *dst, int m, int n, int lane) {
         const uint8_t *mb = p.mask.p + (long long)b * p.mask.s0 + (long long)n * p.mask.s1;
-        const int c0 = nt * BN, c1 = min(Skv(), c0 + BN);  // keys [c0, c1) exist
-        for (int r = lane; r < BM; r += 32) {
-            const int i = m * BM + r;
-            uint64_t w0 = 0, w1 = 0;
-            if (i < Sq() && c0 < c1) {
-                const uint8_t *mrow = mb + (long long)min(i / p.bx, p.nbx - 1) * p.mask.s2;
-                for (int kb = c0 / p.by; (long long)kb * p.by < c1; kb++) {
-                    if (!mrow[(long long)min(kb, p.nby - 1) * p.mask.s3]) continue;
-                    const int lo = max(kb * p.by, c0) - c0, hi = (int)min((long long)(kb + 1) * p.by, (long long)c1) - c0;
-                    // bits [lo, hi) of the 128-bit row
-                    const uint64_t a = lo < 64 ? ~0ull << lo : 0ull, bb = hi < 64 ? ~(~0ull << hi) : ~0ull;
-                    w0 |= a & bb;
-                    const int l1 = max(lo, 64) - 64, h1 = hi - 64;
-                    if (h1 > 0) w1 |= (~0ull << l1) & (h1 < 64 ? ~(~0ull << h1) : ~0ull);
-                }
-            }
-            dst[2 * r] = w0;
-            dst[2 * r + 1] = w1;
-        }
+        bwd_mask_bits(dst, mb, p, m * BM, Sq(), nt * BN, min(Skv(), nt * BN + BN), lane);
     };
 
     if (threadIdx.x == 0) {
@@ -254,6 +284,15 @@ __global__ void __launch_bounds__(384, 1)
                 hop::mbar_wait(empty + s, ((it / ST) & 1) ^ 1);
                 const int lv = ent(it);
                 const int e = lv >> 4, g = e / nqt, m = e % nqt, n = hk * p.G + g;
+                // Q / dO first: the consumers need them first (S^T), LSE2 / Delta / mask bits only after
+                if (lane == 0) {
+                    hop::mbar_expect_tx(full + s, 2 * C::T_BYTES);
+#pragma unroll
+                    for (int x = 0; x < NBOX; x++) {
+                        hop::tma_load_4d(sQ + s * C::T_BYTES + x * BM * 128, mq, x * 64, m * BM, n, bt, full + s);
+                        hop::tma_load_4d(sDO + s * C::T_BYTES + x * BM * 128, mdo, x * 64, m * BM, n, bt, full + s);
+                    }
+                }
                 long long rb;
                 if constexpr (VL) rb = (long long)n * p.vl.Tq + q0;  // [N][Tq] by packed token
                 else rb = ((long long)b * p.N + n) * p.Sq;
@@ -264,14 +303,6 @@ __global__ void __launch_bounds__(384, 1)
                 }
                 if ((lv & 0xa) != 0) mask_bits(sMB + s * BM * 2, m, n, lane);  // a partial half
                 hop::mbar_arrive(fullLD + s);
-                if (lane == 0) {
-                    hop::mbar_expect_tx(full + s, 2 * C::T_BYTES);
-#pragma unroll
-                    for (int x = 0; x < NBOX; x++) {
-                        hop::tma_load_4d(sQ + s * C::T_BYTES + x * BM * 128, mq, x * 64, m * BM, n, bt, full + s);
-                        hop::tma_load_4d(sDO + s * C::T_BYTES + x * BM * 128, mdo, x * 64, m * BM, n, bt, full + s);
-                    }
-                }
             }
         } else if (pw == 1) {  // ------------------------------------------------------------- dQ writer
             // The rank of a step (key tiles above nt in the query tile's q-major list, ascending) is a
