@@ -257,6 +257,13 @@ int main(void) {
         c.dt = vt_dtype(&r);
         one_case(&c, &r);
     }
+    /* blocks of 128 over sequences of up to 100 tokens: each sequence shorter than the block
+     * is one tile of its own length (up to 96 rows), wider than max_seqlen's 50-row tiles, as
+     * the dense call on it (the per-thread regions must hold them) */
+    for (int i = 0; i < 2; i++) {
+        bv_case wide = {4, 2, 1, 16, 128, 128, 100, i ? SPATTN_DTYPE_BF16 : SPATTN_DTYPE_F32};
+        one_case(&wide, &r);
+    }
     /* S = 1 everywhere */
     bv_case one = {3, 2, 1, 8, 1, 1, 1, SPATTN_DTYPE_F32};
     one_case(&one, &r);

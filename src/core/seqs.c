@@ -225,8 +225,11 @@ void spattn_bsa_seq_at(const spattn_bsa_problem *p, int64_t b, spattn_bsa_seq *o
     }
     out->p.Sq = lq;
     out->p.Skv = lk;
-    out->p.nbx = (lq + p->bx - 1) / p->bx;
-    out->p.nby = (lk + p->by - 1) / p->by;
+    /* i / bx is the same mask block for every i < lq (likewise keys) */
+    out->p.bx = spattn_seq_blk(p->bx, lq);
+    out->p.by = spattn_seq_blk(p->by, lk);
+    out->p.nbx = (lq + out->p.bx - 1) / out->p.bx;
+    out->p.nby = (lk + out->p.by - 1) / out->p.by;
 }
 
 void spattn_sfa_seq_at(const spattn_sfa_problem *p, int64_t b, spattn_sfa_seq *out) {

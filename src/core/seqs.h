@@ -69,8 +69,14 @@ spattn_status spattn_seqs_not_on_cuda(const char *op);
  * [1, H, len, D] (bnsd = 1) or [1, len, H, D] (bnsd = 0). */
 spattn_tensor spattn_packed_view4(const spattn_tensor *t, int64_t t0, int64_t len, int bnsd);
 
-/* Sequence b of a varlen problem as a dense one-batch problem (see the top of this file).
- * Paged k / v stay the paged tensors: index them with spattn_seq_kv_row. */
+/* Block size (bx or by) of a sequence of S tokens: a block longer than a non-empty sequence
+ * is the whole sequence, as the dense call on that sequence clamps it (bsa_api.c), so that
+ * the sequence gets the dense call's tiles (not those of max_seqlen's clamp). */
+static inline int64_t spattn_seq_blk(int64_t blk, int64_t S) { return S > 0 && S < blk ? S : blk; }
+
+/* Sequence b of a varlen problem as a dense one-batch problem (see the top of this file),
+ * bx / by clamped to its lengths (spattn_seq_blk).  Paged k / v stay the paged tensors:
+ * index them with spattn_seq_kv_row. */
 typedef struct spattn_bsa_seq {
     spattn_bsa_problem p;
     spattn_tensor t[9];

@@ -106,9 +106,25 @@ static inline bsa_tiles bsa_tiles_bwd_dkv(const spattn_bsa_problem *p) {
     return t;
 }
 
+/* The tiles that size the per-thread regions of p: its own, or for a whole varlen batch
+ * (Sq / Skv = max_seqlen) widened for any sequence's.  Each sequence clamps bx / by to its own
+ * lengths (spattn_seq_blk), so one shorter than the block is a single tile of up to
+ * BSA_MAX_ROWS rows, wider than max_seqlen's tiles (bx = 128, max_seqlen 100: 50-row tiles,
+ * a 90-token sequence one of 90); longer ones tile as max_seqlen's (bsa_split_of's rows grow
+ * with S).  keys: the tiled dimension is the keys' (dK/dV), else the queries'. */
+static inline bsa_tiles bsa_tiles_region(const spattn_bsa_problem *p, bsa_tiles t, int keys) {
+    if (!p->seqs) return t;
+    const int64_t blk = keys ? p->by : p->bx, S = keys ? p->Skv : p->Sq;
+    const int64_t w = bsa_round_up(bsa_min64(bsa_min64(blk - 1, S), BSA_MAX_ROWS), BSA_COL_ALIGN);
+    int64_t *tw = keys ? &t.bk : &t.bq;
+    if (w > *tw) *tw = w;
+    return t;
+}
+
 static inline size_t bsa_al(int64_t n) { return (size_t)bsa_round_up(n, BSA_COL_ALIGN); }
 
-/* Per-thread scratch of each pass in floats; the kernels carve it in the same order. */
+/* Per-thread scratch of each pass in floats; the kernels carve it in the same order, and each
+ * count grows with bq and bk (a region for wider tiles holds narrower ones). */
 static inline size_t bsa_fwd_thread_floats(bsa_tiles t) {
     /* qt, kp, vp, st, o, m, l, alpha, tmp */
     return bsa_al(t.dp * t.bq) + 2 * bsa_al(t.bk * t.dp) + bsa_al(t.bk * t.bq) +
@@ -124,10 +140,14 @@ static inline size_t bsa_dkv_thread_floats(bsa_tiles t) {
     return 2 * bsa_al(t.dp * t.bk) + 2 * bsa_al(t.bq * t.dp) + 2 * bsa_al(t.bq * t.bk) +
            2 * bsa_al(t.bk * t.dp) + 2 * bsa_al(t.bq) + bsa_al(t.dp);
 }
-/* The Delta pre-pass needs two fp32 rows per thread. */
+/* Per-thread region of the forward of p (any sequence's tiles, for a varlen batch). */
+static inline size_t bsa_fwd_region_floats(const spattn_bsa_problem *p) {
+    return bsa_fwd_thread_floats(bsa_tiles_region(p, bsa_tiles_fwd(p), 0));
+}
+/* Backward: as the forward; the Delta pre-pass needs two fp32 rows per thread. */
 static inline size_t bsa_bwd_thread_floats(const spattn_bsa_problem *p) {
-    size_t a = bsa_dq_thread_floats(bsa_tiles_bwd_dq(p));
-    size_t b = bsa_dkv_thread_floats(bsa_tiles_bwd_dkv(p));
+    size_t a = bsa_dq_thread_floats(bsa_tiles_region(p, bsa_tiles_bwd_dq(p), 0));
+    size_t b = bsa_dkv_thread_floats(bsa_tiles_region(p, bsa_tiles_bwd_dkv(p), 1));
     size_t c = 2 * bsa_al(bsa_round_up(p->D, BSA_COL_ALIGN));
     size_t m = a > b ? a : b;
     return m > c ? m : c;
@@ -149,7 +169,7 @@ static inline size_t bsa_workspace_bytes(const spattn_bsa_problem *p, int backwa
     if ((double)p->D > 1e9 || (double)p->N * rows > 1e15 || prow * (double)p->Nkv * (double)p->D > 1e15 ||
         (sq && (double)sq->B > 1e12))
         return SIZE_MAX;
-    size_t per = backward ? bsa_bwd_thread_floats(p) : bsa_fwd_thread_floats(bsa_tiles_fwd(p));
+    size_t per = backward ? bsa_bwd_thread_floats(p) : bsa_fwd_region_floats(p);
     size_t shared = backward ? bsa_delta_floats(p) : 0;
     /* varlen: work-item offsets of the sequences (queries, keys) after the thread regions */
     size_t offsets = p->seqs ? 2 * sizeof(int64_t) * (size_t)(p->seqs->B + 1) : 0;
