@@ -51,6 +51,15 @@ struct Params {
     // sfa_gather.cuh; else NULL: V is k's first D columns); with pages, pages like k
     const void *v;
     int64_t sv[4];
+    // The union forward (sfa_union.cu, fwd of the Mla shape at H = 4 .. 32): groups of ug = 64 / H
+    // consecutive tokens of one (b, n2); ucnt[(b * N2 + n2) * ungroups + g] is -1 when the
+    // gather kernels take group g (sparse, or an index repeated in a row), else the number of
+    // 64-key blocks of the group's union, listed in ublk[g * ucap ..] (ascending) with each
+    // token's selection in umask[(g * ucap + i) * ug + t] (bit j: key 64 ublk[..] + j).
+    // ucnt == NULL: no union pass in this call.
+    const int *ucnt, *ublk;
+    const unsigned long long *umask;
+    int ug, lg2h, ungroups, ucap;
 };
 
 constexpr int D = 512;     // value / nope width of the fast kernels

@@ -25,6 +25,12 @@
 // VL = true: the packed variable-length / paged form (sfa::Varlen): a CTA = one packed token;
 // its sequence, key range and causal limit come from the pre-pass's table (one load per CTA),
 // the gather translates sequence-local keys to rows of k; the loop is the dense one.
+// UN = true: the union form for H = 4 .. 32 heads per key head (sfa_union.cu builds its lists): a
+// CTA = a group of 64 / H consecutive tokens of one (b, n2), their heads the 64 MMA rows (row r:
+// token r / H, head r % H); the blocks are 64 contiguous keys, those of the group's union, and
+// each row keeps only the keys its token selected (per-token 64-bit masks instead of the valid
+// flags).  Where neighbouring tokens select much of the same keys (causal top-k over short
+// contexts), one block then serves 64 / H tokens: no per-token gather and no MMA row wasted.
 #include <math.h>
 
 #include "cta_trace.cuh"
@@ -40,8 +46,10 @@ constexpr int BK = sfa::GBK;                  // selected keys per block
 constexpr int NBOX = sfa::GNBOX;              // 9 boxes of 64 columns (128 bytes) per row
 constexpr int BOX = sfa::GBOX;                // one box of 64 rows
 constexpr int TILE = NBOX * BOX;        // Q tile or one key block: 73728 bytes
+constexpr int UMAX = 16;                // UN: tokens per group at most (H >= 4)
+// OFF_VALID: the blocks' valid flags [2][64] bytes, or (UN) their tokens' masks [2][UMAX] words
 constexpr int OFF_Q = 0, OFF_K = TILE, OFF_P1 = 3 * TILE, OFF_VALID = OFF_P1 + BOX;
-constexpr int OFF_M = OFF_VALID + 2 * BK, OFF_L = OFF_M + 32 * 8, OFF_BAR = OFF_L + 64 * 8;
+constexpr int OFF_M = OFF_VALID + 2 * UMAX * 8, OFF_L = OFF_M + 32 * 8, OFF_BAR = OFF_L + 64 * 8;
 constexpr int OFF_LAST = OFF_BAR + 12 * 8;
 constexpr int SMEM = OFF_LAST + 16 + 1024;  // + alignment slack
 static_assert(SMEM <= 232448, "fits in 227 KB");
@@ -49,7 +57,7 @@ static_assert(SMEM <= 232448, "fits in 227 KB");
 // named barriers (consumers only, 256 threads, except NB_SCAN: all 384)
 enum { NB_Q = 1, NB_P0 = 4, NB_P1 = 5, NB_O = 7 /* and 8 */, NB_SCAN = 9 /* 384 */ };
 
-template <typename T, bool VL>
+template <typename T, bool VL, bool UN>
 __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant__ Params p) {
     SPATTN_TRACE(const unsigned long long tr0 = cta_trace::now(); unsigned long long tr1 = 0, tr2 = 0;)
     extern __shared__ unsigned char smem_raw[];
@@ -57,6 +65,7 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
     unsigned char *sQ = sm + OFF_Q, *sK0 = sm + OFF_K, *sK1 = sm + OFF_K + TILE, *sP1 = sm + OFF_P1;
     unsigned char *sP0 = sK0 + 8 * BOX;  // the even block's rope box
     uint8_t *valid = sm + OFF_VALID;     // [2][64]
+    unsigned long long *umk = reinterpret_cast<unsigned long long *>(sm + OFF_VALID);  // UN: [2][UMAX]
     float2 *sM = reinterpret_cast<float2 *>(sm + OFF_M);   // [32] running max, by row quad
     float2 *sL = reinterpret_cast<float2 *>(sm + OFF_L);   // [2][32] row sums
     uint64_t *rdy = reinterpret_cast<uint64_t *>(sm + OFF_BAR);  // [block][half]
@@ -65,11 +74,16 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
     uint64_t *mpost = rdy + 10, *mans = rdy + 11;
     int *s_last = reinterpret_cast<int *>(sm + OFF_LAST);
 
-    const int ngroups = (p.H + BH - 1) / BH;
-    const int s1 = p.S1 - 1 - (int)(blockIdx.x / ngroups);  // the longest rows (mode 3) first
-    const int g = (int)(blockIdx.x % ngroups);
+    const int ngroups = UN ? p.ungroups : (p.H + BH - 1) / BH;
+    const int ugrp = UN ? ngroups - 1 - (int)blockIdx.x : 0;  // UN: the token group, longest first
+    // UN: s1 = the group's first token
+    const int s1 = UN ? ugrp * p.ug : p.S1 - 1 - (int)(blockIdx.x / ngroups);  // the longest rows (mode 3) first
+    const int g = UN ? 0 : (int)(blockIdx.x % ngroups);
     const int b = blockIdx.y / p.N2, n2 = blockIdx.y % p.N2;
-    const int head0 = n2 * p.H + g * BH, nh = min(BH, p.H - g * BH);
+    const int head0 = n2 * p.H + g * BH, nh = UN ? BH : min(BH, p.H - g * BH);
+    const int64_t ugi = UN ? (int64_t)blockIdx.y * p.ungroups + ugrp : 0;
+    const int ucnt = UN ? __ldg(p.ucnt + ugi) : 0;  // -1: the gather kernels take the group
+    if (UN && ucnt < 0) return;
     // VL: s1 is the packed token (b = 0, batch strides 0); tokens past cu_seqlens_q[B] exit
     sfa::TokenRow tr;
     if (!sfa::token_row<VL>(p, b, n2, s1, tr)) return;
@@ -105,12 +119,25 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
     if (wg == 0) {  // ------------------------------------------------------------------ producer
         hop::setmaxnreg_dec<72>();
         const sfa::Gather<T, VL> gat = VL ? sfa::Gather<T, VL>(p, n2, t, tk) : sfa::Gather<T, VL>(p, b, n2, t);
-        int np = 1;  // pair 0 is gathered before the scan's answer (harmless when it is 0)
+        // pair 0 is gathered before the scan's answer (harmless when it is 0); UN: the count is known
+        int np = UN ? (ucnt + 1) / 2 : 1;
+        const int *ulst = UN ? p.ublk + ugi * p.ucap : nullptr;
+        const unsigned long long *umsk = UN ? p.umask + ugi * p.ucap * p.ug : nullptr;
         for (int i = 0; i < np; i++) {
             const uint32_t fp = (i & 1) ^ 1;
             int k0[4], k1[4];
-            gat.keys(p, irow, si3, 2 * i, lim, k0);
-            gat.keys(p, irow, si3, 2 * i + 1, lim, k1);
+            if constexpr (UN) {  // 64 contiguous keys per block (an odd count's last pair: none)
+                const int kb0 = __ldg(ulst + 2 * i), kb1 = 2 * i + 1 < ucnt ? __ldg(ulst + 2 * i + 1) : -1;
+#pragma unroll
+                for (int r = 0; r < 4; r++) {
+                    const int j = gat.grp + 16 * r, a = kb0 * BK + j, bb = kb1 * BK + j;
+                    k0[r] = a < p.S2 ? a : -1;
+                    k1[r] = kb1 >= 0 && bb < p.S2 ? bb : -1;
+                }
+            } else {
+                gat.keys(p, irow, si3, 2 * i, lim, k0);
+                gat.keys(p, irow, si3, 2 * i + 1, lim, k1);
+            }
             // order: what each consumer reads first (even: columns 0-255 first; odd: 256-575)
             hop::mbar_wait(fre + 0, fp);
             gat.copy(sK0, k0, 0, 4);
@@ -125,11 +152,18 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
             gat.copy(sK1, k1, 0, 4);
             hop::cp_async_arrive_noinc(rdy + 2);
             if (gat.ig == 0) {
-                gat.flags(valid, k0);
-                gat.flags(valid + BK, k1);
+                if constexpr (UN) {  // the tokens' masks of the two blocks (thread grp: token grp)
+                    if (gat.grp < p.ug) {
+                        umk[gat.grp] = __ldg(umsk + (int64_t)(2 * i) * p.ug + gat.grp);
+                        umk[UMAX + gat.grp] = 2 * i + 1 < ucnt ? __ldg(umsk + (int64_t)(2 * i + 1) * p.ug + gat.grp) : 0ull;
+                    }
+                } else {
+                    gat.flags(valid, k0);
+                    gat.flags(valid + BK, k1);
+                }
                 hop::mbar_arrive(vbar);
             }
-            if (i == 0) {
+            if (!UN && i == 0) {
                 hop::bar_sync(NB_SCAN, 384);
                 np = sfa::npairs_of(*s_last);
             }
@@ -153,13 +187,19 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
     // -1e30 instead of -inf keeps exp2(m_old - m_new) finite when a block is fully masked
     float m0 = -1e30f, m1 = -1e30f, l0 = 0.f, l1 = 0.f;
 
-    sfa::load_q<T>(sQ, BH, p, qb, qrb, head0, nh, t + c * 128, 256);  // rows past nh are zero
-    sfa::prescan_last(p, irow, si3, lim, t + c * 128, 256, s_last);
+    if constexpr (UN) {
+        sfa::load_q_union<T>(sQ, p, b, s1, head0, t + c * 128, 256);  // rows of tokens past S1 are zero
+    } else {
+        sfa::load_q<T>(sQ, BH, p, qb, qrb, head0, nh, t + c * 128, 256);  // rows past nh are zero
+        sfa::prescan_last(p, irow, si3, lim, t + c * 128, 256, s_last);
+    }
     sfa::cp_async_wait<0>();
     hop::fence_proxy_async();
     hop::bar_sync(NB_Q, 256);
-    const int npairs = sfa::npairs_of(*s_last);
-    hop::bar_arrive(NB_SCAN, 384);
+    const int npairs = UN ? (ucnt + 1) / 2 : sfa::npairs_of(*s_last);
+    if (!UN) hop::bar_arrive(NB_SCAN, 384);
+    // UN: the tokens of this thread's rows r0, r0 + 8
+    const int utA = UN ? r0 >> p.lg2h : 0, utB = UN ? (r0 + 8) >> p.lg2h : 0;
 
     // Descriptors: one base each, k-steps added to the address field (addr >> 4; shared memory
     // offsets never carry out of it) at each use (hop::desc_add).
@@ -177,6 +217,18 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
     };
     // scaled scores with invalid keys at -inf (after scaling: a negative scale keeps the mask)
     auto mask_scale = [&]() {
+        if constexpr (UN) {  // each row its token's mask: bit 8 j + 2 q4 (+ 1) of the block's word
+            const unsigned long long *mk = umk + c * UMAX;
+            const unsigned long long wa = mk[utA] >> (2 * q4), wb = mk[utB] >> (2 * q4);
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                s[4 * j] = (wa >> (8 * j)) & 1 ? s[4 * j] * sl2 : -INFINITY;
+                s[4 * j + 1] = (wa >> (8 * j + 1)) & 1 ? s[4 * j + 1] * sl2 : -INFINITY;
+                s[4 * j + 2] = (wb >> (8 * j)) & 1 ? s[4 * j + 2] * sl2 : -INFINITY;
+                s[4 * j + 3] = (wb >> (8 * j + 1)) & 1 ? s[4 * j + 3] * sl2 : -INFINITY;
+            }
+            return;
+        }
         const uint8_t *v = valid + c * BK;
 #pragma unroll
         for (int j = 0; j < 8; j++) {
@@ -413,32 +465,40 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
         *reinterpret_cast<uint32_t *>(bx + hop::sw128(r0 + 8, j & 7)) = hop::elt<T>::pack(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1);
     }
     hop::bar_sync(NB_O + c, 128);
+    // row -> (token, head): UN row r is token s1 + r / H, head head0 + r % H; else token s1, head head0 + r
+    const int rsh = UN ? p.lg2h : 30, rmask = UN ? p.H - 1 : 0x3fffffff;
     T *ob = static_cast<T *>(p.out_o) + b * p.so[0] + (int64_t)s1 * p.so[1] + (int64_t)head0 * p.so[2] + c * 256;
 #pragma unroll 4
     for (int x = t; x < 64 * 32; x += 128) {
-        const int row = x >> 5, ch = x & 31;
-        if (row < nh && gate == ~0ull)
-            __stcs(reinterpret_cast<int4 *>(ob + (int64_t)row * p.so[2] + ch * 8),
+        const int row = x >> 5, ch = x & 31, tok = row >> rsh;
+        if (row < nh && s1 + tok < p.S1 && gate == ~0ull)
+            __stcs(reinterpret_cast<int4 *>(ob + (int64_t)tok * p.so[1] + (int64_t)(row & rmask) * p.so[2] + ch * 8),
                    *reinterpret_cast<const int4 *>(so + (ch >> 3) * BOX + hop::sw128(row, ch & 7)));  // streamed
     }
-    const bool ok0 = r0 < nh, ok1 = r0 + 8 < nh;
+    const int tok0 = r0 >> rsh, tok1 = (r0 + 8) >> rsh;
+    const bool ok0 = r0 < nh && s1 + tok0 < p.S1, ok1 = r0 + 8 < nh && s1 + tok1 < p.S1;
     if (c == 0 && q4 == 0 && p.out_lse && gate == ~0ull) {
-        float *lse = p.out_lse + b * p.slse[0] + (int64_t)s1 * p.slse[1] + (int64_t)(head0 + r0) * p.slse[2];
-        if (ok0) lse[0] = l0 > 0.f ? (m0 + log2f(l0)) * 0.69314718055994531f : l0 == 0.f ? -INFINITY : l0;
-        if (ok1) lse[8 * p.slse[2]] = l1 > 0.f ? (m1 + log2f(l1)) * 0.69314718055994531f : l1 == 0.f ? -INFINITY : l1;
+        float *lse = p.out_lse + b * p.slse[0] + (int64_t)s1 * p.slse[1] + (int64_t)head0 * p.slse[2];
+        if (ok0)
+            lse[(int64_t)tok0 * p.slse[1] + (int64_t)(r0 & rmask) * p.slse[2]] =
+                l0 > 0.f ? (m0 + log2f(l0)) * 0.69314718055994531f : l0 == 0.f ? -INFINITY : l0;
+        if (ok1)
+            lse[(int64_t)tok1 * p.slse[1] + (int64_t)((r0 + 8) & rmask) * p.slse[2]] =
+                l1 > 0.f ? (m1 + log2f(l1)) * 0.69314718055994531f : l1 == 0.f ? -INFINITY : l1;
     }
     SPATTN_TRACE(if (threadIdx.x == 128 && cta_trace::g_rec) cta_trace::g_rec[cta_trace::block()] =
                      cta_trace::Rec{{tr0, tr1, tr2, cta_trace::now()}, npairs, cta_trace::smid()};)
 }
 
-template <typename T, bool VL> cudaError_t launch(const Params &p, cudaStream_t st) {
+template <typename T, bool VL, bool UN = false> cudaError_t launch(const Params &p, cudaStream_t st) {
     static unsigned long long done = 0;
-    const cudaError_t e = hop::set_smem(sfa_fwd90_kernel<T, VL>, SMEM, &done);
+    const cudaError_t e = hop::set_smem(sfa_fwd90_kernel<T, VL, UN>, SMEM, &done);
     if (e != cudaSuccess) return e;
     const int ngroups = (p.H + BH - 1) / BH;
-    dim3 grid((unsigned)((long long)p.S1 * ngroups), (unsigned)(p.B * p.N2));  // VL: S1 = Tq, B = 1
+    // VL: S1 = Tq, B = 1; UN: one CTA per token group
+    dim3 grid(UN ? (unsigned)p.ungroups : (unsigned)((long long)p.S1 * ngroups), (unsigned)(p.B * p.N2));
     SPATTN_TRACE(cta_trace::Rec *trace = cta_trace::begin((long long)grid.x * grid.y, st);)
-    sfa_fwd90_kernel<T, VL><<<grid, 384, SMEM, st>>>(p);
+    sfa_fwd90_kernel<T, VL, UN><<<grid, 384, SMEM, st>>>(p);
     SPATTN_TRACE(cta_trace::end(trace, (long long)grid.x * grid.y, st);)
     return cudaGetLastError();
 }
@@ -449,4 +509,9 @@ template <typename T, bool VL> cudaError_t launch(const Params &p, cudaStream_t 
 extern "C" cudaError_t spattn_sfa_fast_fwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st) {
     if (p->vl.tok) return is_bf16 ? launch<__nv_bfloat16, true>(*p, st) : launch<__half, true>(*p, st);
     return is_bf16 ? launch<__nv_bfloat16, false>(*p, st) : launch<__half, false>(*p, st);
+}
+// The union form (p->ucnt set by sfa_union.cu's plan, H = 4 .. 32); its groups of ucnt -1 are
+// left to the gather kernels, launched after it.
+extern "C" cudaError_t spattn_sfa_union_fwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st) {
+    return is_bf16 ? launch<__nv_bfloat16, false, true>(*p, st) : launch<__half, false, true>(*p, st);
 }

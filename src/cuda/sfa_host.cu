@@ -17,6 +17,7 @@
 
 #include <limits.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include "../core/seqs.h"
@@ -32,6 +33,9 @@
 
 extern "C" cudaError_t spattn_sfa_fast_fwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_small_fwd_launch(const sfa::Params *p, int is_bf16, int shape, cudaStream_t st);
+extern "C" cudaError_t spattn_sfa_union_fwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
+extern "C" cudaError_t spattn_sfa_union_plan_launch(const sfa::Params *p, float min_density, int *cnt, int *lst,
+                                                    unsigned long long *msk, cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_bwd90_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_bwd_small_launch(const sfa::Params *p, const sfa::SmallLists *L, int is_bf16,
                                                    cudaStream_t st);
@@ -259,6 +263,52 @@ int fwd_shape(const spattn_sfa_problem *p) {
 cudaError_t fwd_launch(const sfa::Params *kp, int shape, int bf16, cudaStream_t st) {
     return kp->H <= 32 || shape != sfa::SHAPE_MLA ? spattn_sfa_small_fwd_launch(kp, bf16, shape, st)
                                                  : spattn_sfa_fast_fwd_launch(kp, bf16, st);
+}
+
+// ---- the union pass of the forward (sfa_union.cu, sfa_fwd.cu's UN form) ------------------------
+// The least density (selected keys / (union blocks x 64 x tokens of the group)) at which a group
+// of 64 / H tokens runs as one 64-row tile over its union's contiguous blocks rather than as
+// per-token gathers: the gather kernels' rate at H over the union kernel's (H200, 2026-12-03:
+// gathers ~50 / 105 / 190 / 300 TFLOP/s at H 4 / 8 / 16 / 32, the 64-row tile ~550 of its work).
+float union_min_density(int64_t H) { return H <= 4 ? 0.10f : H <= 8 ? 0.20f : H <= 16 ? 0.36f : 0.56f; }
+constexpr size_t UNION_PLAN_SMEM = 96 * 1024;  // the plan's bitmaps [64 / H][ceil(S2 / 64)] words
+constexpr size_t UNION_MAX_BYTES = (size_t)1 << 30;
+
+struct UnionCfg {
+    int ug = 0, lg2h = 0, ngroups = 0, cap = 0;
+    float min_density = 0.f;
+    size_t off_lst = 0, off_msk = 0, bytes = 0;  // workspace: counts, lists, masks (0: no union pass)
+};
+// The union pass of a forward on fwd_shape's SHAPE_MLA: H = 4, 8, 16 or 32 heads per key head,
+// sbs <= 64.  SPATTN_SFA_UNION=0 turns it off, =1 takes every group without a repeated key (tests),
+// SPATTN_SFA_UNION_DENSITY=x sets the least density (measurements).
+UnionCfg union_cfg(const spattn_sfa_problem *p) {
+    UnionCfg u;
+    const char *env = getenv("SPATTN_SFA_UNION"), *den = getenv("SPATTN_SFA_UNION_DENSITY");
+    if ((env && env[0] == '0') || !fast_shape(p, 0)) return u;
+    const int64_t H = p->N1 / p->N2, nkw = (p->S2 + 63) / 64;
+    if (H < 4 || H > 32 || (H & (H - 1)) || p->sbs > 64) return u;
+    const int64_t ug = 64 / H;
+    if ((size_t)(ug * nkw * 8) > UNION_PLAN_SMEM) return u;
+    float md = env && env[0] == '1' ? 0.f : union_min_density(H);
+    if (den) md = (float)atof(den);
+    // a group taken has blocks <= selected keys / (64 ug md) <= K sbs / (64 md)
+    int64_t cap = nkw;
+    if (md > 0.f) cap = std::min<int64_t>(nkw, (int64_t)((double)p->K * p->sbs / (64.0 * md)) + 1);
+    const int64_t ng = (p->S1 + ug - 1) / ug, groups = p->B * p->N2 * ng;
+    auto al = [](size_t x) { return (x + 255) & ~(size_t)255; };
+    const size_t a = al((size_t)groups * 4), l = al((size_t)groups * cap * 4);
+    const size_t bytes = a + l + al((size_t)groups * cap * ug * 8);
+    if (bytes > UNION_MAX_BYTES || ng > INT_MAX) return u;
+    u.ug = (int)ug;
+    while ((1 << u.lg2h) < H) u.lg2h++;
+    u.ngroups = (int)ng;
+    u.cap = (int)cap;
+    u.min_density = md;
+    u.off_lst = a;
+    u.off_msk = a + l;
+    u.bytes = bytes;
+    return u;
 }
 
 spattn_status limits_ok(const spattn_sfa_problem *p) {
@@ -547,7 +597,7 @@ size_t vl_bwd_workspace(const spattn_sfa_problem *p);
 extern "C" size_t spattn_cuda_sfa_workspace(const spattn_sfa_problem *p, int backward) {
     size_t off[RB_N + 1];
     if (p->seqs) return backward ? vl_bwd_workspace(p) : vl_workspace(p);
-    if (!backward) return fwd_shape(p) >= 0 ? 0 : ref_parts(p, 0, off);
+    if (!backward) return fwd_shape(p) >= 0 ? union_cfg(p).bytes : ref_parts(p, 0, off);
     if (!fast_shape(p, backward)) return ref_parts(p, backward, off);
     // a size query (spattn_sfa_workspace_size) sees no O, dO or dQ: one the Hopper kernels cannot
     // read sends the call to the simple kernels, so the query answers the larger need (as bsa's)
@@ -1563,7 +1613,39 @@ extern "C" spattn_status spattn_cuda_sfa_fwd(const spattn_sfa_problem *p, const 
     kp.out_lse = p->lse ? (float *)p->lse->data : nullptr;
     kp.o = nullptr;
     kp.gate = c.d_bad;
-    return check_finish(p, st, &c, fwd_launch(&kp, shape, p->dtype == SPATTN_DTYPE_BF16, st));
+    const int bf16 = p->dtype == SPATTN_DTYPE_BF16;
+    cudaError_t e = cudaSuccess;
+    const UnionCfg u = shape == sfa::SHAPE_MLA ? union_cfg(p) : UnionCfg();
+    char *ub = nullptr;
+    bool pooled = false;
+    if (u.bytes) {  // the caller's workspace, else spattn's kept pool (a graph's own memory under capture)
+        int dev = -1;
+        cudaMemPool_t mp = nullptr;
+        if (ex->workspace) ub = (char *)ex->workspace;
+        else if (!stream_capturing(st) && cudaGetDevice(&dev) == cudaSuccess && (mp = check_pool(dev)) &&
+                 cudaMallocFromPoolAsync((void **)&ub, u.bytes, mp, st) == cudaSuccess)
+            pooled = true;
+        else if (cudaMallocAsync((void **)&ub, u.bytes, st) == cudaSuccess)
+            pooled = true;
+        else
+            ub = nullptr;
+        cudaGetLastError();
+    }
+    if (ub) {  // no memory: the gather kernels take every token
+        kp.ug = u.ug;
+        kp.lg2h = u.lg2h;
+        kp.ungroups = u.ngroups;
+        kp.ucap = u.cap;
+        kp.ucnt = (const int *)ub;
+        kp.ublk = (const int *)(ub + u.off_lst);
+        kp.umask = (const unsigned long long *)(ub + u.off_msk);
+        e = spattn_sfa_union_plan_launch(&kp, u.min_density, (int *)ub, (int *)(ub + u.off_lst),
+                                         (unsigned long long *)(ub + u.off_msk), st);
+        if (e == cudaSuccess) e = spattn_sfa_union_fwd_launch(&kp, bf16, st);
+    }
+    if (e == cudaSuccess) e = fwd_launch(&kp, shape, bf16, st);
+    if (pooled) cudaFreeAsync(ub, st);  // after the kernels, in stream order
+    return check_finish(p, st, &c, e);
 }
 
 extern "C" spattn_status spattn_cuda_sfa_bwd(const spattn_sfa_problem *p, const spattn_exec *ex) {

@@ -51,7 +51,7 @@ struct Cfg {
     int B, S1, S2, N1, N2, D, Dr, K, sbs, mode, dt;
     int concat = 1;      // q|q_rope and k|k_rope as views of one [.., D+Dr] buffer
     int pad_any = 0;     // padding scattered anywhere in the row
-    int dups = 0;        // duplicate entries in the rows
+    int dups = 0;        // duplicate entries in the rows (2: in every 8th token's rows only)
     int empty = 0;       // some rows all -1
     int sep_v = 0;       // separate v tensor (reference kernels only)
     int row_pad = 0;     // extra elements at the end of each row of q/k/o/dout (strided views)
@@ -80,7 +80,7 @@ static std::vector<int32_t> gen_idx(const Cfg &c, Rng &r) {
                     row[j] = perm[j - 1];
                 }
                 for (int64_t j = cnt - 1; j > 0; j--) std::swap(row[j], row[r.below(j + 1)]);
-                if (c.dups)
+                if (c.dups && (c.dups == 1 || i % 8 == 0))
                     for (int j = 0; j < c.K; j++)
                         if (r.below(5) == 0 && cnt > 0) row[j] = row[r.below(cnt)];
                 if (c.pad_any)
@@ -482,14 +482,27 @@ static void test_case(const Cfg &c, uint64_t seed, bool fast = true, bool fallba
     char tag[160];
     snprintf(tag, sizeof tag, "%s", c.name.c_str());
     if (fast) {
-        poison(P.o);
-        poison(P.lse);
-        spattn_status st = run_fwd(P);
-        check(st == SPATTN_STATUS_SUCCESS, "%s fwd status", tag, st);
-        if (st != SPATTN_STATUS_SUCCESS) printf("  %s: %s\n", tag, spattn_last_error());
-        CK(cudaDeviceSynchronize());
-        report(tag, "O", eco(fetch(P.o, P.nq, c.D, P.ors, c.dt), R.o, c.dt, false), c.D);
-        report(tag, "LSE", eco(fetch_f32((float *)P.lse.p, P.nq), R.lse, c.dt, true));
+        // the forward three ways where the union pass applies (Mla, H = 4 .. 32 a power of two,
+        // sbs <= 64): every group without a repeated key on the union kernel, none, the heuristic
+        const int H = c.N1 / c.N2;
+        const bool un = c.D == 512 && c.Dr == 64 && !c.sep_v && c.dt != SPATTN_DTYPE_F32 && H >= 4 && H <= 32 &&
+                        !(H & (H - 1)) && c.sbs <= 64;
+        const char *modes[3] = {"1", "0", nullptr};
+        spattn_status st = SPATTN_STATUS_SUCCESS;
+        for (int m = un ? 0 : 2; m < 3; m++) {
+            if (modes[m]) setenv("SPATTN_SFA_UNION", modes[m], 1);
+            else unsetenv("SPATTN_SFA_UNION");
+            char t1[200];
+            snprintf(t1, sizeof t1, "%s%s", tag, !modes[m] ? "" : m == 0 ? " [union]" : " [gather]");
+            poison(P.o);
+            poison(P.lse);
+            st = run_fwd(P);
+            check(st == SPATTN_STATUS_SUCCESS, "%s fwd status", t1, st);
+            if (st != SPATTN_STATUS_SUCCESS) printf("  %s: %s\n", t1, spattn_last_error());
+            CK(cudaDeviceSynchronize());
+            report(t1, "O", eco(fetch(P.o, P.nq, c.D, P.ors, c.dt), R.o, c.dt, false), c.D);
+            report(t1, "LSE", eco(fetch_f32((float *)P.lse.p, P.nq), R.lse, c.dt, true));
+        }
         std::vector<unsigned char> dq1, dk1;
         for (int det = 1; det >= 0; det--) {
             poison(P.dq);
@@ -862,6 +875,21 @@ static int small_tests(bool quick) {
         cs.push_back(mk("h24_n2_sbs16", 2, 20, 600, 48, 2, 20, 16, 3, FP));
         cs.push_back(mk("h32_n4_k700_dups", 1, 16, 2000, 128, 4, 700, 2, 3, BF));
         cs.back().dups = 1;
+        // the union forward (sfa_union.cu): groups of 64 / H tokens over their union's 64-key
+        // blocks.  Whole causal rows (K >= S2) with a partial last group, 16 tokens per group
+        // (H 4) with an odd block count, GQA and B > 1 in mode 0, blocks of sbs keys, rows with
+        // padding anywhere and empty rows, S1 > S2 (rows with no key), duplicates (their groups on
+        // the gather kernels, the others on the union kernel in the same call)
+        cs.push_back(mk("un_h16_dense_causal_partial", 1, 203, 203, 16, 1, 256, 1, 3, BF));
+        cs.push_back(mk("un_h4_causal_k300", 1, 300, 420, 4, 1, 300, 1, 3, FP));
+        cs.push_back(mk("un_h8_gqa_b2_mode0", 2, 37, 150, 16, 2, 120, 1, 0, BF));
+        cs.back().pad_any = 1;
+        cs.push_back(mk("un_h32_sbs16_empty", 1, 45, 900, 32, 1, 50, 16, 3, FP));
+        cs.back().empty = 1;
+        cs.push_back(mk("un_h16_sbs64_mode0", 1, 20, 700, 16, 1, 9, 64, 0, BF));
+        cs.push_back(mk("un_h4_s1_gt_s2", 1, 90, 40, 4, 1, 40, 1, 3, BF));
+        cs.push_back(mk("un_h16_dups_mixed", 1, 64, 200, 16, 1, 150, 1, 3, FP));
+        cs.back().dups = 2;
     }
     uint64_t seed = 100;
     for (auto &c : cs) {
