@@ -287,7 +287,7 @@ UnionCfg union_cfg(const spattn_sfa_problem *p) {
     const char *env = getenv("SPATTN_SFA_UNION"), *den = getenv("SPATTN_SFA_UNION_DENSITY");
     if ((env && env[0] == '0') || !fast_shape(p, 0)) return u;
     const int64_t H = p->N1 / p->N2, nkw = (p->S2 + 63) / 64;
-    if (H < 4 || H > 32 || (H & (H - 1)) || p->sbs > 64) return u;
+    if (H < 4 || H > 32 || (H & (H - 1)) || p->sbs > 64 || p->K > (1 << 24)) return u;
     const int64_t ug = 64 / H;
     if ((size_t)(ug * nkw * 8) > UNION_PLAN_SMEM) return u;
     float md = env && env[0] == '1' ? 0.f : union_min_density(H);
@@ -654,6 +654,58 @@ cudaMemPool_t check_pool(int dev) {
         }
     }
     return pools[dev];
+}
+
+// A fork of the calling stream onto spattn's side stream of the device (created once,
+// non-blocking) and its join: work enqueued on `side` between fork_begin and fork_end runs after
+// what `st` held at the fork and before what `st` gets after the join.  side == NULL: no fork (under
+// stream capture, or a setup step failed): enqueue on `st`.
+struct Fork {
+    cudaStream_t side = nullptr;
+    cudaEvent_t ev[2] = {nullptr, nullptr};
+};
+cudaStream_t side_stream(int dev) {
+    static std::mutex mu;
+    static cudaStream_t ss[64];
+    static bool tried[64];
+    if (dev < 0 || dev >= 64) return nullptr;
+    std::lock_guard<std::mutex> lock(mu);
+    if (!tried[dev]) {
+        tried[dev] = true;
+        if (cudaStreamCreateWithFlags(&ss[dev], cudaStreamNonBlocking) != cudaSuccess) {
+            cudaGetLastError();
+            ss[dev] = nullptr;
+        }
+    }
+    return ss[dev];
+}
+void fork_begin(cudaStream_t st, Fork *f) {
+    int dev = -1;
+    cudaStream_t side;
+    if (getenv("SPATTN_NOFORK") || stream_capturing(st) || cudaGetDevice(&dev) != cudaSuccess || !(side = side_stream(dev))) goto none;
+    for (int i = 0; i < 2; i++)
+        if (cudaEventCreateWithFlags(&f->ev[i], cudaEventDisableTiming) != cudaSuccess) goto none;
+    if (cudaEventRecord(f->ev[0], st) != cudaSuccess || cudaStreamWaitEvent(side, f->ev[0], 0) != cudaSuccess) goto none;
+    f->side = side;
+    return;
+none:
+    cudaGetLastError();
+    for (int i = 0; i < 2; i++)
+        if (f->ev[i]) cudaEventDestroy(f->ev[i]);
+    f->ev[0] = f->ev[1] = nullptr;
+    f->side = nullptr;
+}
+cudaError_t fork_end(cudaStream_t st, Fork *f) {
+    if (!f->side) return cudaSuccess;
+    cudaError_t e = cudaEventRecord(f->ev[1], f->side);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(st, f->ev[1], 0);
+    if (e != cudaSuccess) {  // the join failed: wait on the host rather than return with work in flight
+        cudaGetLastError();
+        cudaStreamSynchronize(f->side);
+    }
+    for (int i = 0; i < 2; i++) cudaEventDestroy(f->ev[i]);  // released once they complete
+    f->side = nullptr;
+    return e;
 }
 
 // The pinned host word of this host thread (verdict.h: read by the thread's own call only, after its event).
@@ -1641,9 +1693,19 @@ extern "C" spattn_status spattn_cuda_sfa_fwd(const spattn_sfa_problem *p, const 
         kp.umask = (const unsigned long long *)(ub + u.off_msk);
         e = spattn_sfa_union_plan_launch(&kp, u.min_density, (int *)ub, (int *)(ub + u.off_lst),
                                          (unsigned long long *)(ub + u.off_msk), st);
-        if (e == cudaSuccess) e = spattn_sfa_union_fwd_launch(&kp, bf16, st);
+    }
+    // The union kernel on a side stream, forked after the plan and joined before the call ends:
+    // the two kernels write disjoint rows, and run one after the other each left its tail of
+    // idle SMs (H200, sfa02: 0.578 ms serial vs ... forked).  Serial under capture (the side
+    // stream is shared by the host threads) or when the fork cannot be set up.
+    Fork fk;
+    if (ub && e == cudaSuccess) {
+        fork_begin(st, &fk);
+        e = spattn_sfa_union_fwd_launch(&kp, bf16, fk.side ? fk.side : st);
     }
     if (e == cudaSuccess) e = fwd_launch(&kp, shape, bf16, st);
+    const cudaError_t ej = fork_end(st, &fk);
+    if (e == cudaSuccess) e = ej;
     if (pooled) cudaFreeAsync(ub, st);  // after the kernels, in stream order
     return check_finish(p, st, &c, e);
 }

@@ -40,26 +40,45 @@ __global__ void __launch_bounds__(256) sfa_union_plan_kernel(const __grid_consta
     __syncthreads();
     unsigned long long sel = 0;
     int dup = 0;
-    for (int tt = 0; tt < G; tt++) {
-        const int s1 = grp * G + tt;
-        if (s1 >= p.S1) break;
-        const long long lim = p.mode == 3 ? (long long)p.S2 - p.S1 + s1 : p.S2 - 1;
-        const long long kmax = min((long long)p.S2 - 1, lim);
-        if (kmax < 0) continue;
-        const int32_t *row = p.idx + b * p.sidx[0] + (int64_t)s1 * p.sidx[1] + n2 * p.sidx[2];
-        unsigned long long *w = bm + tt * nkw;
-        for (int e = tid; e < p.K; e += 256) {
-            const int bi = __ldg(row + (int64_t)e * p.sidx[3]);
-            if (bi < 0 || bi >= p.nblk) continue;
-            const long long k0 = (long long)bi << p.log2sbs;
-            if (k0 > kmax) continue;
-            // sbs <= 64, a power of two: the block's keys lie in one word
-            const int n = (int)min((long long)p.sbs, kmax - k0 + 1);
-            const unsigned long long bits = (n == 64 ? ~0ull : (1ull << n) - 1) << (k0 & 63);
-            const unsigned long long old = atomicOr(w + (k0 >> 6), bits);
-            dup |= (old & bits) != 0;
-            sel += (unsigned long long)n;
+    const int ntok = min(G, p.S1 - grp * G);
+    const int32_t *row0 = p.idx + b * p.sidx[0] + (int64_t)grp * G * p.sidx[1] + n2 * p.sidx[2];
+    // selected block bi of token tt into its bitmap
+    auto add = [&](int tt, int bi) {
+        if (bi < 0 || bi >= p.nblk) return;
+        const long long lim = p.mode == 3 ? (long long)p.S2 - p.S1 + grp * G + tt : p.S2 - 1;
+        const long long k0 = (long long)bi << p.log2sbs, kmax = min((long long)p.S2 - 1, lim);
+        if (k0 > kmax) return;
+        // sbs <= 64, a power of two: the block's keys lie in one word
+        const int n = (int)min((long long)p.sbs, kmax - k0 + 1);
+        const unsigned long long bits = (n == 64 ? ~0ull : (1ull << n) - 1) << (k0 & 63);
+        const unsigned long long old = atomicOr(bm + tt * nkw + (k0 >> 6), bits);
+        dup |= (old & bits) != 0;
+        sel += (unsigned long long)n;
+    };
+    if (p.sidx[3] == 1 && (p.K & 3) == 0 && (p.sidx[1] & 3) == 0 && ((uintptr_t)row0 & 15) == 0) {
+        // the group's rows as one range of 16-byte chunks, four loads in flight per thread before
+        // any use (with one 4-byte load per step the loads serialise behind the atomics)
+        const int per = p.K >> 2, total = ntok * per;
+        for (int x0 = tid; x0 < total; x0 += 1024) {
+            int4 v[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int x = x0 + u * 256, tt = x / per;
+                v[u] = x < total ? __ldg(reinterpret_cast<const int4 *>(row0 + tt * p.sidx[1]) + (x - tt * per))
+                                 : make_int4(-1, -1, -1, -1);
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int tt = min((x0 + u * 256) / per, G - 1);
+                add(tt, v[u].x);
+                add(tt, v[u].y);
+                add(tt, v[u].z);
+                add(tt, v[u].w);
+            }
         }
+    } else {
+        for (int tt = 0; tt < ntok; tt++)
+            for (int e = tid; e < p.K; e += 256) add(tt, __ldg(p.idx + b * p.sidx[0] + (int64_t)(grp * G + tt) * p.sidx[1] + n2 * p.sidx[2] + (int64_t)e * p.sidx[3]));
     }
     for (int x = 16; x > 0; x >>= 1) {
         sel += __shfl_xor_sync(0xffffffffu, sel, x);

@@ -677,6 +677,42 @@ static void test_determinism(int N1) {
     printf("  fp32-atomic backward vs deterministic dK: %s\n", k1 == a[2] ? "bitwise equal" : "differs (expected: order-dependent rounding)");
 }
 
+// The union forward's workspace from the caller (spattn_sfa_workspace_size, forward): the same
+// bits as from spattn's own pool; every group on the union kernel (whole causal rows).
+static void test_caller_workspace(int N1) {
+    Cfg c = mk("caller_ws", 1, 150, 150, N1, 1, 200, 1, 3, SPATTN_DTYPE_BF16);
+    Prob P;
+    setup(P, c, 12);
+    setenv("SPATTN_SFA_UNION", "1", 1);
+    spattn_options opt;
+    spattn_options_init(&opt);
+    opt.backend = SPATTN_BACKEND_CUDA;
+    size_t w = 0;
+    check(spattn_sfa_workspace_size(&P.tq, &P.tqr, &P.tk, &P.tkr, nullptr, &P.tidx, c.sbs, c.mode, 0, &opt, &w) ==
+              SPATTN_STATUS_SUCCESS && w > 0,
+          "%s forward workspace size > 0 (union pass)", c.name.c_str());
+    poison(P.o);
+    check(run_fwd(P) == SPATTN_STATUS_SUCCESS, "%s fwd (pool)", c.name.c_str());
+    CK(cudaDeviceSynchronize());
+    const std::vector<unsigned char> o1 = snap(P.o), l1 = snap(P.lse);
+    void *ws = nullptr;
+    CK(cudaMalloc(&ws, w));
+    CK(cudaMemset(ws, 0xff, w));
+    opt.workspace = ws;
+    opt.workspace_size = w;
+    poison(P.o);
+    poison(P.lse);
+    check(spattn_sfa_fwd_ex(&P.tq, &P.tqr, &P.tk, &P.tkr, nullptr, &P.tidx, c.sbs, c.mode, 0.0, &P.to, &P.tlse, &opt) ==
+              SPATTN_STATUS_SUCCESS,
+          "%s fwd (caller workspace)", c.name.c_str());
+    CK(cudaDeviceSynchronize());
+    const bool same = snap(P.o) == o1 && snap(P.lse) == l1;
+    check(same, "%s caller workspace: bitwise the pool's result", c.name.c_str());
+    printf("  union forward, caller workspace (N1 = %d, %zu bytes): %s\n", N1, w, same ? "bitwise equal" : "DIFFERENT");
+    cudaFree(ws);
+    unsetenv("SPATTN_SFA_UNION");
+}
+
 // CUDA graphs: the Hopper forward captured on a stream and replayed gives the eager call's bits;
 // a bad index inside the graph leaves o / lse unwritten (no status can be returned there); the
 // backward refuses (NOT_SUPPORTED) before enqueuing anything, so the capture stays valid.
@@ -983,6 +1019,8 @@ static int small_tests(bool quick) {
         test_graph_capture(64);
         test_early_verdict(16);
         test_early_verdict(64);
+        test_caller_workspace(16);
+        test_caller_workspace(4);
     }
     printf("%d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
