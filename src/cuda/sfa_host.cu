@@ -1,5 +1,5 @@
 // sfa CUDA backend entry points (src/core/internal.h): index check, workspace size, forward and
-// backward dispatch to the fast kernels (sfa_fwd*.cu, sfa_bwd90.cu, sfa_bwd_small.cu),
+// backward dispatch to the fast kernels (sfa_fwd*.cu, sfa_union.cu, sfa_bwd90.cu, sfa_bwd_small.cu),
 // the deterministic fixed-point setup and the final dK / dQ conversions; the packed
 // variable-length / paged forward and backward (spattn_sfa_fwd_varlen / spattn_sfa_bwd_varlen:
 // device checks of the layout, the per-token pre-pass, dispatch; the varlen backward runs the
@@ -630,7 +630,8 @@ struct IdxCheck {
     cudaEvent_t ev = nullptr;  // EARLY: recorded after the copy of the verdict
 };
 
-// spattn's stream-ordered pool for the verdict words, one per device (NULL: none).
+// spattn's stream-ordered pool for the verdict words and the union forward's workspace, one per
+// device, memory kept across calls (NULL: none).
 cudaMemPool_t check_pool(int dev) {
     static std::mutex mu;
     static cudaMemPool_t pools[64];
