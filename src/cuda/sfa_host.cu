@@ -268,9 +268,11 @@ cudaError_t fwd_launch(const sfa::Params *kp, int shape, int bf16, cudaStream_t 
 // ---- the union pass of the forward (sfa_union.cu, sfa_fwd.cu's UN form) ------------------------
 // The least density (selected keys / (union blocks x 64 x tokens of the group)) at which a group
 // of 64 / H tokens runs as one 64-row tile over its union's contiguous blocks rather than as
-// per-token gathers: the gather kernels' rate at H over the union kernel's (H200, 2026-12-03:
-// gathers ~50 / 105 / 190 / 300 TFLOP/s at H 4 / 8 / 16 / 32, the 64-row tile ~550 of its work).
-float union_min_density(int64_t H) { return H <= 4 ? 0.10f : H <= 8 ? 0.20f : H <= 16 ? 0.36f : 0.56f; }
+// per-token gathers.  Measured (H200, 2026-12-03, sweeps of SPATTN_SFA_UNION_DENSITY over the
+// public cases, whose groups' densities are about K / reachable keys): at H 4 / 8 / 16 the union
+// kernel won down to the lowest density there (0.25: sfa05, sfa10, sfa02); at H 32 it lost at
+// 0.25-0.33 (sfa03: 175-227 TFLOP/s against 263 gathered) and won at 0.5-0.67 (sfa16: 386 vs 308).
+float union_min_density(int64_t H) { return H <= 4 ? 0.10f : H <= 8 ? 0.15f : H <= 16 ? 0.20f : 0.40f; }
 constexpr size_t UNION_PLAN_SMEM = 96 * 1024;  // the plan's bitmaps [64 / H][ceil(S2 / 64)] words
 constexpr size_t UNION_MAX_BYTES = (size_t)1 << 30;
 

@@ -48,11 +48,19 @@ __global__ void __launch_bounds__(256) sfa_union_plan_kernel(const __grid_consta
         const long long lim = p.mode == 3 ? (long long)p.S2 - p.S1 + grp * G + tt : p.S2 - 1;
         const long long k0 = (long long)bi << p.log2sbs, kmax = min((long long)p.S2 - 1, lim);
         if (k0 > kmax) return;
-        // sbs <= 64, a power of two: the block's keys lie in one word
+        // sbs <= 64, a power of two: the block's keys lie in one 64-bit word, set through its
+        // 32-bit halves (a 64-bit atomicOr on shared memory compiles to a compare-and-swap loop,
+        // which the many threads setting bits of one word made the plan's main cost: ncu, sfa01,
+        // 32 us against the index check's 7)
         const int n = (int)min((long long)p.sbs, kmax - k0 + 1);
-        const unsigned long long bits = (n == 64 ? ~0ull : (1ull << n) - 1) << (k0 & 63);
-        const unsigned long long old = atomicOr(bm + tt * nkw + (k0 >> 6), bits);
-        dup |= (old & bits) != 0;
+        unsigned *h = reinterpret_cast<unsigned *>(bm + tt * nkw + (k0 >> 6)) + ((k0 >> 5) & 1);
+        auto set = [&](unsigned *a, unsigned bits) { dup |= (atomicOr(a, bits) & bits) != 0; };
+        if (n > 32) {  // sbs 64: the whole low half, then the high one
+            set(h, ~0u);
+            set(h + 1, n == 64 ? ~0u : (1u << (n - 32)) - 1);
+        } else {
+            set(h, (n == 32 ? ~0u : (1u << n) - 1) << (k0 & 31));
+        }
         sel += (unsigned long long)n;
     };
     if (p.sidx[3] == 1 && (p.K & 3) == 0 && (p.sidx[1] & 3) == 0 && ((uintptr_t)row0 & 15) == 0) {
