@@ -440,7 +440,11 @@ SPATTN_API spattn_status spattn_sfa_bwd_ex(const spattn_tensor *q, const spattn_
 /* Bytes of workspace spattn_sfa_fwd (backward = 0) or spattn_sfa_bwd (backward = 1) needs on
  * the chosen backend for these shapes (the backward: for any layout of o, dout and the
  * gradients, which decide the CUDA kernels).  Only shapes, dtypes and devices are read (index
- * values are not scanned). */
+ * values are not scanned).  The CUDA forward at 4, 8, 16 or 32 query heads per key head (D 512
+ * + Dr 64, fp16/bf16) needs some: the per-call plan that runs groups of neighbouring tokens with
+ * overlapping selections as one tile (about 4 + ceil(K sbs / 64 / d) * (4 + 512 / H) bytes per
+ * group of 64 / H tokens, d the least density taken); without a caller workspace it comes from a
+ * stream-ordered pool of the library that keeps its memory between calls. */
 SPATTN_API spattn_status spattn_sfa_workspace_size(const spattn_tensor *q, const spattn_tensor *q_rope,
                                                    const spattn_tensor *k, const spattn_tensor *k_rope,
                                                    const spattn_tensor *v, const spattn_tensor *indices,
