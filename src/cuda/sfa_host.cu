@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <type_traits>
 
 #include "../core/seqs.h"
 #include "convert.cuh"
@@ -35,7 +36,8 @@ extern "C" cudaError_t spattn_sfa_fast_fwd_launch(const sfa::Params *p, int is_b
 extern "C" cudaError_t spattn_sfa_small_fwd_launch(const sfa::Params *p, int is_bf16, int shape, cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_union_fwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_union_plan_launch(const sfa::Params *p, float min_density, int *cnt, int *lst,
-                                                    unsigned long long *msk, cudaStream_t st);
+                                                    unsigned long long *msk, unsigned long long *first_bad,
+                                                    cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_bwd90_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_bwd_small_launch(const sfa::Params *p, const sfa::SmallLists *L, int is_bf16,
                                                    cudaStream_t st);
@@ -785,12 +787,17 @@ cudaError_t verdict_wait(cudaStream_t st, IdxCheck *c, cudaError_t prior, unsign
     return e;
 }
 
-spattn_status check_launch(const spattn_sfa_problem *p, cudaStream_t st, IdxCheck *c) {
+// `scan` (optional): a launch that leaves the first bad position in the word it is given, in place
+// of check_idx_kernel (the union forward's plan reads every index anyway).
+template <typename Scan = std::nullptr_t>
+spattn_status check_launch(const spattn_sfa_problem *p, cudaStream_t st, IdxCheck *c, Scan scan = nullptr) {
     spattn_status s0 = check_word(st, c);
     if (s0 != SPATTN_STATUS_SUCCESS) return s0;
     const spattn_tensor *t = p->idx;
     cudaError_t e = cudaMemsetAsync(c->d_bad, 0xff, 8, st);
-    if (e == cudaSuccess) {
+    if constexpr (!std::is_same<Scan, std::nullptr_t>::value) {
+        if (e == cudaSuccess) e = scan(c->d_bad);
+    } else if (e == cudaSuccess) {
         check_idx_kernel<<<grid_for(p->B * p->S1 * p->N2, 8), 256, 0, st>>>(
             (const int32_t *)t->data, t->strides[0], t->strides[1], t->strides[2], t->strides[3],
             p->B, p->S1, p->N2, p->K, p->nblk, c->d_bad);
@@ -1660,14 +1667,10 @@ extern "C" spattn_status spattn_cuda_sfa_fwd(const spattn_sfa_problem *p, const 
     spattn_status s = limits_ok(p);
     if (s != SPATTN_STATUS_SUCCESS) return s;
     cudaStream_t st = (cudaStream_t)ex->stream;
-    IdxCheck c;
-    s = check_launch(p, st, &c);
-    if (s != SPATTN_STATUS_SUCCESS) return s;
     sfa::Params kp;
     fill_params(p, &kp);
     kp.out_lse = p->lse ? (float *)p->lse->data : nullptr;
     kp.o = nullptr;
-    kp.gate = c.d_bad;
     const int bf16 = p->dtype == SPATTN_DTYPE_BF16;
     cudaError_t e = cudaSuccess;
     const UnionCfg u = shape == sfa::SHAPE_MLA ? union_cfg(p) : UnionCfg();
@@ -1694,12 +1697,23 @@ extern "C" spattn_status spattn_cuda_sfa_fwd(const spattn_sfa_problem *p, const 
         kp.ucnt = (const int *)ub;
         kp.ublk = (const int *)(ub + u.off_lst);
         kp.umask = (const unsigned long long *)(ub + u.off_msk);
-        e = spattn_sfa_union_plan_launch(&kp, u.min_density, (int *)ub, (int *)(ub + u.off_lst),
-                                         (unsigned long long *)(ub + u.off_msk), st);
     }
+    // The index check: with the union pass, its plan checks every value it reads (one pass over
+    // the indices instead of two: ~7 us on sfa01's ~190, H200)
+    IdxCheck c;
+    s = ub ? check_launch(p, st, &c, [&](unsigned long long *bad) {
+                 return spattn_sfa_union_plan_launch(&kp, u.min_density, (int *)ub, (int *)(ub + u.off_lst),
+                                                     (unsigned long long *)(ub + u.off_msk), bad, st);
+             })
+           : check_launch(p, st, &c);
+    if (s != SPATTN_STATUS_SUCCESS) {
+        if (pooled) cudaFreeAsync(ub, st);
+        return s;
+    }
+    kp.gate = c.d_bad;
     // The union kernel on a side stream, forked after the plan and joined before the call ends:
     // the two kernels write disjoint rows, and run one after the other each left its tail of
-    // idle SMs (H200, sfa02: 0.578 ms serial vs ... forked).  Serial under capture (the side
+    // idle SMs (H200: forked 0.96x the time on sfa01, 0.97-0.98x sfa02).  Serial under capture (the side
     // stream is shared by the host threads) or when the fork cannot be set up.
     Fork fk;
     if (ub && e == cudaSuccess) {

@@ -23,8 +23,11 @@ using sfa::Params;
 
 // One CTA per group; the tokens' bitmaps over the key range in shared memory ([ug][nkw] words,
 // nkw = ceil(S2 / 64); the host keeps ug * nkw * 8 within UNION_PLAN_SMEM).
+// first_bad (optional): the index check folded in, as check_idx_kernel (sfa_host.cu) reports it: the
+// smallest row-major position (((b S1 + s1) N2 + n2) K + slot) of a value < -1 or >= nblk.
 __global__ void __launch_bounds__(256) sfa_union_plan_kernel(const __grid_constant__ Params p, float min_density,
-                                                             int *cnt, int *lst, unsigned long long *msk) {
+                                                             int *cnt, int *lst, unsigned long long *msk,
+                                                             unsigned long long *first_bad) {
     extern __shared__ unsigned long long bm[];
     __shared__ unsigned long long s_sel;
     __shared__ int s_dup, s_nb;
@@ -42,8 +45,13 @@ __global__ void __launch_bounds__(256) sfa_union_plan_kernel(const __grid_consta
     int dup = 0;
     const int ntok = min(G, p.S1 - grp * G);
     const int32_t *row0 = p.idx + b * p.sidx[0] + (int64_t)grp * G * p.sidx[1] + n2 * p.sidx[2];
-    // selected block bi of token tt into its bitmap
-    auto add = [&](int tt, int bi) {
+    unsigned long long bad = ~0ull;  // this thread's first bad position
+    // selected block bi (slot e) of token tt into its bitmap
+    auto add = [&](int tt, int e, int bi) {
+        if (bi < -1 || bi >= p.nblk) {
+            const unsigned long long r = ((unsigned long long)b * p.S1 + grp * G + tt) * p.N2 + n2;
+            bad = min(bad, r * (unsigned long long)p.K + (unsigned long long)e);
+        }
         if (bi < 0 || bi >= p.nblk) return;
         const long long lim = p.mode == 3 ? (long long)p.S2 - p.S1 + grp * G + tt : p.S2 - 1;
         const long long k0 = (long long)bi << p.log2sbs, kmax = min((long long)p.S2 - 1, lim);
@@ -77,21 +85,23 @@ __global__ void __launch_bounds__(256) sfa_union_plan_kernel(const __grid_consta
             }
 #pragma unroll
             for (int u = 0; u < 4; u++) {
-                const int tt = min((x0 + u * 256) / per, G - 1);
-                add(tt, v[u].x);
-                add(tt, v[u].y);
-                add(tt, v[u].z);
-                add(tt, v[u].w);
+                const int x = x0 + u * 256, tt = min(x / per, G - 1), e = (x - tt * per) * 4;
+                add(tt, e, v[u].x);
+                add(tt, e + 1, v[u].y);
+                add(tt, e + 2, v[u].z);
+                add(tt, e + 3, v[u].w);
             }
         }
     } else {
         for (int tt = 0; tt < ntok; tt++)
-            for (int e = tid; e < p.K; e += 256) add(tt, __ldg(p.idx + b * p.sidx[0] + (int64_t)(grp * G + tt) * p.sidx[1] + n2 * p.sidx[2] + (int64_t)e * p.sidx[3]));
+            for (int e = tid; e < p.K; e += 256) add(tt, e, __ldg(p.idx + b * p.sidx[0] + (int64_t)(grp * G + tt) * p.sidx[1] + n2 * p.sidx[2] + (int64_t)e * p.sidx[3]));
     }
     for (int x = 16; x > 0; x >>= 1) {
         sel += __shfl_xor_sync(0xffffffffu, sel, x);
         dup |= __shfl_xor_sync(0xffffffffu, dup, x);
+        bad = min(bad, __shfl_xor_sync(0xffffffffu, bad, x));
     }
+    if (first_bad && lane == 0 && bad != ~0ull) atomicMin(first_bad, bad);
     if (lane == 0) {
         atomicAdd(&s_sel, sel);
         if (dup) atomicOr(&s_dup, 1);
@@ -136,7 +146,8 @@ __global__ void __launch_bounds__(256) sfa_union_plan_kernel(const __grid_consta
 // Launcher used by sfa_host.cu (p->ug, p->lg2h, p->ungroups, p->ucap set; the outputs are the
 // call's union workspace).
 extern "C" cudaError_t spattn_sfa_union_plan_launch(const sfa::Params *p, float min_density, int *cnt, int *lst,
-                                                    unsigned long long *msk, cudaStream_t st) {
+                                                    unsigned long long *msk, unsigned long long *first_bad,
+                                                    cudaStream_t st) {
     const size_t smem = (size_t)p->ug * ((p->S2 + 63) / 64) * 8;
     if (smem > 48 * 1024) {
         const cudaError_t e =
@@ -144,6 +155,6 @@ extern "C" cudaError_t spattn_sfa_union_plan_launch(const sfa::Params *p, float 
         if (e != cudaSuccess) return e;
     }
     dim3 grid((unsigned)p->ungroups, (unsigned)(p->B * p->N2));
-    sfa_union_plan_kernel<<<grid, 256, smem, st>>>(*p, min_density, cnt, lst, msk);
+    sfa_union_plan_kernel<<<grid, 256, smem, st>>>(*p, min_density, cnt, lst, msk, first_bad);
     return cudaGetLastError();
 }

@@ -602,12 +602,15 @@ static void test_bad_index() {
     Cfg c = mk("bad_index", 1, 16, 64, 16, 1, 8, 1, 3, SPATTN_DTYPE_BF16);
     Prob P;
     setup(P, c, 7);
-    for (int variant = 0; variant < 3; variant++) {
+    // variants 0-2 with the union pass's plan doing the check (N1 16: the pass applies), 3-5 without
+    for (int variant = 0; variant < 6; variant++) {
+        if (variant == 3) setenv("SPATTN_SFA_UNION", "0", 1);
         std::vector<int32_t> bad = P.hidx;
-        size_t pos = variant == 0 ? 37 : (variant == 1 ? 100 : bad.size() - 1);
-        int32_t val = variant == 0 ? 64 : (variant == 1 ? -2 : 1 << 30);
+        const int v3 = variant % 3;
+        size_t pos = v3 == 0 ? 37 : (v3 == 1 ? 100 : bad.size() - 1);
+        int32_t val = v3 == 0 ? 64 : (v3 == 1 ? -2 : 1 << 30);
         bad[pos] = val;
-        if (variant == 1) bad[120] = 99;  // a later second bad value: the first must be reported
+        if (v3 == 1) bad[120] = 99;  // a later second bad value: the first must be reported
         CK(cudaMemcpy(P.idx.p, bad.data(), P.idx.n, cudaMemcpyHostToDevice));
         poison(P.o);
         poison(P.lse);
@@ -625,6 +628,7 @@ static void test_bad_index() {
         check(st == SPATTN_STATUS_BAD_INDEX, "bad index bwd status %s%lld", "", st);
         check(bitwise_equal(P.dq, q0) && bitwise_equal(P.dk, k0), "bad index: dq/dk untouched%s", "");
     }
+    unsetenv("SPATTN_SFA_UNION");
     printf("  bad-index message: %s\n", spattn_last_error());
 }
 
