@@ -285,7 +285,8 @@ struct UnionCfg {
 };
 // The union pass of a forward on fwd_shape's SHAPE_MLA: H = 4, 8, 16 or 32 heads per key head,
 // sbs <= 64.  SPATTN_SFA_UNION=0 turns it off, =1 takes every group without a repeated key (tests),
-// SPATTN_SFA_UNION_DENSITY=x sets the least density (measurements).
+// SPATTN_SFA_UNION_DENSITY=x sets the least density, SPATTN_SFA_UNION_NOFORK=1 runs the union kernel
+// on the caller's stream before the gather kernel (measurements).
 UnionCfg union_cfg(const spattn_sfa_problem *p) {
     UnionCfg u;
     const char *env = getenv("SPATTN_SFA_UNION"), *den = getenv("SPATTN_SFA_UNION_DENSITY");
@@ -687,7 +688,7 @@ cudaStream_t side_stream(int dev) {
 void fork_begin(cudaStream_t st, Fork *f) {
     int dev = -1;
     cudaStream_t side;
-    if (getenv("SPATTN_NOFORK") || stream_capturing(st) || cudaGetDevice(&dev) != cudaSuccess || !(side = side_stream(dev))) goto none;
+    if (getenv("SPATTN_SFA_UNION_NOFORK") || stream_capturing(st) || cudaGetDevice(&dev) != cudaSuccess || !(side = side_stream(dev))) goto none;
     for (int i = 0; i < 2; i++)
         if (cudaEventCreateWithFlags(&f->ev[i], cudaEventDisableTiming) != cudaSuccess) goto none;
     if (cudaEventRecord(f->ev[0], st) != cudaSuccess || cudaStreamWaitEvent(side, f->ev[0], 0) != cudaSuccess) goto none;
