@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fuzz_input.h"
 #include "spattn.h"
@@ -273,14 +274,19 @@ static uint8_t *setup_workspace(call *c, fz_in *in) {
     return ws;
 }
 
-/* Logical bytes of the call's tensors (stride-0 views count every element), saturating. */
+/* Logical bytes of the call's tensors (stride-0 views count every element), each row (last
+ * dimension) counted as at least 256 bytes, saturating.  The floor: the CPU kernels keep per-row
+ * scratch that does not shrink with the row (fp32 score tiles of 64 keys per head, rows padded to
+ * 16 lanes), so with a tiny D (8) and billions of heads their buffers are ~125x the bare bytes
+ * (a fuzzer find, 2026-12-03: sfa varlen backward, 4.3e9 heads of D 8). */
 static __int128 logical_bytes(const call *c) {
     __int128 total = 0, cap = (__int128)1 << 100;
     for (int i = 0; i < c->nt; i++) {
         const spattn_tensor *t = &c->ts[i].t;
         if (!c->ts[i].present || t->ndim < 1 || t->ndim > SPATTN_MAX_DIMS) continue;
-        __int128 n = (__int128)spattn_dtype_size((spattn_dtype)t->dtype);
-        for (int d = 0; d < t->ndim && n < cap; d++) n *= t->shape[d] > 0 ? t->shape[d] : 0;
+        __int128 n = (__int128)spattn_dtype_size((spattn_dtype)t->dtype) * (t->shape[t->ndim - 1] > 0 ? t->shape[t->ndim - 1] : 0);
+        if (n > 0 && n < 256) n = 256;
+        for (int d = 0; d < t->ndim - 1 && n < cap; d++) n *= t->shape[d] > 0 ? t->shape[d] : 0;
         total += n < cap ? n : cap;
     }
     return total;
@@ -289,12 +295,16 @@ static __int128 logical_bytes(const call *c) {
 /* The oracles after a call (ran = 0: a size query, which writes nothing), then frees.  A size
  * answer above 1 TiB is absurd (a wrapped or runaway computation) unless the tensors' views
  * are that large themselves (stride-0 views over billions of heads or keys): the CPU buffers
- * are at most a few dozen times the problem's own logical size. */
+ * are at most a few dozen times the problem's own logical size (rows floored as above) per
+ * thread. */
 static void check_and_free(call *c, spattn_status st, int ran, size_t bytes, uint8_t *ws) {
     if (st != SPATTN_STATUS_SUCCESS && spattn_last_error()[0] == '\0') fail("error without a message", st);
     if (opts_invalid(c) && st == SPATTN_STATUS_SUCCESS) fail("invalid options accepted", st);
+    /* per-thread buffers: the bound grows with the threads the call may use */
+    long th = c->opt.num_threads > 0 ? (long)c->opt.num_threads : sysconf(_SC_NPROCESSORS_ONLN);
+    if (th < 1) th = 1;
     if (st == SPATTN_STATUS_SUCCESS && !ran && c->use_opt && c->opt.workspace && bytes > (size_t)1 << 40 &&
-        (__int128)bytes > 64 * logical_bytes(c))
+        (__int128)bytes > 64 * (__int128)th * logical_bytes(c))
         fail("absurd workspace size", st);
     int runtime_err = st == SPATTN_STATUS_OUT_OF_MEMORY || st == SPATTN_STATUS_CUDA_ERROR ||
                       st == SPATTN_STATUS_INTERNAL;
