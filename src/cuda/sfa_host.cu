@@ -283,14 +283,14 @@ struct UnionCfg {
     float min_density = 0.f;
     size_t off_lst = 0, off_msk = 0, bytes = 0;  // workspace: counts, lists, masks (0: no union pass)
 };
-// The union pass of a forward on fwd_shape's SHAPE_MLA: H = 4, 8, 16 or 32 heads per key head,
-// sbs <= 64.  SPATTN_SFA_UNION=0 turns it off, =1 takes every group without a repeated key (tests),
+// The union pass of a forward of fwd_shape `shape`: SHAPE_MLA with H = 4, 8, 16 or 32 heads per
+// key head, sbs <= 64.  SPATTN_SFA_UNION=0 turns it off, =1 takes every group without a repeated key (tests),
 // SPATTN_SFA_UNION_DENSITY=x sets the least density, SPATTN_SFA_UNION_NOFORK=1 runs the union kernel
 // on the caller's stream before the gather kernel (measurements).
-UnionCfg union_cfg(const spattn_sfa_problem *p) {
+UnionCfg union_cfg(const spattn_sfa_problem *p, int shape) {
     UnionCfg u;
     const char *env = getenv("SPATTN_SFA_UNION"), *den = getenv("SPATTN_SFA_UNION_DENSITY");
-    if ((env && env[0] == '0') || !fast_shape(p, 0)) return u;
+    if ((env && env[0] == '0') || shape != sfa::SHAPE_MLA) return u;
     const int64_t H = p->N1 / p->N2, nkw = (p->S2 + 63) / 64;
     if (H < 4 || H > 32 || (H & (H - 1)) || p->sbs > 64 || p->K > (1 << 24)) return u;
     const int64_t ug = 64 / H;
@@ -602,7 +602,10 @@ size_t vl_bwd_workspace(const spattn_sfa_problem *p);
 extern "C" size_t spattn_cuda_sfa_workspace(const spattn_sfa_problem *p, int backward) {
     size_t off[RB_N + 1];
     if (p->seqs) return backward ? vl_bwd_workspace(p) : vl_workspace(p);
-    if (!backward) return fwd_shape(p) >= 0 ? union_cfg(p).bytes : ref_parts(p, 0, off);
+    if (!backward) {
+        const int shape = fwd_shape(p);
+        return shape >= 0 ? union_cfg(p, shape).bytes : ref_parts(p, 0, off);
+    }
     if (!fast_shape(p, backward)) return ref_parts(p, backward, off);
     // a size query (spattn_sfa_workspace_size) sees no O, dO or dQ: one the Hopper kernels cannot
     // read sends the call to the simple kernels, so the query answers the larger need (as bsa's)
@@ -635,11 +638,18 @@ struct IdxCheck {
     cudaEvent_t ev = nullptr;  // EARLY: recorded after the copy of the verdict
 };
 
-// spattn's stream-ordered pool for the verdict words and the union forward's workspace, one per
-// device, memory kept across calls (NULL: none).
-cudaMemPool_t check_pool(int dev) {
+// spattn's per-device resources, made on first use (NULL members: could not be made):
+//   pool: a stream-ordered pool for the verdict words and the union forward's workspace, its
+//         memory kept across calls (the default pool gave it back at every synchronisation and
+//         remapped it per call, ~60 us);
+//   side: a non-blocking stream for the union forward's fork (see Fork).
+struct DeviceRes {
+    cudaMemPool_t pool = nullptr;
+    cudaStream_t side = nullptr;
+};
+const DeviceRes *device_res(int dev) {
     static std::mutex mu;
-    static cudaMemPool_t pools[64];
+    static DeviceRes res[64];
     static bool tried[64];
     if (dev < 0 || dev >= 64) return nullptr;
     std::lock_guard<std::mutex> lock(mu);
@@ -654,41 +664,34 @@ cudaMemPool_t check_pool(int dev) {
         if (cudaMemPoolCreate(&mp, &pr) == cudaSuccess) {
             uint64_t keep = UINT64_MAX;
             cudaMemPoolSetAttribute(mp, cudaMemPoolAttrReleaseThreshold, &keep);
-            pools[dev] = mp;
-        } else {
-            cudaGetLastError();
+            res[dev].pool = mp;
         }
+        cudaStream_t ss = nullptr;
+        if (cudaStreamCreateWithFlags(&ss, cudaStreamNonBlocking) == cudaSuccess) res[dev].side = ss;
+        cudaGetLastError();
     }
-    return pools[dev];
+    return &res[dev];
+}
+cudaMemPool_t check_pool(int dev) {
+    const DeviceRes *r = device_res(dev);
+    return r ? r->pool : nullptr;
 }
 
-// A fork of the calling stream onto spattn's side stream of the device (created once,
-// non-blocking) and its join: work enqueued on `side` between fork_begin and fork_end runs after
-// what `st` held at the fork and before what `st` gets after the join.  side == NULL: no fork (under
-// stream capture, or a setup step failed): enqueue on `st`.
+// A fork of the calling stream onto spattn's side stream of the device and its join: work
+// enqueued on `side` between fork_begin and fork_end runs after what `st` held at the fork and
+// before what `st` gets after the join.  side == NULL: no fork (under stream capture, or a setup
+// step failed): enqueue on `st`.
 struct Fork {
     cudaStream_t side = nullptr;
     cudaEvent_t ev[2] = {nullptr, nullptr};
 };
-cudaStream_t side_stream(int dev) {
-    static std::mutex mu;
-    static cudaStream_t ss[64];
-    static bool tried[64];
-    if (dev < 0 || dev >= 64) return nullptr;
-    std::lock_guard<std::mutex> lock(mu);
-    if (!tried[dev]) {
-        tried[dev] = true;
-        if (cudaStreamCreateWithFlags(&ss[dev], cudaStreamNonBlocking) != cudaSuccess) {
-            cudaGetLastError();
-            ss[dev] = nullptr;
-        }
-    }
-    return ss[dev];
-}
 void fork_begin(cudaStream_t st, Fork *f) {
     int dev = -1;
+    const DeviceRes *r = nullptr;
     cudaStream_t side;
-    if (getenv("SPATTN_SFA_UNION_NOFORK") || stream_capturing(st) || cudaGetDevice(&dev) != cudaSuccess || !(side = side_stream(dev))) goto none;
+    if (getenv("SPATTN_SFA_UNION_NOFORK") || stream_capturing(st) || cudaGetDevice(&dev) != cudaSuccess ||
+        !(r = device_res(dev)) || !(side = r->side))
+        goto none;
     for (int i = 0; i < 2; i++)
         if (cudaEventCreateWithFlags(&f->ev[i], cudaEventDisableTiming) != cudaSuccess) goto none;
     if (cudaEventRecord(f->ev[0], st) != cudaSuccess || cudaStreamWaitEvent(side, f->ev[0], 0) != cudaSuccess) goto none;
@@ -1673,8 +1676,7 @@ extern "C" spattn_status spattn_cuda_sfa_fwd(const spattn_sfa_problem *p, const 
     kp.out_lse = p->lse ? (float *)p->lse->data : nullptr;
     kp.o = nullptr;
     const int bf16 = p->dtype == SPATTN_DTYPE_BF16;
-    cudaError_t e = cudaSuccess;
-    const UnionCfg u = shape == sfa::SHAPE_MLA ? union_cfg(p) : UnionCfg();
+    const UnionCfg u = union_cfg(p, shape);
     char *ub = nullptr;
     bool pooled = false;
     if (u.bytes) {  // the caller's workspace, else spattn's kept pool (a graph's own memory under capture)
@@ -1717,7 +1719,8 @@ extern "C" spattn_status spattn_cuda_sfa_fwd(const spattn_sfa_problem *p, const 
     // idle SMs (H200: forked 0.96x the time on sfa01, 0.97-0.98x sfa02).  Serial under capture (the side
     // stream is shared by the host threads) or when the fork cannot be set up.
     Fork fk;
-    if (ub && e == cudaSuccess) {
+    cudaError_t e = cudaSuccess;
+    if (ub) {
         fork_begin(st, &fk);
         e = spattn_sfa_union_fwd_launch(&kp, bf16, fk.side ? fk.side : st);
     }
