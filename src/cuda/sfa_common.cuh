@@ -56,11 +56,15 @@ struct Params {
     // gather kernels take group g (sparse, or an index repeated in a row), else the number of
     // 64-key blocks of the group's union, listed in ublk[g * ucap ..] (ascending) with each
     // token's selection in umask[(g * ucap + i) * ug + t] (bit j: key 64 ublk[..] + j).
-    // ucnt == NULL: no union pass in this call.
-    const int *ucnt, *ublk;
+    // Compacted groups (ucnt has UCOMPACT set; count = ucnt & ~UCOMPACT): the union's keys
+    // themselves, ascending, in blocks of 64 (ukey[(g * ucap + i) * 64 + j], -1 past the last),
+    // and umask's bit j is key ukey[.. + j]: fewer blocks when the tokens' selections leave gaps.
+    // ucnt == NULL: no union pass in this call; ukey == NULL: no compacted group.
+    const int *ucnt, *ublk, *ukey;
     const unsigned long long *umask;
     int ug, lg2h, ungroups, ucap;
 };
+constexpr int UCOMPACT = 1 << 30;  // Params::ucnt: the group's blocks are compacted keys (ukey)
 
 constexpr int D = 512;     // value / nope width of the fast kernels
 constexpr int DR = 64;     // rope width of the fast kernels

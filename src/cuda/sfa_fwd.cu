@@ -31,6 +31,8 @@
 // each row keeps only the keys its token selected (per-token 64-bit masks instead of the valid
 // flags).  Where neighbouring tokens select much of the same keys (causal top-k over short
 // contexts), one block then serves 64 / H tokens: no per-token gather and no MMA row wasted.
+// A group whose union leaves gaps comes compacted (Params::UCOMPACT): its blocks are the union's
+// keys themselves, 64 at a time, so fewer blocks cover the same selections.
 #include <math.h>
 
 #include "cta_trace.cuh"
@@ -82,8 +84,9 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
     const int b = blockIdx.y / p.N2, n2 = blockIdx.y % p.N2;
     const int head0 = n2 * p.H + g * BH, nh = UN ? BH : min(BH, p.H - g * BH);
     const int64_t ugi = UN ? (int64_t)blockIdx.y * p.ungroups + ugrp : 0;
-    const int ucnt = UN ? __ldg(p.ucnt + ugi) : 0;  // -1: the gather kernels take the group
-    if (UN && ucnt < 0) return;
+    const int ucraw = UN ? __ldg(p.ucnt + ugi) : 0;  // -1: the gather kernels take the group
+    if (UN && ucraw < 0) return;
+    const int ucnt = ucraw & ~sfa::UCOMPACT;  // UN: blocks; compacted (ukey) or contiguous (ublk)
     // VL: s1 is the packed token (b = 0, batch strides 0); tokens past cu_seqlens_q[B] exit
     sfa::TokenRow tr;
     if (!sfa::token_row<VL>(p, b, n2, s1, tr)) return;
@@ -126,13 +129,23 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
         for (int i = 0; i < np; i++) {
             const uint32_t fp = (i & 1) ^ 1;
             int k0[4], k1[4];
-            if constexpr (UN) {  // 64 contiguous keys per block (an odd count's last pair: none)
-                const int kb0 = __ldg(ulst + 2 * i), kb1 = 2 * i + 1 < ucnt ? __ldg(ulst + 2 * i + 1) : -1;
+            if constexpr (UN) {  // an odd count's last pair: no odd block
+                if (ucraw & sfa::UCOMPACT) {  // the union's keys, 64 per block (-1 past the last)
+                    const int *kl = p.ukey + (ugi * p.ucap + 2 * i) * BK + gat.grp;
+                    const bool odd = 2 * i + 1 < ucnt;
 #pragma unroll
-                for (int r = 0; r < 4; r++) {
-                    const int j = gat.grp + 16 * r, a = kb0 * BK + j, bb = kb1 * BK + j;
-                    k0[r] = a < p.S2 ? a : -1;
-                    k1[r] = kb1 >= 0 && bb < p.S2 ? bb : -1;
+                    for (int r = 0; r < 4; r++) {
+                        k0[r] = __ldg(kl + 16 * r);
+                        k1[r] = odd ? __ldg(kl + BK + 16 * r) : -1;
+                    }
+                } else {  // 64 contiguous keys per block
+                    const int kb0 = __ldg(ulst + 2 * i), kb1 = 2 * i + 1 < ucnt ? __ldg(ulst + 2 * i + 1) : -1;
+#pragma unroll
+                    for (int r = 0; r < 4; r++) {
+                        const int j = gat.grp + 16 * r, a = kb0 * BK + j, bb = kb1 * BK + j;
+                        k0[r] = a < p.S2 ? a : -1;
+                        k1[r] = kb1 >= 0 && bb < p.S2 ? bb : -1;
+                    }
                 }
             } else {
                 gat.keys(p, irow, si3, 2 * i, lim, k0);

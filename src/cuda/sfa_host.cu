@@ -36,8 +36,8 @@ extern "C" cudaError_t spattn_sfa_fast_fwd_launch(const sfa::Params *p, int is_b
 extern "C" cudaError_t spattn_sfa_small_fwd_launch(const sfa::Params *p, int is_bf16, int shape, cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_union_fwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_union_plan_launch(const sfa::Params *p, float min_density, int *cnt, int *lst,
-                                                    unsigned long long *msk, unsigned long long *first_bad,
-                                                    cudaStream_t st);
+                                                    int *ukey, unsigned long long *msk,
+                                                    unsigned long long *first_bad, cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_bwd90_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_bwd_small_launch(const sfa::Params *p, const sfa::SmallLists *L, int is_bf16,
                                                    cudaStream_t st);
@@ -281,12 +281,16 @@ constexpr size_t UNION_MAX_BYTES = (size_t)1 << 30;
 struct UnionCfg {
     int ug = 0, lg2h = 0, ngroups = 0, cap = 0;
     float min_density = 0.f;
-    size_t off_lst = 0, off_msk = 0, bytes = 0;  // workspace: counts, lists, masks (0: no union pass)
+    size_t off_lst = 0, off_msk = 0, off_key = 0, bytes = 0;  // workspace: counts, lists, masks, keys
+                                                              // (bytes 0: no union pass; off_key 0:
+                                                              // no compaction)
 };
 // The union pass of a forward of fwd_shape `shape`: SHAPE_MLA with H = 4, 8, 16 or 32 heads per
 // key head, sbs <= 64.  SPATTN_SFA_UNION=0 turns it off, =1 takes every group without a repeated key (tests),
 // SPATTN_SFA_UNION_DENSITY=x sets the least density, SPATTN_SFA_UNION_NOFORK=1 runs the union kernel
-// on the caller's stream before the gather kernel (measurements).
+// on the caller's stream before the gather kernel, SPATTN_SFA_UNION_COMPACT=0 keeps every group in
+// contiguous blocks (measurements, tests).  The compacted keys take 256 bytes per block of
+// capacity; past UNION_MAX_BYTES the pass runs without them.
 UnionCfg union_cfg(const spattn_sfa_problem *p, int shape) {
     UnionCfg u;
     const char *env = getenv("SPATTN_SFA_UNION"), *den = getenv("SPATTN_SFA_UNION_DENSITY");
@@ -305,6 +309,14 @@ UnionCfg union_cfg(const spattn_sfa_problem *p, int shape) {
     const size_t a = al((size_t)groups * 4), l = al((size_t)groups * cap * 4);
     const size_t bytes = a + l + al((size_t)groups * cap * ug * 8);
     if (bytes > UNION_MAX_BYTES || ng > INT_MAX) return u;
+    const char *cmp = getenv("SPATTN_SFA_UNION_COMPACT");
+    const size_t kb = al((size_t)groups * cap * 64 * 4);
+    if (!(cmp && cmp[0] == '0') && bytes + kb <= UNION_MAX_BYTES) {
+        u.off_key = bytes;
+        u.bytes = bytes + kb;
+    } else {
+        u.bytes = bytes;
+    }
     u.ug = (int)ug;
     while ((1 << u.lg2h) < H) u.lg2h++;
     u.ngroups = (int)ng;
@@ -312,7 +324,6 @@ UnionCfg union_cfg(const spattn_sfa_problem *p, int shape) {
     u.min_density = md;
     u.off_lst = a;
     u.off_msk = a + l;
-    u.bytes = bytes;
     return u;
 }
 
@@ -1700,12 +1711,14 @@ extern "C" spattn_status spattn_cuda_sfa_fwd(const spattn_sfa_problem *p, const 
         kp.ucnt = (const int *)ub;
         kp.ublk = (const int *)(ub + u.off_lst);
         kp.umask = (const unsigned long long *)(ub + u.off_msk);
+        kp.ukey = u.off_key ? (const int *)(ub + u.off_key) : nullptr;
     }
     // The index check: with the union pass, its plan checks every value it reads (one pass over
     // the indices instead of two: ~7 us on sfa01's ~190, H200)
     IdxCheck c;
     s = ub ? check_launch(p, st, &c, [&](unsigned long long *bad) {
                  return spattn_sfa_union_plan_launch(&kp, u.min_density, (int *)ub, (int *)(ub + u.off_lst),
+                                                     const_cast<int *>(kp.ukey),
                                                      (unsigned long long *)(ub + u.off_msk), bad, st);
              })
            : check_launch(p, st, &c);

@@ -15,22 +15,51 @@
 // union_min_density: the gather kernels' rate at H over the union kernel's); else its count is -1
 // and the gather kernels take its tokens.  Index values out of range are ignored here (the index
 // check reports them and gates every write).
+//
+// Compaction (Params::ukey set): when the union's keys, packed 64 to a block, need fewer blocks
+// than its contiguous 64-key blocks (the tokens' selections leave gaps inside blocks: causal top-k
+// with K well under the reachable keys, sfa02's tail), the group gets the packed form: the key ids
+// ascending and each token's bits at the packed positions; the density is then counted over the
+// packed blocks.  The gather of a packed block costs what a contiguous one does (a 16-byte copy
+// per key row and chunk either way).
 #include "sfa_common.cuh"
 
 namespace {
 
 using sfa::Params;
 
+// The bits of x at the set bits of m, packed to the low end in order (x86's pext; the
+// parallel-suffix method of Hacker's Delight 7-4: six rounds, no loop over bits).
+__device__ __forceinline__ unsigned long long compress64(unsigned long long x, unsigned long long m) {
+    x &= m;
+    unsigned long long mk = ~m << 1;
+#pragma unroll
+    for (int i = 0; i < 6; i++) {
+        unsigned long long mp = mk ^ (mk << 1);
+        mp ^= mp << 2;
+        mp ^= mp << 4;
+        mp ^= mp << 8;
+        mp ^= mp << 16;
+        mp ^= mp << 32;
+        const unsigned long long mv = mp & m;
+        m = (m ^ mv) | (mv >> (1 << i));
+        const unsigned long long t = x & mv;
+        x = (x ^ t) | (t >> (1 << i));
+        mk &= ~mp;
+    }
+    return x;
+}
+
 // One CTA per group; the tokens' bitmaps over the key range in shared memory ([ug][nkw] words,
 // nkw = ceil(S2 / 64); the host keeps ug * nkw * 8 within UNION_PLAN_SMEM).
 // first_bad (optional): the index check folded in, as check_idx_kernel (sfa_host.cu) reports it: the
 // smallest row-major position (((b S1 + s1) N2 + n2) K + slot) of a value < -1 or >= nblk.
 __global__ void __launch_bounds__(256) sfa_union_plan_kernel(const __grid_constant__ Params p, float min_density,
-                                                             int *cnt, int *lst, unsigned long long *msk,
+                                                             int *cnt, int *lst, int *ukey, unsigned long long *msk,
                                                              unsigned long long *first_bad) {
     extern __shared__ unsigned long long bm[];
     __shared__ unsigned long long s_sel;
-    __shared__ int s_dup, s_nb;
+    __shared__ int s_dup, s_wsum[8], s_wnb[8];
     const int G = p.ug, nkw = (p.S2 + 63) >> 6, tid = threadIdx.x, lane = tid & 31;
     const int grp = blockIdx.x, b = blockIdx.y / p.N2, n2 = blockIdx.y % p.N2;
     const int64_t gi = (int64_t)blockIdx.y * p.ungroups + grp;
@@ -38,7 +67,6 @@ __global__ void __launch_bounds__(256) sfa_union_plan_kernel(const __grid_consta
     if (tid == 0) {
         s_sel = 0;
         s_dup = 0;
-        s_nb = 0;
     }
     __syncthreads();
     unsigned long long sel = 0;
@@ -107,19 +135,79 @@ __global__ void __launch_bounds__(256) sfa_union_plan_kernel(const __grid_consta
         if (dup) atomicOr(&s_dup, 1);
     }
     __syncthreads();
-    int nb = 0;
-    for (int w = tid; w < nkw; w += 256) {
+    // The union's words (kept in shared memory when compaction is possible), how many are not
+    // empty (blocks of the plain form) and their set bits (keys of the compacted form); each
+    // thread a run of `per` words, its first position the block's exclusive scan of the counts
+    unsigned long long *uw = bm + G * nkw;                 // [nkw] (compacting only)
+    int *pre = reinterpret_cast<int *>(uw + nkw);          // [nkw] first position of word w
+    const bool cmp_ok = ukey != nullptr;
+    const int per = (nkw + 255) / 256, wa = min(nkw, tid * per), wb = min(nkw, wa + per);
+    int nb = 0, pc = 0;
+    for (int w = wa; w < wb; w++) {
         unsigned long long a = 0;
         for (int tt = 0; tt < G; tt++) a |= bm[tt * nkw + w];
+        if (cmp_ok) uw[w] = a;
         nb += a != 0;
+        pc += __popcll(a);
+    }
+    int incl = pc;
+    for (int x = 1; x < 32; x <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, incl, x);
+        if (lane >= x) incl += y;
     }
     for (int x = 16; x > 0; x >>= 1) nb += __shfl_xor_sync(0xffffffffu, nb, x);
-    if (lane == 0 && nb) atomicAdd(&s_nb, nb);
+    if (lane == 31) s_wsum[tid >> 5] = incl;
+    if (lane == 0) s_wnb[tid >> 5] = nb;
     __syncthreads();
-    const int NB = s_nb;
-    const bool take = !s_dup && NB <= p.ucap && (double)s_sel >= (double)min_density * NB * 64.0 * G;
+    int excl = incl - pc, NB = 0, U = 0;
+    for (int x = 0; x < 8; x++) {
+        excl += x < (tid >> 5) ? s_wsum[x] : 0;
+        U += s_wsum[x];
+        NB += s_wnb[x];
+    }
+    // compacted: ceil(U / 64) blocks of the union's keys, when that is fewer than the plain form's
+    const int NBC = (U + 63) >> 6;
+    // (packing pays for its plan work when it saves at least an eighth of the blocks)
+    const bool cmp = cmp_ok && NBC <= NB - max(1, NB >> 3);
+    const int NBF = cmp ? NBC : NB;
+    const bool take = !s_dup && NBF <= p.ucap && (double)s_sel >= (double)min_density * NBF * 64.0 * G;
     if (!take) {
         if (tid == 0) cnt[gi] = -1;
+        return;
+    }
+    if (cmp) {
+        int *keys = ukey + gi * p.ucap * 64;
+        unsigned long long *m = msk + gi * p.ucap * G;
+        for (int i = tid; i < NBC * G; i += 256) m[i] = 0ull;
+        for (int i = U + tid; i < NBC * 64; i += 256) keys[i] = -1;
+        int pos = excl;  // each thread's words: their first positions
+        for (int w = wa; w < wb; w++) {
+            pre[w] = pos;
+            pos += __popcll(uw[w]);
+        }
+        __syncthreads();  // masks zeroed (global, same block), pre[] complete
+        // key ids: a warp per word, lane l its bits l and l + 32, at their packed positions
+        const unsigned lt = (1u << lane) - 1;
+        for (int w = tid >> 5; w < nkw; w += 8) {
+            const unsigned long long a = uw[w];
+            const unsigned lo = (unsigned)a, hi = (unsigned)(a >> 32);
+            const int p0 = pre[w];
+            if ((lo >> lane) & 1) keys[p0 + __popc(lo & lt)] = (w << 6) + lane;
+            if ((hi >> lane) & 1) keys[p0 + __popc(lo) + __popc(hi & lt)] = (w << 6) + 32 + lane;
+        }
+        // masks: a thread per (word, token), the token's bits compressed by the union word (each
+        // set bit of the union in order: bit n of the result), ORed into the one or two packed
+        // blocks the word's keys fall in
+        for (int x = tid; x < nkw * G; x += 256) {
+            const int w = x / G, tt = x - w * G;
+            const unsigned long long tw = bm[tt * nkw + w];
+            if (!tw) continue;
+            const unsigned long long c = compress64(tw, uw[w]);
+            const int p0 = pre[w], blk = p0 >> 6, o = p0 & 63;
+            atomicOr(m + (int64_t)blk * G + tt, c << o);
+            if (o && (c >> (64 - o))) atomicOr(m + (int64_t)(blk + 1) * G + tt, c >> (64 - o));
+        }
+        if (tid == 0) cnt[gi] = NBC | sfa::UCOMPACT;
         return;
     }
     if (tid >= 32) return;
@@ -146,15 +234,15 @@ __global__ void __launch_bounds__(256) sfa_union_plan_kernel(const __grid_consta
 // Launcher used by sfa_host.cu (p->ug, p->lg2h, p->ungroups, p->ucap set; the outputs are the
 // call's union workspace).
 extern "C" cudaError_t spattn_sfa_union_plan_launch(const sfa::Params *p, float min_density, int *cnt, int *lst,
-                                                    unsigned long long *msk, unsigned long long *first_bad,
-                                                    cudaStream_t st) {
-    const size_t smem = (size_t)p->ug * ((p->S2 + 63) / 64) * 8;
+                                                    int *ukey, unsigned long long *msk,
+                                                    unsigned long long *first_bad, cudaStream_t st) {
+    const size_t nkw = (p->S2 + 63) / 64, smem = (p->ug + (ukey ? 1 : 0)) * nkw * 8 + (ukey ? nkw * 4 : 0);
     if (smem > 48 * 1024) {
         const cudaError_t e =
             cudaFuncSetAttribute(sfa_union_plan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return e;
     }
     dim3 grid((unsigned)p->ungroups, (unsigned)(p->B * p->N2));
-    sfa_union_plan_kernel<<<grid, 256, smem, st>>>(*p, min_density, cnt, lst, msk, first_bad);
+    sfa_union_plan_kernel<<<grid, 256, smem, st>>>(*p, min_density, cnt, lst, ukey, msk, first_bad);
     return cudaGetLastError();
 }

@@ -482,18 +482,22 @@ static void test_case(const Cfg &c, uint64_t seed, bool fast = true, bool fallba
     char tag[160];
     snprintf(tag, sizeof tag, "%s", c.name.c_str());
     if (fast) {
-        // the forward three ways where the union pass applies (Mla, H = 4 .. 32 a power of two,
-        // sbs <= 64): every group without a repeated key on the union kernel, none, the heuristic
+        // the forward four ways where the union pass applies (Mla, H = 4 .. 32 a power of two,
+        // sbs <= 64): every group without a repeated key on the union kernel (compacted where
+        // that saves blocks; then in contiguous blocks only), none, the heuristic
         const int H = c.N1 / c.N2;
         const bool un = c.D == 512 && c.Dr == 64 && !c.sep_v && c.dt != SPATTN_DTYPE_F32 && H >= 4 && H <= 32 &&
                         !(H & (H - 1)) && c.sbs <= 64;
-        const char *modes[3] = {"1", "0", nullptr};
+        const char *modes[4] = {"1", "1", "0", nullptr};
+        const char *names[4] = {" [union]", " [union, blocks]", " [gather]", ""};
         spattn_status st = SPATTN_STATUS_SUCCESS;
-        for (int m = un ? 0 : 2; m < 3; m++) {
+        for (int m = un ? 0 : 3; m < 4; m++) {
             if (modes[m]) setenv("SPATTN_SFA_UNION", modes[m], 1);
             else unsetenv("SPATTN_SFA_UNION");
+            if (m == 1) setenv("SPATTN_SFA_UNION_COMPACT", "0", 1);
+            else unsetenv("SPATTN_SFA_UNION_COMPACT");
             char t1[200];
-            snprintf(t1, sizeof t1, "%s%s", tag, !modes[m] ? "" : m == 0 ? " [union]" : " [gather]");
+            snprintf(t1, sizeof t1, "%s%s", tag, names[m]);
             poison(P.o);
             poison(P.lse);
             st = run_fwd(P);
@@ -682,9 +686,10 @@ static void test_determinism(int N1) {
 }
 
 // The union forward's workspace from the caller (spattn_sfa_workspace_size, forward): the same
-// bits as from spattn's own pool; every group on the union kernel (whole causal rows).
-static void test_caller_workspace(int N1) {
-    Cfg c = mk("caller_ws", 1, 150, 150, N1, 1, 200, 1, 3, SPATTN_DTYPE_BF16);
+// bits as from spattn's own pool; every group on the union kernel (whole causal rows: contiguous
+// blocks; or K well under S2: compacted groups).
+static void test_caller_workspace(int N1, int S2, int K) {
+    Cfg c = mk("caller_ws", 1, 150, S2, N1, 1, K, 1, 3, SPATTN_DTYPE_BF16);
     Prob P;
     setup(P, c, 12);
     setenv("SPATTN_SFA_UNION", "1", 1);
@@ -712,7 +717,22 @@ static void test_caller_workspace(int N1) {
     CK(cudaDeviceSynchronize());
     const bool same = snap(P.o) == o1 && snap(P.lse) == l1;
     check(same, "%s caller workspace: bitwise the pool's result", c.name.c_str());
-    printf("  union forward, caller workspace (N1 = %d, %zu bytes): %s\n", N1, w, same ? "bitwise equal" : "DIFFERENT");
+    // the plan's group counts lead the workspace (sfa_host.cu's union_cfg): every group taken,
+    // compacted (bit 30) exactly when the union leaves gaps (whole causal rows leave none)
+    const int ng = (c.S1 + 64 / N1 - 1) / (64 / N1);
+    std::vector<int> cnt(ng);
+    CK(cudaMemcpy(cnt.data(), ws, ng * sizeof(int), cudaMemcpyDeviceToHost));
+    int taken = 0, packed = 0;
+    for (int x : cnt) {
+        taken += x >= 0;
+        packed += x >= 0 && (x & (1 << 30));
+    }
+    const bool whole = K >= S2;
+    check(taken == ng && (whole ? packed == 0 : packed > 0), "%s union groups all taken, compacted: %lld",
+          c.name.c_str(), packed);
+    printf("  union groups: %d of %d taken, %d compacted\n", taken, ng, packed);
+    printf("  union forward, caller workspace (N1 = %d, S2 = %d, K = %d, %zu bytes): %s\n", N1, S2, K, w,
+           same ? "bitwise equal" : "DIFFERENT");
     cudaFree(ws);
     unsetenv("SPATTN_SFA_UNION");
 }
@@ -930,6 +950,12 @@ static int small_tests(bool quick) {
         cs.push_back(mk("un_h4_s1_gt_s2", 1, 90, 40, 4, 1, 40, 1, 3, BF));
         cs.push_back(mk("un_h16_dups_mixed", 1, 64, 200, 16, 1, 150, 1, 3, FP));
         cs.back().dups = 2;
+        // compacted groups (the union's keys packed 64 to a block): a sparse union whose packed
+        // blocks span many words (H 32), 16 tokens per group over all keys (mode 0), blocks of 4
+        cs.push_back(mk("un_h32_compact_sparse", 1, 40, 4000, 32, 1, 40, 1, 3, BF));
+        cs.push_back(mk("un_h4_compact_mode0", 1, 70, 2000, 4, 1, 64, 1, 0, FP));
+        cs.push_back(mk("un_h16_compact_sbs4", 1, 50, 1500, 16, 1, 60, 4, 3, BF));
+        cs.back().pad_any = 1;
     }
     uint64_t seed = 100;
     for (auto &c : cs) {
@@ -1023,8 +1049,9 @@ static int small_tests(bool quick) {
         test_graph_capture(64);
         test_early_verdict(16);
         test_early_verdict(64);
-        test_caller_workspace(16);
-        test_caller_workspace(4);
+        test_caller_workspace(16, 150, 200);
+        test_caller_workspace(4, 150, 200);
+        test_caller_workspace(16, 1200, 100);
     }
     printf("%d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
