@@ -441,10 +441,12 @@ SPATTN_API spattn_status spattn_sfa_bwd_ex(const spattn_tensor *q, const spattn_
  * the chosen backend for these shapes (the backward: for any layout of o, dout and the
  * gradients, which decide the CUDA kernels).  Only shapes, dtypes and devices are read (index
  * values are not scanned).  The CUDA forward at 4, 8, 16 or 32 query heads per key head (D 512
- * + Dr 64, fp16/bf16) needs some: the per-call plan that runs groups of neighbouring tokens with
- * overlapping selections as one tile (about 4 + ceil(K sbs / 64 / d) * (4 + 512 / H) bytes per
- * group of 64 / H tokens, d the least density taken); without a caller workspace it comes from a
- * stream-ordered pool of the library that keeps its memory between calls. */
+ * + Dr 64, fp16/bf16, sbs <= 64) needs some: the per-call plan that runs groups of neighbouring
+ * tokens with overlapping selections as one tile (about 4 + c * (260 + 512 / H) bytes per group
+ * of 64 / H tokens, c = min(ceil(S2 / 64), ceil(K sbs / 64 / d)) blocks, d the least density
+ * taken; the key ids of groups packed 64 to a block are the 256); without a caller workspace it
+ * comes from a stream-ordered pool of the library that keeps its memory between calls.  The
+ * CUDA backward of those shapes runs the same groups (c = ceil(S2 / 64)); its size includes it. */
 SPATTN_API spattn_status spattn_sfa_workspace_size(const spattn_tensor *q, const spattn_tensor *q_rope,
                                                    const spattn_tensor *k, const spattn_tensor *k_rope,
                                                    const spattn_tensor *v, const spattn_tensor *indices,

@@ -31,6 +31,12 @@
 // the block table, sfa::Gather<T, true>), so the consumers' adds go to accumulator rows
 // [key-side rows, N2, 576] with no other change (b = 0).  Only if-constexpr branches: the dense
 // instantiation is unchanged.
+// UN = true: the union form at H = 4 .. 32 heads per key head (the forward's groups, sfa_union.cu's
+// plan): a CTA = a group of ug = 64 / H consecutive tokens of one (b, n2), row r = token
+// s1 + r / H, head r % H; the blocks are the group's union (64 contiguous keys, or 64 packed
+// keys of a compacted group), each row masked to its token's selection (P = dS = 0 elsewhere).
+// Every MMA row is used and a key's dK / dV row is added once per group instead of once per
+// token.  The plain form's CTAs of tokens whose group the union kernel took exit at once.
 #include <math.h>
 
 #include "hopper/hopper.cuh"
@@ -47,7 +53,9 @@ constexpr int NBOX = sfa::GNBOX;  // 9 boxes of 64 columns per Q / key row
 constexpr int BOX = sfa::GBOX;    // one 64-row box: 8 KB
 constexpr int OFF_Q = 0, OFF_DO = NBOX * BOX, OFF_K = OFF_DO + 8 * BOX, OFF_P = OFF_K + NBOX * BOX;
 constexpr int OFF_DS = OFF_P + BOX, OFF_LSE = OFF_DS + BOX, OFF_DELTA = OFF_LSE + 64 * 4;
-constexpr int OFF_KEY = OFF_DELTA + 64 * 4, OFF_BAR = OFF_KEY + 2 * BK * 4, OFF_LAST = OFF_BAR + 6 * 8;
+constexpr int UMAX = 16;  // UN: tokens per group at most (H >= 4)
+constexpr int OFF_KEY = OFF_DELTA + 64 * 4, OFF_UMK = OFF_KEY + 2 * BK * 4, OFF_BAR = OFF_UMK + 2 * UMAX * 8;
+constexpr int OFF_LAST = OFF_BAR + 6 * 8;
 constexpr int SMEM = OFF_LAST + 16 + 1024;  // + alignment slack
 static_assert(SMEM <= 232448, "fits in 227 KB");
 
@@ -58,6 +66,7 @@ struct Smem {
     unsigned char *q, *dout, *k, *p, *ds;
     float *lse2, *delta;  // [64] per head row: LSE * log2(e) (+inf: P = 0), rowsum(dO O)
     int *key;             // [2][64] key ids of the block (-1: invalid slot), by block parity
+    unsigned long long *umk;  // UN: [2][UMAX] the tokens' masks of the block (bit j: key j), by parity
     uint64_t *rdy, *vbar, *fre;  // rdy[2]: boxes 0-3 / 4-8 landed; vbar: key ids; fre: buffer free
     // the consumers' rendezvous around the P / dS tiles (256 arrivals each): pw, the previous
     // block's tiles are read; pr, this block's are written.  mbarriers, not named barriers: the
@@ -77,8 +86,20 @@ __device__ __forceinline__ void load_do(unsigned char *sdo, const Params &p, con
     }
 }
 
+// UN: dO rows r = token s1 + r / H, head head0 + r % H (rows of tokens past S1 zero)
+template <typename T>
+__device__ __forceinline__ void load_do_union(unsigned char *sdo, const Params &p, int b, int s1, int head0, int t0,
+                                              int stride) {
+    const T *dob = static_cast<const T *>(p.dout) + b * p.sdo[0];
+    for (int x = t0; x < BH * 64; x += stride) {
+        const int r = x >> 6, ch = x & 63, tok = s1 + (r >> p.lg2h), ok = tok < p.S1;
+        const T *src = ok ? dob + (int64_t)tok * p.sdo[1] + (int64_t)(head0 + (r & (p.H - 1))) * p.sdo[2] + ch * 8 : dob;
+        sfa::cp_async16(sdo + (ch >> 3) * BOX + hop::sw128(r, ch & 7), src, ok ? 16 : 0);
+    }
+}
+
 // Consumer warpgroup C (0 or 1); see the file comment for the split of the work.
-template <typename T, int C>
+template <typename T, int C, bool UN>
 __device__ __forceinline__ void consume(const Params &p, const Smem &s, int nblk, int b, int n2, int s1, int head0,
                                         int nh) {
     const int t = threadIdx.x & 127, warp = t >> 5, lane = t & 31, q4 = lane & 3;
@@ -88,6 +109,7 @@ __device__ __forceinline__ void consume(const Params &p, const Smem &s, int nblk
     const bool det = p.acc_i64 != nullptr;
     const float fs = det ? *p.fix_scale : 1.f;
     const int64_t base = ((int64_t)b * p.S2 * p.N2 + n2) * sfa::DQK;  // accumulator row of key 0
+    const int utA = UN ? r0 >> p.lg2h : 0, utB = UN ? (r0 + 8) >> p.lg2h : 0;  // UN: the rows' tokens
 
     constexpr int QB = C == 0 ? 0 : 4;  // first dQ box: boxes 0-3 (C = 0) or 4-7 plus 8 (C = 1)
     float dq[128], dqr[C == 1 ? 32 : 1];
@@ -130,12 +152,15 @@ __device__ __forceinline__ void consume(const Params &p, const Smem &s, int nblk
         // ---- P = exp2(S scale log2e - LSE2), dS = scale P (dP - Delta); invalid keys: P = 0
         hop::mbar_wait(s.vbar, ph);
         uint32_t pk[8], dk[8];  // packed pairs: [2 j + h] = row r0 + 8 h, columns 8 j + 2 q4 (+1)
+        // UN: each row its token's mask (rows r0, r0 + 8: tokens utA, utB)
+        const unsigned long long wma = UN ? s.umk[ph * UMAX + utA] : 0ull, wmb = UN ? s.umk[ph * UMAX + utB] : 0ull;
 #pragma unroll
         for (int jj = 0; jj < 4; jj++) {
             const int col = C * 32 + 8 * jj + 2 * q4;
-            const bool v0 = key[col] >= 0, v1 = key[col + 1] >= 0;
 #pragma unroll
             for (int h = 0; h < 2; h++) {
+                const unsigned long long wm = h ? wmb : wma;
+                const bool v0 = UN ? (wm >> col) & 1 : key[col] >= 0, v1 = UN ? (wm >> (col + 1)) & 1 : key[col + 1] >= 0;
                 const float l2 = h ? l2b : l2a, dl = h ? db : da;
                 const float p0 = v0 ? hop::ex2(sa[4 * jj + 2 * h] * sl2 - l2) : 0.f;
                 const float p1 = v1 ? hop::ex2(sa[4 * jj + 2 * h + 1] * sl2 - l2) : 0.f;
@@ -205,19 +230,20 @@ __device__ __forceinline__ void consume(const Params &p, const Smem &s, int nblk
         if constexpr (C == 1) hop::reg_fence(dqr);
     }
 
-    // ---- dQ / dQ_rope, rows h < nh
-    T *dqb = static_cast<T *>(p.dq) + b * p.sdq[0] + (int64_t)s1 * p.sdq[1];
-    T *dqrb = static_cast<T *>(p.dqr) + b * p.sdqr[0] + (int64_t)s1 * p.sdqr[1];
+    // ---- dQ / dQ_rope, rows h < nh (UN: rows of tokens before S1, row -> (token, head))
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int row = r0 + 8 * h;
-        if (row >= nh) continue;
-        T *d = dqb + (int64_t)(head0 + row) * p.sdq[2] + QB * 64 + 2 * q4;
+        const int tok = UN ? s1 + (row >> p.lg2h) : s1, hd = UN ? head0 + (row & (p.H - 1)) : head0 + row;
+        if (UN ? tok >= p.S1 : row >= nh) continue;
+        T *dqb = static_cast<T *>(p.dq) + b * p.sdq[0] + (int64_t)tok * p.sdq[1];
+        T *dqrb = static_cast<T *>(p.dqr) + b * p.sdqr[0] + (int64_t)tok * p.sdqr[1];
+        T *d = dqb + (int64_t)hd * p.sdq[2] + QB * 64 + 2 * q4;
 #pragma unroll
         for (int jj = 0; jj < 32; jj++)
             *reinterpret_cast<uint32_t *>(d + 8 * jj) = hop::elt<T>::pack(dq[4 * jj + 2 * h], dq[4 * jj + 2 * h + 1]);
         if constexpr (C == 1) {
-            T *dr = dqrb + (int64_t)(head0 + row) * p.sdqr[2] + 2 * q4;
+            T *dr = dqrb + (int64_t)hd * p.sdqr[2] + 2 * q4;
 #pragma unroll
             for (int jj = 0; jj < 8; jj++)
                 *reinterpret_cast<uint32_t *>(dr + 8 * jj) = hop::elt<T>::pack(dqr[4 * jj + 2 * h], dqr[4 * jj + 2 * h + 1]);
@@ -239,7 +265,7 @@ __device__ __forceinline__ sfa::Gather<T, VL> vl_gather(const Params &p, int b, 
     else return sfa::Gather<T, VL>(p, b, n2, t);
 }
 
-template <typename T, bool VL>
+template <typename T, bool VL, bool UN>
 __global__ void __launch_bounds__(384, 1) sfa_bwd90_kernel(const __grid_constant__ Params p) {
     // under stream capture the index check's verdict is a device word (sfa_host.cu): a bad index
     // and the CTA writes nothing (its key ids are masked in range anyway); NULL otherwise
@@ -255,6 +281,7 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd90_kernel(const __grid_constant
     s.lse2 = reinterpret_cast<float *>(sm + OFF_LSE);
     s.delta = reinterpret_cast<float *>(sm + OFF_DELTA);
     s.key = reinterpret_cast<int *>(sm + OFF_KEY);
+    s.umk = reinterpret_cast<unsigned long long *>(sm + OFF_UMK);
     s.rdy = reinterpret_cast<uint64_t *>(sm + OFF_BAR);
     s.vbar = s.rdy + 2;
     s.fre = s.rdy + 3;
@@ -262,11 +289,18 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd90_kernel(const __grid_constant
     s.pr = s.rdy + 5;
     s.last = reinterpret_cast<int *>(sm + OFF_LAST);
 
-    const int ngroups = (p.H + BH - 1) / BH;
-    const int s1 = p.S1 - 1 - (int)(blockIdx.x / ngroups);  // the longest rows (mode 3) first
-    const int g = (int)(blockIdx.x % ngroups);
+    const int ngroups = UN ? p.ungroups : (p.H + BH - 1) / BH;
+    // UN: the token group (longest first), s1 its first token
+    const int s1 = UN ? (ngroups - 1 - (int)blockIdx.x) * p.ug : p.S1 - 1 - (int)(blockIdx.x / ngroups);
+    const int g = UN ? 0 : (int)(blockIdx.x % ngroups);
     const int b = blockIdx.y / p.N2, n2 = blockIdx.y % p.N2;
-    const int head0 = n2 * p.H + g * BH, nh = min(BH, p.H - g * BH);
+    const int head0 = n2 * p.H + g * BH, nh = UN ? BH : min(BH, p.H - g * BH);
+    const int64_t ugi = UN ? (int64_t)blockIdx.y * p.ungroups + ngroups - 1 - (int)blockIdx.x : 0;
+    const int ucraw = UN ? __ldg(p.ucnt + ugi) : 0;  // -1: the plain form takes the group
+    if (UN && ucraw < 0) return;
+    const int ucnt = ucraw & ~sfa::UCOMPACT;
+    // the plain form: a token whose group the union form took is done there
+    if (!UN && !VL && p.ucnt && __ldg(p.ucnt + (int64_t)blockIdx.y * p.ungroups + (s1 >> (6 - p.lg2h))) >= 0) return;
     // VL: s1 is the packed token (b = 0, batch strides 0); tokens past cu_seqlens_q[B] exit
     sfa::TokenRow tr;
     if (!sfa::token_row<VL>(p, b, n2, s1, tr)) return;
@@ -291,10 +325,22 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd90_kernel(const __grid_constant
     if (wg == 0) {  // ------------------------------------------------------------------ producer
         hop::setmaxnreg_dec<40>();
         const sfa::Gather<T, VL> gat = vl_gather<T, VL>(p, b, n2, t, tk);
-        int nb = 1;  // block 0 is gathered before the scan's answer (harmless when there is none)
+        int nb = UN ? ucnt : 1;  // block 0 is gathered before the scan's answer (harmless when there is none)
         for (int j = 0; j < nb; j++) {
             int key[4];
-            gat.keys(p, irow, si3, j, lim, key);
+            if constexpr (UN) {
+                if (ucraw & sfa::UCOMPACT) {  // the union's keys, 64 per block (-1 past the last)
+                    const int *kl = p.ukey + (ugi * p.ucap + j) * BK + gat.grp;
+#pragma unroll
+                    for (int r = 0; r < 4; r++) key[r] = __ldg(kl + 16 * r);
+                } else {  // 64 contiguous keys
+                    const int k0 = __ldg(p.ublk + ugi * p.ucap + j) * BK + gat.grp;
+#pragma unroll
+                    for (int r = 0; r < 4; r++) key[r] = k0 + 16 * r < p.S2 ? k0 + 16 * r : -1;
+                }
+            } else {
+                gat.keys(p, irow, si3, j, lim, key);
+            }
             if constexpr (VL) vl_key_rows(tk, key);
             if (j > 0) hop::mbar_wait(s.fre, (j - 1) & 1);
             gat.copy(s.k, key, 0, 4);
@@ -304,9 +350,10 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd90_kernel(const __grid_constant
             if (gat.ig == 0) {
 #pragma unroll
                 for (int r = 0; r < 4; r++) s.key[(j & 1) * BK + gat.grp + 16 * r] = key[r];
+                if (UN && gat.grp < p.ug) s.umk[(j & 1) * UMAX + gat.grp] = __ldg(p.umask + (ugi * p.ucap + j) * p.ug + gat.grp);
                 hop::mbar_arrive(s.vbar);
             }
-            if (j == 0) {
+            if (!UN && j == 0) {
                 hop::bar_sync(NB_SCAN, 384);
                 const int last = *s.last;
                 nb = last < 0 ? 0 : last / BK + 1;
@@ -322,16 +369,24 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd90_kernel(const __grid_constant
     const T *qb = static_cast<const T *>(p.q) + b * p.sq[0] + (int64_t)s1 * p.sq[1];
     const T *qrb = static_cast<const T *>(p.qr) + b * p.sqr[0] + (int64_t)s1 * p.sqr[1];
     const T *dob = static_cast<const T *>(p.dout) + b * p.sdo[0] + (int64_t)s1 * p.sdo[1];
-    load_do<T>(s.dout, p, dob, head0, nh, tc, 256);
-    sfa::load_q<T>(s.q, BH, p, qb, qrb, head0, nh, tc, 256);  // commits both copies' group
-    sfa::prescan_last(p, irow, si3, lim, tc, 256, s.last);
+    if constexpr (UN) {
+        load_do_union<T>(s.dout, p, b, s1, head0, tc, 256);
+        sfa::load_q_union<T>(s.q, p, b, s1, head0, tc, 256);  // commits both copies' group
+    } else {
+        load_do<T>(s.dout, p, dob, head0, nh, tc, 256);
+        sfa::load_q<T>(s.q, BH, p, qb, qrb, head0, nh, tc, 256);  // commits both copies' group
+        sfa::prescan_last(p, irow, si3, lim, tc, 256, s.last);
+    }
     {
         // Delta = rowsum(dO O) in fp32 (4 threads per head row, 128 columns each) and LSE * log2(e)
+        // (UN: row h = token s1 + h / H, head h % H)
         const int h = tc >> 2, part = tc & 3;
+        const int tok = UN ? s1 + (h >> p.lg2h) : s1, hd = UN ? head0 + (h & (p.H - 1)) : head0 + h;
+        const bool hv = UN ? tok < p.S1 : h < nh;
         float sum = 0.f;
-        if (h < nh) {
-            const T *orow = static_cast<const T *>(p.o) + b * p.so[0] + (int64_t)s1 * p.so[1] + (int64_t)(head0 + h) * p.so[2];
-            const T *drow = dob + (int64_t)(head0 + h) * p.sdo[2];
+        if (hv) {
+            const T *orow = static_cast<const T *>(p.o) + b * p.so[0] + (int64_t)tok * p.so[1] + (int64_t)hd * p.so[2];
+            const T *drow = static_cast<const T *>(p.dout) + b * p.sdo[0] + (int64_t)tok * p.sdo[1] + (int64_t)hd * p.sdo[2];
 #pragma unroll 4
             for (int x = 0; x < 16; x++) {
                 const int col = part * 128 + x * 8;
@@ -351,8 +406,8 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd90_kernel(const __grid_constant
         if (part == 0) s.delta[h] = sum;
         if (part == 1) {
             float l2 = INFINITY;  // padded rows and rows without a valid key: P = 0
-            if (h < nh) {
-                const float lse = p.lse_in[b * p.slse[0] + (int64_t)s1 * p.slse[1] + (int64_t)(head0 + h) * p.slse[2]];
+            if (hv) {
+                const float lse = p.lse_in[b * p.slse[0] + (int64_t)tok * p.slse[1] + (int64_t)hd * p.slse[2]];
                 if (lse > -INFINITY) l2 = lse * 1.4426950408889634f;
             }
             s.lse2[h] = l2;
@@ -362,19 +417,20 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd90_kernel(const __grid_constant
     hop::fence_proxy_async();
     hop::bar_sync(NB_Q, 256);
     const int last = *s.last;
-    const int nblk = last < 0 ? 0 : last / BK + 1;
-    hop::bar_arrive(NB_SCAN, 384);
-    if (c == 0) consume<T, 0>(p, s, nblk, b, n2, s1, head0, nh);
-    else consume<T, 1>(p, s, nblk, b, n2, s1, head0, nh);
+    const int nblk = UN ? ucnt : last < 0 ? 0 : last / BK + 1;
+    if (!UN) hop::bar_arrive(NB_SCAN, 384);
+    if (c == 0) consume<T, 0, UN>(p, s, nblk, b, n2, s1, head0, nh);
+    else consume<T, 1, UN>(p, s, nblk, b, n2, s1, head0, nh);
 }
 
-template <typename T, bool VL> cudaError_t launch(const Params &p, cudaStream_t st) {
+template <typename T, bool VL, bool UN = false> cudaError_t launch(const Params &p, cudaStream_t st) {
     static unsigned long long done = 0;
-    const cudaError_t e = hop::set_smem(sfa_bwd90_kernel<T, VL>, SMEM, &done);
+    const cudaError_t e = hop::set_smem(sfa_bwd90_kernel<T, VL, UN>, SMEM, &done);
     if (e != cudaSuccess) return e;
     const int ngroups = (p.H + BH - 1) / BH;
-    dim3 grid((unsigned)((long long)p.S1 * ngroups), (unsigned)(p.B * p.N2));  // VL: S1 = Tq, B = 1
-    sfa_bwd90_kernel<T, VL><<<grid, 384, SMEM, st>>>(p);
+    // VL: S1 = Tq, B = 1; UN: one CTA per token group
+    dim3 grid(UN ? (unsigned)p.ungroups : (unsigned)((long long)p.S1 * ngroups), (unsigned)(p.B * p.N2));
+    sfa_bwd90_kernel<T, VL, UN><<<grid, 384, SMEM, st>>>(p);
     return cudaGetLastError();
 }
 
@@ -385,4 +441,10 @@ template <typename T, bool VL> cudaError_t launch(const Params &p, cudaStream_t 
 extern "C" cudaError_t spattn_sfa_bwd90_launch(const sfa::Params *p, int is_bf16, cudaStream_t st) {
     if (p->vl.tok) return is_bf16 ? launch<__nv_bfloat16, true>(*p, st) : launch<__half, true>(*p, st);
     return is_bf16 ? launch<__nv_bfloat16, false>(*p, st) : launch<__half, false>(*p, st);
+}
+
+// The union form (p->ucnt set by sfa_union.cu's plan, H = 4 .. 32, not varlen): the groups it
+// took; spattn_sfa_bwd90_launch afterwards runs the tokens of the others.
+extern "C" cudaError_t spattn_sfa_union_bwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st) {
+    return is_bf16 ? launch<__nv_bfloat16, false, true>(*p, st) : launch<__half, false, true>(*p, st);
 }

@@ -39,6 +39,7 @@ extern "C" cudaError_t spattn_sfa_union_plan_launch(const sfa::Params *p, float 
                                                     int *ukey, unsigned long long *msk,
                                                     unsigned long long *first_bad, cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_bwd90_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
+extern "C" cudaError_t spattn_sfa_union_bwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_bwd_small_launch(const sfa::Params *p, const sfa::SmallLists *L, int is_bf16,
                                                    cudaStream_t st);
 extern "C" spattn_status spattn_cuda_ref_sfa_fwd_varlen(const spattn_sfa_problem *p, const spattn_exec *ex,
@@ -291,16 +292,19 @@ struct UnionCfg {
 // on the caller's stream before the gather kernel, SPATTN_SFA_UNION_COMPACT=0 keeps every group in
 // contiguous blocks (measurements, tests).  The compacted keys take 256 bytes per block of
 // capacity; past UNION_MAX_BYTES the pass runs without them.
-UnionCfg union_cfg(const spattn_sfa_problem *p, int shape) {
+// bwd: the backward's union form (sfa_bwd90.cu, UN): every group without a repeated key (with
+// packing where it saves blocks, its density is at least 1 / ug: a per-token 64-row tile's use
+// of its rows, and its adds are never more); SPATTN_SFA_BWD_UNION=0 turns it off (measurements).
+UnionCfg union_cfg(const spattn_sfa_problem *p, int shape, bool bwd = false) {
     UnionCfg u;
-    const char *env = getenv("SPATTN_SFA_UNION"), *den = getenv("SPATTN_SFA_UNION_DENSITY");
+    const char *env = getenv(bwd ? "SPATTN_SFA_BWD_UNION" : "SPATTN_SFA_UNION"), *den = getenv("SPATTN_SFA_UNION_DENSITY");
     if ((env && env[0] == '0') || shape != sfa::SHAPE_MLA) return u;
     const int64_t H = p->N1 / p->N2, nkw = (p->S2 + 63) / 64;
     if (H < 4 || H > 32 || (H & (H - 1)) || p->sbs > 64 || p->K > (1 << 24)) return u;
     const int64_t ug = 64 / H;
     if ((size_t)(ug * nkw * 8) > UNION_PLAN_SMEM) return u;
-    float md = env && env[0] == '1' ? 0.f : union_min_density(H);
-    if (den) md = (float)atof(den);
+    float md = bwd || (env && env[0] == '1') ? 0.f : union_min_density(H);
+    if (den && !bwd) md = (float)atof(den);
     // a group taken has blocks <= selected keys / (64 ug md) <= K sbs / (64 md)
     int64_t cap = nkw;
     if (md > 0.f) cap = std::min<int64_t>(nkw, (int64_t)((double)p->K * p->sbs / (64.0 * md)) + 1);
@@ -481,10 +485,11 @@ size_t small_parts(const spattn_sfa_problem *p, const SmallShape &ss, size_t off
 }
 size_t bwd_ws_total(const spattn_sfa_problem *p) {
     size_t a, h, off[9];
-    size_t need = bwd_ws_parts(p, &a, &h);
+    const size_t need = bwd_ws_parts(p, &a, &h);
     SmallShape ss;
-    if (small_shape(p, true, &ss)) need += small_parts(p, ss, off);  // det: the larger need
-    return need;
+    const size_t sm = small_shape(p, true, &ss) ? small_parts(p, ss, off) : 0;  // det: the larger need
+    const size_t un = union_cfg(p, sfa::SHAPE_MLA, true).bytes;  // the union form instead, when it applies
+    return need + (sm > un ? sm : un);
 }
 
 unsigned grid_for(int64_t n, int64_t per_block) {
@@ -517,9 +522,12 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
     cudaStream_t st = (cudaStream_t)ex->stream;
     size_t acc_b, hist_b, soff[9];
     const size_t common = bwd_ws_parts(p, &acc_b, &hist_b);
+    // H = 4 .. 32 heads per key head: the union form (groups of 64 / H tokens as 64-row tiles)
+    // where it applies, else key-major when the rows are dense enough, else token-major
+    const UnionCfg u = union_cfg(p, sfa::SHAPE_MLA, true);
     SmallShape ss;
-    const bool small = small_shape(p, ex->deterministic != 0, &ss);
-    const size_t need = common + (small ? small_parts(p, ss, soff) : 0);
+    const bool small = !u.bytes && small_shape(p, ex->deterministic != 0, &ss);
+    const size_t need = common + (small ? small_parts(p, ss, soff) : u.bytes);
     unsigned char *ws = (unsigned char *)ex->workspace;
     bool own = false;
     if (!ws) {
@@ -581,9 +589,25 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
                 e = cudaGetLastError();
             }
         } else {
+            if (u.bytes) {
+                // the union form: the plan (the indices were checked before the call), the groups
+                // it took, then the token-major kernel for the tokens of the others (repeated keys)
+                unsigned char *ub = sw;
+                kp->ug = u.ug;
+                kp->lg2h = u.lg2h;
+                kp->ungroups = u.ngroups;
+                kp->ucap = u.cap;
+                kp->ucnt = (const int *)ub;
+                kp->ublk = (const int *)(ub + u.off_lst);
+                kp->umask = (const unsigned long long *)(ub + u.off_msk);
+                kp->ukey = u.off_key ? (const int *)(ub + u.off_key) : nullptr;
+                e = spattn_sfa_union_plan_launch(kp, 0.f, (int *)ub, (int *)(ub + u.off_lst), const_cast<int *>(kp->ukey),
+                                                 (unsigned long long *)(ub + u.off_msk), nullptr, st);
+                if (e == cudaSuccess) e = spattn_sfa_union_bwd_launch(kp, bf16, st);
+            }
             // token-major (sfa_bwd90.cu): more than 32 heads per key head, or sparse selections
             // (64-row MMA tiles, rows past H zero: at H <= 32 the adds bound it anyway)
-            e = spattn_sfa_bwd90_launch(kp, bf16, st);
+            if (e == cudaSuccess) e = spattn_sfa_bwd90_launch(kp, bf16, st);
         }
     }
     if (e == cudaSuccess) {
