@@ -437,7 +437,8 @@ size_t bwd_ws_parts(const spattn_sfa_problem *p, size_t *acc, size_t *hist) {
     return *acc + *hist + 256 + align256((size_t)p->B * p->S2 * p->N2 * sfa::DQK);
 }
 
-// The key-major backward (sfa_bwd_small.cu) for H <= 32 when the rows select a good part of the
+// The key-major backward (sfa_bwd_small.cu) for H <= 32 (those the union form, union_cfg with bwd,
+// does not take: H not 4, 8, 16, 32, or sbs > 64) when the rows select a good part of the
 // keys they can reach (every visited 64-key block is computed whole: a row touching a block for
 // one key pays for 64); its token lists must fit int32 counts and the multiplicities uint16, and
 // its own buffers 4 GiB (bounded by shapes: a long dense-ish problem whose lists would not fit

@@ -656,7 +656,8 @@ static void test_fallback() {
 }
 
 static void test_determinism(int N1) {
-    // N1 = 64: the token-major Hopper backward; 8: the key-major one
+    // N1 = 64: the token-major Hopper backward; 8: the union form (groups of 8 tokens); 3: the
+    // key-major one
     Cfg c = mk("determinism", 1, 256, 1024, N1, 1, 256, 1, 3, SPATTN_DTYPE_BF16);
     Prob P;
     setup(P, c, 11);
@@ -1045,6 +1046,7 @@ static int small_tests(bool quick) {
         test_fallback();
         test_determinism(64);
         test_determinism(8);
+        test_determinism(3);
         test_graph_capture(16);
         test_graph_capture(64);
         test_early_verdict(16);
