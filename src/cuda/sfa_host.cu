@@ -35,8 +35,7 @@
 extern "C" cudaError_t spattn_sfa_fast_fwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_small_fwd_launch(const sfa::Params *p, int is_bf16, int shape, cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_union_fwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
-extern "C" cudaError_t spattn_sfa_union_plan_launch(const sfa::Params *p, float min_density, int *cnt, int *lst,
-                                                    int *ukey, unsigned long long *msk,
+extern "C" cudaError_t spattn_sfa_union_plan_launch(const sfa::Params *p, float min_density,
                                                     unsigned long long *first_bad, cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_bwd90_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_union_bwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
@@ -331,6 +330,20 @@ UnionCfg union_cfg(const spattn_sfa_problem *p, int shape, bool bwd = false) {
     return u;
 }
 
+// Points kp's union fields at the union workspace ub laid out by u (the plan writes them, the
+// union kernels read them).
+void union_bind(const UnionCfg &u, void *ub, sfa::Params *kp) {
+    const char *w = (const char *)ub;
+    kp->ug = u.ug;
+    kp->lg2h = u.lg2h;
+    kp->ungroups = u.ngroups;
+    kp->ucap = u.cap;
+    kp->ucnt = (const int *)w;
+    kp->ublk = (const int *)(w + u.off_lst);
+    kp->umask = (const unsigned long long *)(w + u.off_msk);
+    kp->ukey = u.off_key ? (const int *)(w + u.off_key) : nullptr;
+}
+
 spattn_status limits_ok(const spattn_sfa_problem *p) {
     if (p->B * p->N2 > 65535 || p->S1 * ((p->N1 / p->N2 + 15) / 16) > 0x7fffffffLL ||
         p->S2 > (1LL << 30) || p->K * p->sbs > (1LL << 30))
@@ -593,17 +606,8 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
             if (u.bytes) {
                 // the union form: the plan (the indices were checked before the call), the groups
                 // it took, then the token-major kernel for the tokens of the others (repeated keys)
-                unsigned char *ub = sw;
-                kp->ug = u.ug;
-                kp->lg2h = u.lg2h;
-                kp->ungroups = u.ngroups;
-                kp->ucap = u.cap;
-                kp->ucnt = (const int *)ub;
-                kp->ublk = (const int *)(ub + u.off_lst);
-                kp->umask = (const unsigned long long *)(ub + u.off_msk);
-                kp->ukey = u.off_key ? (const int *)(ub + u.off_key) : nullptr;
-                e = spattn_sfa_union_plan_launch(kp, 0.f, (int *)ub, (int *)(ub + u.off_lst), const_cast<int *>(kp->ukey),
-                                                 (unsigned long long *)(ub + u.off_msk), nullptr, st);
+                union_bind(u, sw, kp);
+                e = spattn_sfa_union_plan_launch(kp, u.min_density, nullptr, st);
                 if (e == cudaSuccess) e = spattn_sfa_union_bwd_launch(kp, bf16, st);
             }
             // token-major (sfa_bwd90.cu): more than 32 heads per key head, or sparse selections
@@ -1728,25 +1732,12 @@ extern "C" spattn_status spattn_cuda_sfa_fwd(const spattn_sfa_problem *p, const 
             ub = nullptr;
         cudaGetLastError();
     }
-    if (ub) {  // no memory: the gather kernels take every token
-        kp.ug = u.ug;
-        kp.lg2h = u.lg2h;
-        kp.ungroups = u.ngroups;
-        kp.ucap = u.cap;
-        kp.ucnt = (const int *)ub;
-        kp.ublk = (const int *)(ub + u.off_lst);
-        kp.umask = (const unsigned long long *)(ub + u.off_msk);
-        kp.ukey = u.off_key ? (const int *)(ub + u.off_key) : nullptr;
-    }
+    if (ub) union_bind(u, ub, &kp);  // no memory: the gather kernels take every token
     // The index check: with the union pass, its plan checks every value it reads (one pass over
     // the indices instead of two: ~7 us on sfa01's ~190, H200)
     IdxCheck c;
-    s = ub ? check_launch(p, st, &c, [&](unsigned long long *bad) {
-                 return spattn_sfa_union_plan_launch(&kp, u.min_density, (int *)ub, (int *)(ub + u.off_lst),
-                                                     const_cast<int *>(kp.ukey),
-                                                     (unsigned long long *)(ub + u.off_msk), bad, st);
-             })
-           : check_launch(p, st, &c);
+    auto plan = [&](unsigned long long *bad) { return spattn_sfa_union_plan_launch(&kp, u.min_density, bad, st); };
+    s = ub ? check_launch(p, st, &c, plan) : check_launch(p, st, &c);
     if (s != SPATTN_STATUS_SUCCESS) {
         if (pooled) cudaFreeAsync(ub, st);
         return s;

@@ -231,11 +231,12 @@ __global__ void __launch_bounds__(256) sfa_union_plan_kernel(const __grid_consta
 
 }  // namespace
 
-// Launcher used by sfa_host.cu (p->ug, p->lg2h, p->ungroups, p->ucap set; the outputs are the
-// call's union workspace).
-extern "C" cudaError_t spattn_sfa_union_plan_launch(const sfa::Params *p, float min_density, int *cnt, int *lst,
-                                                    int *ukey, unsigned long long *msk,
+// Launcher used by sfa_host.cu (p's union fields bound to the call's union workspace: the plan
+// writes the counts, lists, masks and packed keys the union kernels then read through p).
+extern "C" cudaError_t spattn_sfa_union_plan_launch(const sfa::Params *p, float min_density,
                                                     unsigned long long *first_bad, cudaStream_t st) {
+    int *cnt = const_cast<int *>(p->ucnt), *lst = const_cast<int *>(p->ublk), *ukey = const_cast<int *>(p->ukey);
+    unsigned long long *msk = const_cast<unsigned long long *>(p->umask);
     const size_t nkw = (p->S2 + 63) / 64, smem = (p->ug + (ukey ? 1 : 0)) * nkw * 8 + (ukey ? nkw * 4 : 0);
     if (smem > 48 * 1024) {
         const cudaError_t e =
