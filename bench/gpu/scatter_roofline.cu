@@ -16,7 +16,10 @@
 // Every variant's sum is checked (exact: the values are multiples of 1/8).
 // Accumulator rows: S2 = 8192 (fits L2 as fp32: 18.9 MB) and 32768 (75 MB, beyond it).
 //   build: nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 bench/gpu/scatter_roofline.cu -o scatter_roofline
-//   run:   ./scatter_roofline [tokens=4096] [K=2048]
+//   run:   ./scatter_roofline [tokens=4096] [K=2048] [ctas_per_sm=0]
+// ctas_per_sm > 0 limits the CTAs resident on an SM (through shared memory) for the register
+// variants: 2 = 8 warps per SM issuing adds, as the sfa backward's two consumer warpgroups; 1 = 4
+// warps, its producer warpgroup.  (The bulk variants already run one CTA per SM: 147 KB staged.)
 // Timing: CUDA events, L2 flushed (256 MB memset) before each of 10 repeats, median.
 #include <stdint.h>
 
@@ -93,9 +96,14 @@ __global__ void __launch_bounds__(128) scatter_kernel(const int32_t *idx, int K,
     if ((V == BULK && t < BK) || (V == BULK_U64 && t < BK / 2)) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
 
+static int g_ctas_per_sm = 0;
+
 template <int V>
 static float run(const int32_t *idx, int T, int K, float *accf, unsigned long long *acci, size_t acc_bytes, void *flush) {
-    const int smem = V == BULK ? BK * COLS * 4 : V == BULK_U64 ? BK / 2 * COLS * 8 : 0;
+    int smem = V == BULK ? BK * COLS * 4 : V == BULK_U64 ? BK / 2 * COLS * 8 : 0;
+    // fewer resident CTAs: shared memory the register variants do not use (227 KB per SM, 1 KB
+    // of it reserved per CTA)
+    if (!smem && g_ctas_per_sm > 0) smem = 227 * 1024 / g_ctas_per_sm - 1024;
     if (smem) CK(cudaFuncSetAttribute(scatter_kernel<V>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     return median_ms(
         flush, [&](int) { CK(cudaMemset(V == ATOM_U64 || V == BULK_U64 ? (void *)acci : (void *)accf, 0, acc_bytes)); },
@@ -104,13 +112,15 @@ static float run(const int32_t *idx, int T, int K, float *accf, unsigned long lo
 
 int main(int argc, char **argv) {
     const int T = argc > 1 ? atoi(argv[1]) : 4096, K = argc > 2 ? atoi(argv[2]) : 2048;
+    g_ctas_per_sm = argc > 3 ? atoi(argv[3]) : 0;
     if (T < 1 || K < BK || K % BK) {
-        fprintf(stderr, "usage: scatter_roofline [tokens] [K, a multiple of 64]\n");
+        fprintf(stderr, "usage: scatter_roofline [tokens] [K, a multiple of 64] [ctas_per_sm]\n");
         return 2;
     }
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
-    printf("%s, %d SMs; %d tokens x %d rows of %d fp32 added per run\n", prop.name, prop.multiProcessorCount, T, K, COLS);
+    printf("%s, %d SMs; %d tokens x %d rows of %d fp32 added per run; CTAs per SM %s\n", prop.name,
+           prop.multiProcessorCount, T, K, COLS, g_ctas_per_sm > 0 ? argv[3] : "unlimited");
     void *flush;
     CK(cudaMalloc(&flush, kFlushBytes));
     printf("%-8s %-11s %9s %9s %8s | TF bound at H = 4 / 16 / 64\n", "S2", "variant", "ms", "Gpairs/s", "TB/s");
