@@ -113,8 +113,8 @@ static float run(const int32_t *idx, int T, int K, float *accf, unsigned long lo
 int main(int argc, char **argv) {
     const int T = argc > 1 ? atoi(argv[1]) : 4096, K = argc > 2 ? atoi(argv[2]) : 2048;
     g_ctas_per_sm = argc > 3 ? atoi(argv[3]) : 0;
-    if (T < 1 || K < BK || K % BK) {
-        fprintf(stderr, "usage: scatter_roofline [tokens] [K, a multiple of 64] [ctas_per_sm]\n");
+    if (T < 1 || K < BK || K % BK || g_ctas_per_sm < 0 || g_ctas_per_sm > 16) {
+        fprintf(stderr, "usage: scatter_roofline [tokens] [K, a multiple of 64] [ctas_per_sm, 0 (no limit) .. 16]\n");
         return 2;
     }
     cudaDeviceProp prop;
