@@ -6,7 +6,8 @@
 // the shape, against which a kernel's 40-55 % "tensor pipe active" can be read.
 //   build: nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I src/cuda bench/gpu/wgmma_rate.cu -o wgmma_rate
 //   run:   ./wgmma_rate [iters=4000]
-// Variants: SS / RS (A from registers), N = 64 / 128 / 256, 1 or 2 issuing warpgroups.  (A
+// Variants: SS / RS (A from registers), N = 64 / 128 / 256, 1 or 2 issuing warpgroups; SS n64
+// with both operands MN-major (transposed, as the bsa backward's dQ GEMM reads dS^T and K).  (A
 // variant replaying the bsa backward's five GEMMs per step with its waits made ptxas serialise
 // every wgmma here, C7511 / C7512, so it is not included.)
 // Timing: CUDA events around the launch (132 CTAs), median of 5; TFLOP/s = 2 * 64 * N * 16 per
@@ -23,7 +24,7 @@ using E = hop::elt<T>;
 
 constexpr int SMEM = 2 * 64 * 128 * 2 + 2 * 256 * 128 * 2 + 1024;  // per WG: A 64 x 128, B 256 x 128
 
-enum Kind { SS64 = 0, RS64, SS128, RS128, SS256 };
+enum Kind { SS64 = 0, RS64, SS128, RS128, SS256, SS64T };
 
 template <int KIND>
 __global__ void __launch_bounds__(256, 1) rate_kernel(int iters, int nwg, float *sink) {
@@ -64,6 +65,10 @@ __global__ void __launch_bounds__(256, 1) rate_kernel(int iters, int nwg, float 
         } else if constexpr (KIND == RS128) {
 #pragma unroll
             for (int kk = 0; kk < 8; kk++) E::rs128<1>(a64, ra[kk & 3], hop::desc_add(dBn, (kk & 3) * 2048), 1);
+        } else if constexpr (KIND == SS64T) {  // both operands MN-major (the bsa backward's dQ = dS K)
+            const uint64_t dAt = hop::desc_sw128(a, 8192, 1024), dBt = hop::desc_sw128(b, 8192, 1024);
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) E::ss64<1, 1>(a32, hop::desc_add(dAt, (kk & 3) * 2048), hop::desc_add(dBt, kk * 2048), 1);
         } else if constexpr (KIND == SS256) {
 #pragma unroll
             for (int kk = 0; kk < 8; kk++) E::ss256<0, 0>(acc, kA(kk), kB(256, kk), 1);
@@ -123,7 +128,8 @@ int main(int argc, char **argv) {
         double flop_group;  // per warpgroup and group
     } vs[] = {{"SS m64n64k16 (x8)", SS64, 8 * 2.0 * 64 * 64 * 16},    {"RS m64n64k16 (x8)", RS64, 8 * 2.0 * 64 * 64 * 16},
               {"SS m64n128k16 (x8)", SS128, 8 * 2.0 * 64 * 128 * 16}, {"RS m64n128k16 (x8)", RS128, 8 * 2.0 * 64 * 128 * 16},
-              {"SS m64n256k16 (x8)", SS256, 8 * 2.0 * 64 * 256 * 16}};
+              {"SS m64n256k16 (x8)", SS256, 8 * 2.0 * 64 * 256 * 16},
+              {"SS m64n64k16 MN-major A, B", SS64T, 8 * 2.0 * 64 * 64 * 16}};
     for (const V &v : vs)
         for (int nwg = 1; nwg <= 2; nwg++) {
             float ms = 0.f;
@@ -132,7 +138,8 @@ int main(int argc, char **argv) {
             case RS64: ms = run<RS64>(iters, nwg, sink, sms); break;
             case SS128: ms = run<SS128>(iters, nwg, sink, sms); break;
             case RS128: ms = run<RS128>(iters, nwg, sink, sms); break;
-            default: ms = run<SS256>(iters, nwg, sink, sms); break;
+            case SS256: ms = run<SS256>(iters, nwg, sink, sms); break;
+            default: ms = run<SS64T>(iters, nwg, sink, sms); break;
             }
             const double flop = v.flop_group * iters * nwg * sms;
             printf("%-28s %3d %9.3f %9.1f\n", v.name, nwg, ms, flop / (ms * 1e-3) / 1e12);
