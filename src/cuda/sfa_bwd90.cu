@@ -37,6 +37,7 @@
 // keys of a compacted group), each row masked to its token's selection (P = dS = 0 elsewhere).
 // Every MMA row is used and a key's dK / dV row is added once per group instead of once per
 // token.  The plain form's CTAs of tokens whose group the union kernel took exit at once.
+#include <type_traits>
 #include <math.h>
 
 #include "hopper/hopper.cuh"
@@ -198,23 +199,18 @@ __device__ __forceinline__ void consume(const Params &p, const Smem &s, int nblk
         const int ka = key[r0], kb = key[r0 + 8];
         // ---- 4. dKV boxes: dS^T Q (+ P^T dO on the value columns).  The first box's GEMM is
         // queued behind dQ, so the key buffer is released as soon as dQ has read it.
-        // one straight-line group per kind of box (the P^T dO steps under their own condition made
-        // ptxas add an empty m64n8 wgmma to every box)
-        auto dkv = [&](float (&acc)[32], int box) {
+        // one straight-line group per kind of box, chosen at compile time (the P^T dO steps under
+        // a run-time condition made ptxas add an empty m64n8 wgmma to every box)
+        auto dkv = [&](float (&acc)[32], int box, auto value_box) {
             hop::wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; kk++)
                 hop::elt<T>::template ss64<1, 1>(acc, mnmaj(dstd, kk), mnmaj(boxd(s.q, box), kk), kk > 0);
+            if constexpr (decltype(value_box)::value) {
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++)
-                hop::elt<T>::template ss64<1, 1>(acc, mnmaj(ptd, kk), mnmaj(boxd(s.dout, box), kk), 1);
-            hop::wgmma_commit();
-        };
-        auto dkv_rope = [&](float (&acc)[32]) {
-            hop::wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++)
-                hop::elt<T>::template ss64<1, 1>(acc, mnmaj(dstd, kk), mnmaj(boxd(s.q, 8), kk), kk > 0);
+                for (int kk = 0; kk < 4; kk++)
+                    hop::elt<T>::template ss64<1, 1>(acc, mnmaj(ptd, kk), mnmaj(boxd(s.dout, box), kk), 1);
+            }
             hop::wgmma_commit();
         };
         // a loop, not unrolled: 9 unrolled copies of the GEMM and add code overflowed the
@@ -223,8 +219,8 @@ __device__ __forceinline__ void consume(const Params &p, const Smem &s, int nblk
         for (int i = 0; i < (C == 0 ? 5 : 4); i++) {
             const int box = C == 0 ? (i < 4 ? i : 8) : 4 + i;
             float acc[32];
-            if (box < 8) dkv(acc, box);
-            else dkv_rope(acc);
+            if (box < 8) dkv(acc, box, std::true_type{});
+            else dkv(acc, 8, std::false_type{});  // the rope columns: no value part
             if (i == 0) {
                 hop::wgmma_wait<1>();  // dQ has read the key buffer
                 hop::mbar_arrive(s.fre);
