@@ -1,16 +1,17 @@
 // wgmma issue-rate microbenchmark: how fast do the shapes the bsa / sfa backward use run when
 // nothing else happens?  Every CTA (one per SM) has 1 or 2 warpgroups issuing groups of 8
-// k-steps (K = 128) into one accumulator, back to back (wait<1>: two groups in flight), operands in shared memory (128-byte swizzle, the layout
-// the kernels use) or A from registers.  No loads, no softmax: the tensor pipe's own rate for
-// the shape, against which a kernel's 40-55 % "tensor pipe active" can be read.
+// k-steps (K = 128) into one accumulator, back to back (wait<1>: two groups in flight), operands
+// in shared memory (128-byte swizzle, the layout the kernels use) or A from registers.  No loads,
+// no softmax: the tensor pipe's own rate for the shape, against which a kernel's 40-55 % "tensor
+// pipe active" can be read.
 //   build: nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I src/cuda bench/gpu/wgmma_rate.cu -o wgmma_rate
 //   run:   ./wgmma_rate [iters=4000]
 // Variants: SS / RS (A from registers), N = 64 / 128 / 256, 1 or 2 issuing warpgroups; SS n64
 // with both operands MN-major (transposed, as the bsa backward's dQ GEMM reads dS^T and K).  (A
 // variant replaying the bsa backward's five GEMMs per step with its waits made ptxas serialise
 // every wgmma here, C7511 / C7512, so it is not included.)
-// Timing: CUDA events around the launch (one CTA per SM), median of 5 after a warm-up; TFLOP/s = 2 * 64 * N * 16 per
-// k-step.
+// Timing: CUDA events around the launch (one CTA per SM), median of 5 after a warm-up;
+// TFLOP/s = 2 * 64 * N * 16 per k-step.
 #include <stdio.h>
 #include <stdlib.h>
 #include <algorithm>
