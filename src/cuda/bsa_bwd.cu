@@ -63,7 +63,7 @@ template <int DP> struct BwdCfg {
     static constexpr int T_BYTES = BM * DP * 2;         // a Q or dO tile
     static constexpr int KV_BYTES = BN * DP * 2;
     static constexpr int OFF_K = 0, OFF_V = KV_BYTES, OFF_Q = 2 * KV_BYTES, OFF_DO = OFF_Q + ST * T_BYTES;
-    static constexpr int OFF_DS = OFF_DO + ST * T_BYTES;          // dS^T [BN keys][BM queries] bf16
+    static constexpr int OFF_DS = OFF_DO + ST * T_BYTES;          // dS: 2 boxes [BM queries][64 keys] bf16
     static constexpr int OFF_DQ = OFF_DS + BN * BM * 2;           // [2][NH][BM][64] fp32
     static constexpr int OFF_LD = OFF_DQ + 2 * NH * BM * 64 * 4;   // [ST][2][BM] fp32: LSE2, Delta
     static constexpr int OFF_MB = OFF_LD + ST * 2 * BM * 4;         // [ST][BM][2] u64: token mask bits
@@ -485,15 +485,19 @@ __global__ void __launch_bounds__(384, 1)
                 else hop::elt<T>::template rs64<1>(dk, da[kk], hop::desc_add(dQn, kk * 2048), 1);
             }
             hop::wgmma_commit();
-            // dS^T to shared memory ([128 keys][64 queries], swizzled) for dQ, while dV / dK run (the
-            // previous step's dQ has read it: barrier NB_DSE at the top of the step)
+            // dS to shared memory, transposed back to [64 queries][64 keys] in this consumer's box
+            // (K-major A of dQ = dS K, 128-byte swizzle), while dV / dK run (the previous step's dQ
+            // has read it: barrier NB_DSE at the top of the step).  da[kk][w] is the 8 x 8 block of
+            // keys 16 warp + 8 (w & 1) .. and queries 8 (2 kk + (w >> 1)) ..; lane i addresses row
+            // i % 8 of block i / 8 (a query row, 16 bytes of keys)
+            {
+                const int m = lane >> 3, key_chunk = 2 * warp + (m & 1);
+                const uint32_t box = hop::smem_u32(sDS) + c * (BM * 128);
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++) {
-                const int R = c * 64 + kr;
-                *reinterpret_cast<uint32_t *>(sDS + hop::sw128(R, 2 * kk) + q4 * 4) = da[kk][0];
-                *reinterpret_cast<uint32_t *>(sDS + hop::sw128(R + 8, 2 * kk) + q4 * 4) = da[kk][1];
-                *reinterpret_cast<uint32_t *>(sDS + hop::sw128(R, 2 * kk + 1) + q4 * 4) = da[kk][2];
-                *reinterpret_cast<uint32_t *>(sDS + hop::sw128(R + 8, 2 * kk + 1) + q4 * 4) = da[kk][3];
+                for (int kk = 0; kk < 4; kk++) {
+                    const int q = 8 * (2 * kk + (m >> 1)) + (lane & 7);
+                    hop::stmatrix_x4_trans(box + hop::sw128(q, key_chunk), da[kk][0], da[kk][1], da[kk][2], da[kk][3]);
+                }
             }
             hop::fence_proxy_async();
         }
@@ -506,18 +510,19 @@ __global__ void __launch_bounds__(384, 1)
         hop::mbar_arrive(empty + s);  // Q and dO of this stage are no longer read (dQ reads dS and K)
         hop::bar_sync(NB_DS, 256);
 
-        // dQ half c = dS K[:, 64 c .. 64 c + 63]: A = dS^T read MN-major (m = queries), B = K MN-major
+        // dQ half c = dS K[:, 64 c .. 64 c + 63]: A = dS K-major (the two consumers' 64-key boxes), B
+        // = K MN-major
         const bool has_dq = c < NH;
         float dq[32];
         if (has_dq) {
-            const uint64_t dA = hop::desc_sw128(sDS, 8192, 1024), dB = hop::desc_sw128(sK + c * BN * 128, 8192, 1024);
+            const uint64_t dA0 = hop::desc_sw128(sDS, 16, 1024), dB = hop::desc_sw128(sK + c * BN * 128, 8192, 1024);
             // k-steps of 16 keys: 0-3 the first key half, 4-7 the second (an empty half is skipped)
             const int k0 = act0 ? 0 : 4, k1 = act1 ? 8 : 4;
             hop::wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < BN / 16; kk++)
                 if (kk >= k0 && kk < k1)
-                    hop::elt<T>::template ss64<1, 1>(dq, hop::desc_add(dA, kk * 2048), hop::desc_add(dB, kk * 2048), kk > k0);
+                    hop::elt<T>::template ss64<0, 1>(dq, kmaj(dA0, BM, kk), hop::desc_add(dB, kk * 2048), kk > k0);
             hop::wgmma_commit();
         }
         hop::wgmma_wait<0>();

@@ -84,6 +84,15 @@ __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync
 // Arrives at named barrier `id` (counted towards `n`) without waiting.
 __device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 
+// Four 8 x 8 b16 matrices from the mma fragment layout (a register each: row lane / 4, columns
+// 2 (lane % 4) + {0, 1}) to shared memory transposed; lane i gives the address of row i % 8 of
+// matrix i / 8 of the stored (transposed) matrices.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+                 "r"(r2), "r"(r3)
+                 : "memory");
+}
+
 // Inter-CTA ordering through a global counter: spin until *p == v (acquire at gpu scope), and
 // the matching release increment (orders this thread's earlier writes, and those of the threads
 // that met it at a barrier, before the count is seen).
