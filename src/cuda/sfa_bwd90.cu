@@ -10,11 +10,11 @@
 //   1. S = Q K^T and dP = dO V^T (V = K's first 512 columns), SS wgmma; warpgroup c takes keys
 //      32c..32c+31 (m64n32: 68 k-steps each), so both hold fp32 P and dP of their keys and
 //      dS = scale P (dP - Delta) is formed in fp32 before any rounding;
-//   2. P and dS (bf16/fp16) go to two 64 x 64 tiles [head][key] in shared memory (after a
-//      rendezvous: the other warpgroup has finished reading the previous block's);
-//   3. dQ += dS K (A = dS K-major, B = the key block MN-major), accumulated in registers over the
+//   2. P and dS (bf16/fp16) go to two 64 x 64 tiles [key][head] in shared memory, transposed by
+//      stmatrix (after a rendezvous: the other warpgroup has finished reading the previous block's);
+//   3. dQ += dS K (A = dS MN-major, B = the key block MN-major), accumulated in registers over the
 //      whole row and stored once: warpgroup 0 owns columns 0-255 (4 boxes), 1 owns 256-575 (5);
-//   4. dKV = dS^T Q + P^T dO (A = the same tiles read MN-major, B = Q / dO MN-major), one 64-key x
+//   4. dKV = dS^T Q + P^T dO (A = the same tiles read K-major, B = Q / dO MN-major), one 64-key x
 //      64-column box at a time (warpgroup 0: boxes 0-3 and the rope box 8; 1: boxes 4-7: 13 units
 //      of 64 x 64 x 64 MMA each, with step 3), added to the per-key accumulator of sfa_host.cu:
 //        deterministic: int64 fixed point (exact integer adds, order-free, bitwise reproducible);
@@ -121,8 +121,10 @@ __device__ __forceinline__ void consume(const Params &p, const Smem &s, int nblk
 
     const uint64_t qd = hop::desc_sw128(s.q, 16, 1024), dod = hop::desc_sw128(s.dout, 16, 1024);
     const uint64_t kd = hop::desc_sw128(s.k + C * 32 * 128, 16, 1024);   // this warpgroup's 32 keys
-    const uint64_t dsd = hop::desc_sw128(s.ds, 16, 1024);                 // dS as A (K-major)
-    const uint64_t dstd = hop::desc_sw128(s.ds, BOX, 1024), ptd = hop::desc_sw128(s.p, BOX, 1024);  // MN-major
+    // P and dS are stored transposed, [64 keys][64 rows]: K-major as the A of the dK / dV boxes
+    // (dS^T Q, P^T dO), MN-major as the A of dQ = dS K
+    const uint64_t dsd = hop::desc_sw128(s.ds, 16, 1024), pd = hop::desc_sw128(s.p, 16, 1024);  // K-major
+    const uint64_t dsmn = hop::desc_sw128(s.ds, BOX, 1024);                                      // MN-major
     auto kmaj = [](uint64_t d, int kk) { return hop::desc_add(d, (kk >> 2) * BOX + (kk & 3) * 32); };
     auto mnmaj = [](uint64_t d, int kk) { return hop::desc_add(d, kk * 16 * 128); };  // 16 k-rows per step
     auto boxd = [](const unsigned char *tile, int box) { return hop::desc_sw128(tile + box * BOX, BOX, 1024); };
@@ -173,13 +175,15 @@ __device__ __forceinline__ void consume(const Params &p, const Smem &s, int nblk
         // ---- 2. into the shared tiles, once the other warpgroup has read the previous block's
         hop::mbar_arrive(s.pw);
         hop::mbar_wait(s.pw, ph);
+        // stmatrix .trans: pk / dk[2 jj + h] is the 8 x 8 block of rows 16 warp + 8 h .. and keys
+        // 8 jj .. of this warpgroup's 32; lane i addresses key row i % 8 of block i / 8 (16 bytes of rows)
+        {
+            const int m = lane >> 3;
 #pragma unroll
-        for (int jj = 0; jj < 4; jj++) {
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const uint32_t off = hop::sw128(r0 + 8 * h, C * 4 + jj) + q4 * 4;
-                *reinterpret_cast<uint32_t *>(s.p + off) = pk[2 * jj + h];
-                *reinterpret_cast<uint32_t *>(s.ds + off) = dk[2 * jj + h];
+            for (int jp = 0; jp < 2; jp++) {
+                const uint32_t off = hop::sw128(C * 32 + 8 * (2 * jp + (m >> 1)) + (lane & 7), 2 * warp + (m & 1));
+                hop::stmatrix_x4_trans(hop::smem_u32(s.p) + off, pk[4 * jp], pk[4 * jp + 1], pk[4 * jp + 2], pk[4 * jp + 3]);
+                hop::stmatrix_x4_trans(hop::smem_u32(s.ds) + off, dk[4 * jp], dk[4 * jp + 1], dk[4 * jp + 2], dk[4 * jp + 3]);
             }
         }
         hop::fence_proxy_async();
@@ -190,9 +194,9 @@ __device__ __forceinline__ void consume(const Params &p, const Smem &s, int nblk
         hop::wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
-            const uint64_t a = hop::desc_add(dsd, kk * 32);
-            hop::elt<T>::template ss256<0, 1>(dq, a, mnmaj(boxd(s.k, QB), kk), 1);
-            if constexpr (C == 1) hop::elt<T>::template ss64<0, 1>(dqr, a, mnmaj(boxd(s.k, 8), kk), 1);
+            const uint64_t a = mnmaj(dsmn, kk);
+            hop::elt<T>::template ss256<1, 1>(dq, a, mnmaj(boxd(s.k, QB), kk), 1);
+            if constexpr (C == 1) hop::elt<T>::template ss64<1, 1>(dqr, a, mnmaj(boxd(s.k, 8), kk), 1);
         }
         hop::wgmma_commit();
 
@@ -205,11 +209,11 @@ __device__ __forceinline__ void consume(const Params &p, const Smem &s, int nblk
             hop::wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; kk++)
-                hop::elt<T>::template ss64<1, 1>(acc, mnmaj(dstd, kk), mnmaj(boxd(s.q, box), kk), kk > 0);
+                hop::elt<T>::template ss64<0, 1>(acc, hop::desc_add(dsd, kk * 32), mnmaj(boxd(s.q, box), kk), kk > 0);
             if constexpr (decltype(value_box)::value) {
 #pragma unroll
                 for (int kk = 0; kk < 4; kk++)
-                    hop::elt<T>::template ss64<1, 1>(acc, mnmaj(ptd, kk), mnmaj(boxd(s.dout, box), kk), 1);
+                    hop::elt<T>::template ss64<0, 1>(acc, hop::desc_add(pd, kk * 32), mnmaj(boxd(s.dout, box), kk), 1);
             }
             hop::wgmma_commit();
         };

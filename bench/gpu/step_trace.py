@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Per-step timeline of the bsa backward's consumer warpgroups (a debugging build, not a test).
+
+With cmake -DSPATTN_CTA_TRACE=ON and STEP_FILE set, thread 0 of each consumer warpgroup of
+bsa_bwd90 records the SM clock (clock64, low 32 bits) at fixed marks of each of its first 64
+steps, and the launcher appends
+  "S <ctas> <steps> <marks>"  then one line per (CTA, consumer, step) that ran:
+  "<block> <consumer> <step> <clock at mark 0> ... <clock at mark marks-1>"   (0 = not reached)
+This prints, over the steps 2 .. n-3 of every CTA (no pipeline fill / drain), the median and
+mean cycles between consecutive marks of each consumer and the step period.
+e.g. STEP_FILE=/tmp/s.txt build-trace/tools/spattn bench --backend cuda --suite bsa
+     --case '^bsa02_' --pass bwd --repeats 1 --warmup 0; python3 bench/gpu/step_trace.py /tmp/s.txt
+Usage: step_trace.py STEP_FILE [names]   (the last kernel in the file; names: comma-separated
+       labels of the marks, default those of bsa_bwd.cu)
+"""
+import collections
+import statistics as st
+import sys
+
+NAMES = ('top', 'NB_DSE', 'full', 'S^T done', 'P packed', 'dP^T done', 'dS formed', 'dS stored',
+         'dV+dK done', 'NB_DS', 'dQ done', 'dqempty', 'staged')
+
+
+def main(path, names):
+    runs, cur = [], None
+    for line in open(path):
+        if line.startswith('S '):
+            cur = collections.defaultdict(dict)
+            runs.append(cur)
+        elif cur is not None and line.strip():
+            v = list(map(int, line.split()))
+            cur[(v[0], v[1])][v[2]] = v[3:]
+    run = runs[-1]
+    for c in (0, 1):
+        gaps = collections.defaultdict(list)
+        period = []
+        for (blk, cc), steps in run.items():
+            if cc != c or len(steps) < 6:
+                continue
+            n = max(steps) + 1
+            for it in range(2, n - 3):
+                m = steps.get(it)
+                nx = steps.get(it + 1)
+                if not m or not nx:
+                    continue
+                prev = m[0]
+                for k in range(1, len(m)):
+                    if m[k] == 0:
+                        continue
+                    gaps[k].append((m[k] - prev) & 0xffffffff)
+                    prev = m[k]
+                if nx[0]:
+                    period.append((nx[0] - m[0]) & 0xffffffff)
+                    gaps[len(m)].append((nx[0] - prev) & 0xffffffff)
+        if not period:
+            print(f'consumer {c}: no steps')
+            continue
+        print(f'consumer {c}: {len(period)} steps, period median {st.median(period):.0f} mean {st.mean(period):.0f} cycles')
+        for k in sorted(gaps):
+            a = names[k - 1] if k - 1 < len(names) else f'm{k - 1}'
+            b = names[k] if k < len(names) else 'next top'
+            print(f'  {a:>12} -> {b:<12} median {st.median(gaps[k]):7.0f}  mean {st.mean(gaps[k]):7.0f}')
+
+
+if __name__ == '__main__':
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    main(sys.argv[1], sys.argv[2].split(',') if len(sys.argv) > 2 else NAMES)
