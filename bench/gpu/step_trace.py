@@ -31,36 +31,32 @@ def main(path, names):
             v = list(map(int, line.split()))
             cur[(v[0], v[1])][v[2]] = v[3:]
     run = runs[-1]
+    label = lambda k: names[k] if k < len(names) else f'm{k}'
     for c in (0, 1):
-        gaps = collections.defaultdict(list)
+        gaps = collections.defaultdict(list)  # (from mark, to mark) -> cycles
         period = []
         for (blk, cc), steps in run.items():
             if cc != c or len(steps) < 6:
                 continue
             n = max(steps) + 1
             for it in range(2, n - 3):
-                m = steps.get(it)
-                nx = steps.get(it + 1)
-                if not m or not nx:
+                m, nx = steps.get(it), steps.get(it + 1)
+                if not m or not nx or not nx[0]:
                     continue
-                prev = m[0]
+                prev = 0
                 for k in range(1, len(m)):
-                    if m[k] == 0:
-                        continue
-                    gaps[k].append((m[k] - prev) & 0xffffffff)
-                    prev = m[k]
-                if nx[0]:
-                    period.append((nx[0] - m[0]) & 0xffffffff)
-                    gaps[len(m)].append((nx[0] - prev) & 0xffffffff)
+                    if m[k]:
+                        gaps[(prev, k)].append((m[k] - m[prev]) & 0xffffffff)
+                        prev = k
+                period.append((nx[0] - m[0]) & 0xffffffff)
+                gaps[(prev, -1)].append((nx[0] - m[prev]) & 0xffffffff)
         if not period:
             print(f'consumer {c}: no steps')
             continue
         print(f'consumer {c}: {len(period)} steps, period median {st.median(period):.0f} mean {st.mean(period):.0f} cycles')
-        for k in sorted(gaps):
-            a = names[k - 1] if k - 1 < len(names) else f'm{k - 1}'
-            b = names[k] if k < len(names) else 'next top'
-            print(f'  {a:>12} -> {b:<12} median {st.median(gaps[k]):7.0f}  mean {st.mean(gaps[k]):7.0f}')
-
+        for (a, b) in sorted(gaps, key=lambda x: (x[0], x[1] if x[1] >= 0 else 99)):
+            g = gaps[(a, b)]
+            print(f'  {label(a):>12} -> {label(b) if b >= 0 else "next top":<12} n {len(g):6d} median {st.median(g):7.0f}  mean {st.mean(g):7.0f}')
 
 if __name__ == '__main__':
     if len(sys.argv) < 2:
