@@ -13,7 +13,7 @@
 //   - keys are the MMA rows: S^T = K Q^T and dP^T = V dO^T (both operands in shared memory),
 //     P^T = exp2(S^T * scale_log2 - LSE2), dS^T = P^T (dP^T - Delta), then dV += P^T dO and
 //     dK += dS^T Q with P^T / dS^T from registers;
-//   - dS^T is also written to shared memory for dQ = dS K (A read MN-major); warpgroup c computes
+//   - dS is also written to shared memory (stmatrix .trans, K-major) for dQ = dS K; warpgroup c computes
 //     dQ columns [64 c, 64 c + 64) (D = 64: warpgroup 0 only) and stages the fp32 partial in one
 //     of two shared buffers; the writer warp adds it to an fp32 accumulator with one bulk
 //     reduction per step (cp.reduce.async.bulk), so the consumers go on with the next tile;
@@ -541,7 +541,7 @@ __global__ void __launch_bounds__(384, 1)
         if (has_dq) {
             SPATTN_TRACE(if (tid == 0) cta_trace::step_mark(c, it, 10);)
             hop::reg_fence(dq);
-            // fp32 partial to shared memory (row-major 64 x 64) once the writer's add of two steps
+            // fp32 partial to shared memory (64 x 64, fragment order) once the writer's add of two steps
             // ago has read the buffer; the writer adds it
             const int buf = it & 1;
             hop::mbar_wait(dqempty + buf, ((it >> 1) & 1) ^ 1);
