@@ -10,51 +10,100 @@
 #include "bsa_launch.h"
 #include "hopper/hopper.cuh"
 
-template <typename T, bool VL>
-__global__ void bsa_delta_kernel(const bsa_params p, float *delta, float *lse2, uint4 *zero, long long zero16) {
-    // the backward kernel (its programmatic dependent) may be scheduled once every CTA of this one
-    // has started: it loads K / V meanwhile and waits for this kernel's end before reading its output
-    hop::griddep_launch();
-    // the backward's dQ accumulator and semaphores are zeroed here (no separate memset launches)
-    for (long long x = blockIdx.x * (long long)blockDim.x + threadIdx.x; x < zero16; x += (long long)gridDim.x * blockDim.x)
-        zero[x] = make_uint4(0, 0, 0, 0);
-    const int lane = threadIdx.x & 31;
-    const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    int i, b, n;
+// Row `row` of the Delta / lse2 arrays: (b, n, i) and whether it is read at all (VL: tokens past
+// cu_q[B] are not).
+template <bool VL>
+__device__ __forceinline__ bool delta_row(const bsa_params &p, long long row, long long tq, int &b, int &n, int &i) {
     if constexpr (VL) {  // row = n * Tq + t; batch index 0, token t
-        if (row >= (long long)p.N * p.vl.Tq || *p.vl.err != ~0ull) return;
-        const int4 last = p.vl.seq[p.B - 1];
         const long long t = row % p.vl.Tq;
-        if (t >= (long long)last.x + last.y) return;  // past cu_q[B] (< 2^31)
         i = (int)t;
         n = (int)(row / p.vl.Tq);
         b = 0;
+        return t < tq;
     } else {
-        if (row >= (long long)p.B * p.N * p.Sq) return;
         const int bn = (int)(row / p.Sq);
         i = (int)(row % p.Sq);
         b = bn / p.N;
         n = bn % p.N;
+        return true;
     }
-    const T *o = reinterpret_cast<const T *>(p.o.p) + b * p.o.s0 + n * p.o.s1 + i * p.o.s2;
-    const T *d = reinterpret_cast<const T *>(p.dout.p) + b * p.dout.s0 + n * p.dout.s1 + i * p.dout.s2;
-    float acc = 0.f;
-    if (p.o.s3 == 1 && p.dout.s3 == 1 && !(p.D & 3) && !((reinterpret_cast<uintptr_t>(o) | reinterpret_cast<uintptr_t>(d)) & 7)) {
-        for (int x = 4 * lane; x < p.D; x += 128) {  // 8-byte loads: 4 elements of each
-            const uint2 a = *reinterpret_cast<const uint2 *>(o + x), c = *reinterpret_cast<const uint2 *>(d + x);
-            const T *ae = reinterpret_cast<const T *>(&a), *ce = reinterpret_cast<const T *>(&c);
-#pragma unroll
-            for (int k = 0; k < 4; k++) acc += bsa_t<T>::tof(ae[k]) * bsa_t<T>::tof(ce[k]);
-        }
+}
+
+template <typename T>
+__device__ __forceinline__ void delta_store(const bsa_params &p, float *delta, float *lse2, long long row, int b, int n,
+                                            int i, float acc) {
+    const float l = p.lse[(long long)b * p.lse_s0 + (long long)n * p.lse_s1 + (long long)i * p.lse_s2];
+    delta[row] = acc;
+    lse2[row] = l == -INFINITY ? INFINITY : l * BSA_LOG2E;
+}
+
+// Grid-stride (a few CTAs per SM): the launch of one 8-row CTA per 8 rows cost more than the
+// rows (bsa17: 24.7 us for 33 MB of O and dO, ~1.3 TB/s; ncu, H200, 2026-12-03).  Rows of 16-byte
+// chunks (o and dout `vec`, D % 8 == 0, D <= 256): L lanes per row (a power of two >= D / 8),
+// 32 / L rows per warp and pass, UNR passes' loads in flight before the sums.
+template <typename T, bool VL>
+__global__ void __launch_bounds__(256) bsa_delta_kernel(const bsa_params p, float *delta, float *lse2, uint4 *zero,
+                                                        long long zero16) {
+    // the backward kernel (its programmatic dependent) may be scheduled once every CTA of this one
+    // has started: it loads K / V meanwhile and waits for this kernel's end before reading its output
+    hop::griddep_launch();
+    const long long gt = blockIdx.x * (long long)blockDim.x + threadIdx.x, nt = (long long)gridDim.x * blockDim.x;
+    // the backward's dQ accumulator and semaphores are zeroed here (no separate memset launches)
+    for (long long x = gt; x < zero16; x += nt) zero[x] = make_uint4(0, 0, 0, 0);
+    long long rows, tq = 0;
+    if constexpr (VL) {
+        if (*p.vl.err != ~0ull) return;
+        const int4 last = p.vl.seq[p.B - 1];
+        tq = (long long)last.x + last.y;  // cu_q[B] (< 2^31)
+        rows = (long long)p.N * p.vl.Tq;
     } else {
-        for (int x = lane; x < p.D; x += 32) acc += bsa_t<T>::tof(o[x * p.o.s3]) * bsa_t<T>::tof(d[x * p.dout.s3]);
+        rows = (long long)p.B * p.N * p.Sq;
     }
+    const int lane = threadIdx.x & 31;
+    const long long warp = gt >> 5, nwarps = nt >> 5;
+    if (p.o.vec && p.dout.vec && !(p.D & 7) && p.D <= 256) {
+        constexpr int UNR = 4;
+        const int nch = p.D >> 3, lg = nch <= 1 ? 0 : 32 - __clz(nch - 1), L = 1 << lg;
+        const int sub = lane >> lg, j = lane & (L - 1), rpw = 32 >> lg;
+        for (long long r0 = warp * rpw * UNR; r0 < rows; r0 += nwarps * rpw * UNR) {
+            uint4 a[UNR], c[UNR];
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    if (lane == 0) {
-        const float l = p.lse[(long long)b * p.lse_s0 + (long long)n * p.lse_s1 + (long long)i * p.lse_s2];
-        delta[row] = acc;
-        lse2[row] = l == -INFINITY ? INFINITY : l * BSA_LOG2E;
+            for (int u = 0; u < UNR; u++) {
+                const long long row = r0 + u * rpw + sub;
+                int b = 0, n = 0, i = 0;
+                const bool ok = row < rows && j < nch && delta_row<VL>(p, row, tq, b, n, i);
+                a[u] = c[u] = make_uint4(0, 0, 0, 0);
+                if (ok) {
+                    a[u] = __ldcs(reinterpret_cast<const uint4 *>(reinterpret_cast<const T *>(p.o.p) + b * p.o.s0 +
+                                                                  n * p.o.s1 + i * p.o.s2) + j);
+                    c[u] = __ldcs(reinterpret_cast<const uint4 *>(reinterpret_cast<const T *>(p.dout.p) + b * p.dout.s0 +
+                                                                  n * p.dout.s1 + i * p.dout.s2) + j);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < UNR; u++) {
+                const T *ae = reinterpret_cast<const T *>(&a[u]), *ce = reinterpret_cast<const T *>(&c[u]);
+                float acc = 0.f;
+#pragma unroll
+                for (int k = 0; k < 8; k++) acc += bsa_t<T>::tof(ae[k]) * bsa_t<T>::tof(ce[k]);
+                for (int off = L >> 1; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+                const long long row = r0 + u * rpw + sub;
+                int b = 0, n = 0, i = 0;
+                if (j == 0 && row < rows && delta_row<VL>(p, row, tq, b, n, i)) delta_store<T>(p, delta, lse2, row, b, n, i, acc);
+            }
+        }
+        return;
+    }
+    for (long long row = warp; row < rows; row += nwarps) {  // any strides: a warp per row
+        int b, n, i;
+        if (!delta_row<VL>(p, row, tq, b, n, i)) continue;
+        const T *o = reinterpret_cast<const T *>(p.o.p) + b * p.o.s0 + n * p.o.s1 + i * p.o.s2;
+        const T *d = reinterpret_cast<const T *>(p.dout.p) + b * p.dout.s0 + n * p.dout.s1 + i * p.dout.s2;
+        float acc = 0.f;
+        for (int x = lane; x < p.D; x += 32) acc += bsa_t<T>::tof(o[x * p.o.s3]) * bsa_t<T>::tof(d[x * p.dout.s3]);
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+        if (lane == 0) delta_store<T>(p, delta, lse2, row, b, n, i, acc);
     }
 }
 
@@ -68,7 +117,9 @@ extern "C" cudaError_t spattn_bsa_launch_delta(const bsa_params *p, int bf16, fl
     }
     const bool vl = p->vl.seq != nullptr;
     const long long rows = vl ? (long long)p->N * p->vl.Tq : (long long)p->B * p->N * p->Sq;
-    const unsigned blocks = (unsigned)((rows + 7) / 8);
+    // 64 rows per CTA at D 128 (8 warps x 2 rows x 4 passes), at most 8 CTAs per SM (grid-stride)
+    const long long cap = 8LL * (hop::sm_count() > 0 ? hop::sm_count() : 132), want = (rows + 63) / 64;
+    const unsigned blocks = (unsigned)(want < 1 ? 1 : want < cap ? want : cap);
     if (vl) {
         if (bf16)
             bsa_delta_kernel<__nv_bfloat16, true><<<blocks, 256, 0, st>>>(*p, delta, lse2, z, z16);
