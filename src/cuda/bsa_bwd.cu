@@ -732,8 +732,19 @@ template <int DP, typename T> __global__ void __launch_bounds__(256) bsa_dq_post
             *reinterpret_cast<uint32_t *>(stg + (r + 8) * RB + c * 2) = bsa_t<T>::pack(x[k].z * p.scale, x[k].w * p.scale);
         }
         __syncthreads();
-        const long long bn = tile / p.nqt;
-        const int m = (int)(tile - bn * p.nqt), b = (int)(bn / p.N), n = (int)(bn - (long long)b * p.N);
+        // 32-bit divisions where the counts allow (a 64-bit one is ~100 instructions per thread)
+        int m, b, n;
+        if (units < (1LL << 31)) {
+            const unsigned ub = (unsigned)tile / (unsigned)p.nqt;
+            m = (int)((unsigned)tile - ub * (unsigned)p.nqt);
+            b = (int)(ub / (unsigned)p.N);
+            n = (int)(ub - (unsigned)b * (unsigned)p.N);
+        } else {
+            const long long bn = tile / p.nqt;
+            m = (int)(tile - bn * p.nqt);
+            b = (int)(bn / p.N);
+            n = (int)(bn - (long long)b * p.N);
+        }
         T *dqb = reinterpret_cast<T *>(p.dq.p) + (long long)b * p.dq.s0 + (long long)n * p.dq.s1;
 #pragma unroll
         for (int k = 0; k < 2; k++) {

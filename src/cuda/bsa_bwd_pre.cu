@@ -10,29 +10,51 @@
 #include "bsa_launch.h"
 #include "hopper/hopper.cuh"
 
-// Row `row` of the Delta / lse2 arrays: (b, n, i) and whether it is read at all (VL: tokens past
-// cu_q[B] are not).
+// Rows of the Delta / lse2 arrays: row = slab * len + i, slab = b * N + n (VL: slab = n, len = Tq,
+// b = 0, i = the packed token; tokens at or past cu_q[B] are not read).  A pass's rows are found
+// from one division of its first row (64-bit divisions per row and lane were most of the first
+// grid-stride kernel's time: ~100 instructions each).
+struct DeltaPos {
+    long long slab;
+    int i;
+};
+template <bool VL> __device__ __forceinline__ long long delta_len(const bsa_params &p) {
+    if constexpr (VL) return p.vl.Tq;
+    else return p.Sq;
+}
+template <bool VL> __device__ __forceinline__ DeltaPos delta_pos(const bsa_params &p, long long row) {
+    const long long len = delta_len<VL>(p), slab = row / len;
+    return {slab, (int)(row - slab * len)};
+}
+// the position `off` rows after `q` (off >= 0)
+template <bool VL> __device__ __forceinline__ DeltaPos delta_next(const bsa_params &p, DeltaPos q, int off) {
+    const long long len = delta_len<VL>(p);
+    long long i = (long long)q.i + off;
+    while (i >= len) {
+        i -= len;
+        q.slab++;
+    }
+    q.i = (int)i;
+    return q;
+}
 template <bool VL>
-__device__ __forceinline__ bool delta_row(const bsa_params &p, long long row, long long tq, int &b, int &n, int &i) {
-    if constexpr (VL) {  // row = n * Tq + t; batch index 0, token t
-        const long long t = row % p.vl.Tq;
-        i = (int)t;
-        n = (int)(row / p.vl.Tq);
+__device__ __forceinline__ bool delta_bni(const bsa_params &p, DeltaPos q, long long tq, int &b, int &n, int &i) {
+    i = q.i;
+    if constexpr (VL) {
         b = 0;
-        return t < tq;
+        n = (int)q.slab;
+        return q.i < tq;
     } else {
-        const int bn = (int)(row / p.Sq);
-        i = (int)(row % p.Sq);
-        b = bn / p.N;
-        n = bn % p.N;
+        b = (int)(q.slab / p.N);
+        n = (int)(q.slab - (long long)b * p.N);
         return true;
     }
 }
 
-template <typename T>
-__device__ __forceinline__ void delta_store(const bsa_params &p, float *delta, float *lse2, long long row, int b, int n,
-                                            int i, float acc) {
-    const float l = p.lse[(long long)b * p.lse_s0 + (long long)n * p.lse_s1 + (long long)i * p.lse_s2];
+__device__ __forceinline__ float delta_lse(const bsa_params &p, int b, int n, int i) {
+    return p.lse[(long long)b * p.lse_s0 + (long long)n * p.lse_s1 + (long long)i * p.lse_s2];
+}
+__device__ __forceinline__ void delta_store(float *delta, float *lse2, long long row, float l, float acc) {
     delta[row] = acc;
     lse2[row] = l == -INFINITY ? INFINITY : l * BSA_LOG2E;
 }
@@ -67,13 +89,17 @@ __global__ void __launch_bounds__(256) bsa_delta_kernel(const bsa_params p, floa
         const int sub = lane >> lg, j = lane & (L - 1), rpw = 32 >> lg;
         for (long long r0 = warp * rpw * UNR; r0 < rows; r0 += nwarps * rpw * UNR) {
             uint4 a[UNR], c[UNR];
+            float lv[UNR];  // LSE of the row (lane j = 0), loaded with the row
+            const DeltaPos q0 = delta_pos<VL>(p, r0);
 #pragma unroll
             for (int u = 0; u < UNR; u++) {
                 const long long row = r0 + u * rpw + sub;
                 int b = 0, n = 0, i = 0;
-                const bool ok = row < rows && j < nch && delta_row<VL>(p, row, tq, b, n, i);
+                const bool ok = row < rows && j < nch && delta_bni<VL>(p, delta_next<VL>(p, q0, u * rpw + sub), tq, b, n, i);
                 a[u] = c[u] = make_uint4(0, 0, 0, 0);
+                lv[u] = 0.f;
                 if (ok) {
+                    if (j == 0) lv[u] = delta_lse(p, b, n, i);
                     a[u] = __ldcs(reinterpret_cast<const uint4 *>(reinterpret_cast<const T *>(p.o.p) + b * p.o.s0 +
                                                                   n * p.o.s1 + i * p.o.s2) + j);
                     c[u] = __ldcs(reinterpret_cast<const uint4 *>(reinterpret_cast<const T *>(p.dout.p) + b * p.dout.s0 +
@@ -89,21 +115,22 @@ __global__ void __launch_bounds__(256) bsa_delta_kernel(const bsa_params p, floa
                 for (int off = L >> 1; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
                 const long long row = r0 + u * rpw + sub;
                 int b = 0, n = 0, i = 0;
-                if (j == 0 && row < rows && delta_row<VL>(p, row, tq, b, n, i)) delta_store<T>(p, delta, lse2, row, b, n, i, acc);
+                if (j == 0 && row < rows && delta_bni<VL>(p, delta_next<VL>(p, q0, u * rpw + sub), tq, b, n, i))
+                    delta_store(delta, lse2, row, lv[u], acc);
             }
         }
         return;
     }
     for (long long row = warp; row < rows; row += nwarps) {  // any strides: a warp per row
         int b, n, i;
-        if (!delta_row<VL>(p, row, tq, b, n, i)) continue;
+        if (!delta_bni<VL>(p, delta_pos<VL>(p, row), tq, b, n, i)) continue;
         const T *o = reinterpret_cast<const T *>(p.o.p) + b * p.o.s0 + n * p.o.s1 + i * p.o.s2;
         const T *d = reinterpret_cast<const T *>(p.dout.p) + b * p.dout.s0 + n * p.dout.s1 + i * p.dout.s2;
         float acc = 0.f;
         for (int x = lane; x < p.D; x += 32) acc += bsa_t<T>::tof(o[x * p.o.s3]) * bsa_t<T>::tof(d[x * p.dout.s3]);
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-        if (lane == 0) delta_store<T>(p, delta, lse2, row, b, n, i, acc);
+        if (lane == 0) delta_store(delta, lse2, row, delta_lse(p, b, n, i), acc);
     }
 }
 
