@@ -314,11 +314,10 @@ static spattn_status bwd90_run(const spattn_bsa_problem *pb, const spattn_exec *
     float *acc = reinterpret_cast<float *>(ws.base + L.off[6]);
     int *sem = reinterpret_cast<int *>(ws.base + L.off[7]);
     float *kvbuf = reinterpret_cast<float *>(ws.base + L.off[8]);  // used only when lists are split
-    // zeroed by the Delta kernel: the semaphores, and the dQ accumulator unless deterministic (there
-    // the first add of each query tile is a store)
-    const size_t zb = (size_t)(reinterpret_cast<char *>(sem) - reinterpret_cast<char *>(acc)) + spattn_bsa_bwd90_sem_bytes(&p, dp);
-    void *z0 = ex->deterministic ? static_cast<void *>(sem) : static_cast<void *>(acc);
-    const size_t zn = ((ex->deterministic ? spattn_bsa_bwd90_sem_bytes(&p, dp) : zb) + 15) & ~(size_t)15;  // slot padding
+    // zeroed by the Delta kernel: the semaphores only; the first add of each query tile is a store
+    // (deterministic: rank 0; non-deterministic: the first claimant), so the dQ accumulator needs none
+    void *z0 = sem;
+    const size_t zn = (spattn_bsa_bwd90_sem_bytes(&p, dp) + 15) & ~(size_t)15;  // slot padding
     p.lse2 = lse2;
     p.delta = delta;
     p.nqt = (p.Sq + 63) / 64;
@@ -867,11 +866,10 @@ extern "C" spattn_status spattn_cuda_bsa_bwd_varlen(const spattn_bsa_problem *pb
         p.dv = sk;
         p.dv.p = sdv;
     }
-    // zeroed by the Delta kernel: the semaphores, and the dQ accumulator unless deterministic (there
-    // the first add of each query tile is a store)
-    const size_t zb = (size_t)(reinterpret_cast<char *>(sem) - reinterpret_cast<char *>(acc)) + spattn_bsa_bwd90_sem_bytes(&p, dp);
-    void *z0 = ex->deterministic ? static_cast<void *>(sem) : static_cast<void *>(acc);
-    const size_t zn = ((ex->deterministic ? spattn_bsa_bwd90_sem_bytes(&p, dp) : zb) + 15) & ~(size_t)15;  // slot padding
+    // zeroed by the Delta kernel: the semaphores only; the first add of each query tile is a store
+    // (deterministic: rank 0; non-deterministic: the first claimant), so the dQ accumulator needs none
+    void *z0 = sem;
+    const size_t zn = (spattn_bsa_bwd90_sem_bytes(&p, dp) + 15) & ~(size_t)15;  // slot padding
     p.lse2 = lse2;
     p.delta = delta;
     p.nqt = (int)nqt;

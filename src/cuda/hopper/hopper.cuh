@@ -110,6 +110,17 @@ __device__ __forceinline__ void spin_until_eq(const int *p, int v) {
 __device__ __forceinline__ void release_inc(int *p) {
     asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(p) : "memory");
 }
+__device__ __forceinline__ void release_add(int *p, int v) {
+    asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+// spin until *p >= v, then an acquire load (as spin_until_eq)
+__device__ __forceinline__ void spin_until_ge(const int *p, int v) {
+    int x;
+    do {
+        asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];\n" : "=r"(x) : "l"(p) : "memory");
+    } while (x < v);
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(x) : "l"(p) : "memory");
+}
 
 // ---- mbarrier -----------------------------------------------------------------------------
 __device__ __forceinline__ void mbar_init(uint64_t *b, uint32_t count) { ptx::mbarrier_init(b, count); }
