@@ -28,6 +28,10 @@
 //     descending, so for causal and banded masks the lower key tile has passed a shared query
 //     tile first.  (This replaced the per-head, key tile descending order: 0.875x the time,
 //     geomean over the public suite, causal 0.82x, bigbird 0.67-0.75x, none slower; H200.)
+//     The first add (rank 0) is a store, so the accumulator is never zeroed.
+//   - non-deterministic mode: the writer claims the query tile (atomicAdd on its semaphore); the
+//     first claimant stores and adds kStored once the store has landed, the others spin until
+//     then and add in any order (no zeroing of the accumulator either).
 //   - a postprocess kernel writes dq = scale * accumulator.
 //   - VL (packed variable-length batch, spattn_bsa_bwd_varlen): a CTA is (sequence b, kv head,
 //     key tile of max_seqlen_kv) with b's own Sq / Skv in every edge test (a key tile past b's

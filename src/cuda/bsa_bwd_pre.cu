@@ -1,6 +1,7 @@
 // Preprocess of the block-sparse attention backward (bsa_bwd.cu):
 //   bsa_delta_kernel  Delta = rowsum(dO * O), lse2 = LSE * log2(e) (+inf on empty rows); also
-//                     zeroes the backward's dQ accumulator and semaphores
+//                     zeroes the backward's semaphores (the dQ accumulator needs none: the
+//                     first add of each query tile is a store, bsa_bwd.cu)
 //   VL (packed variable-length backward): rows (head n, packed token t) of [1, N, T, D] views,
 //   Delta / lse2 [N][Tq]; tokens past cu_q[B] (= seq[B-1].x + .y) are not read, nor is anything
 //   when the prefix sums are bad (*p.vl.err != ~0: the backward kernel then reads none of it).
@@ -70,7 +71,7 @@ __global__ void __launch_bounds__(256) bsa_delta_kernel(const bsa_params p, floa
     // has started: it loads K / V meanwhile and waits for this kernel's end before reading its output
     hop::griddep_launch();
     const long long gt = blockIdx.x * (long long)blockDim.x + threadIdx.x, nt = (long long)gridDim.x * blockDim.x;
-    // the backward's dQ accumulator and semaphores are zeroed here (no separate memset launches)
+    // the backward's semaphores are zeroed here (no separate memset launch)
     for (long long x = gt; x < zero16; x += nt) zero[x] = make_uint4(0, 0, 0, 0);
     long long rows, tq = 0;
     if constexpr (VL) {

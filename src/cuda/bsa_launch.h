@@ -153,8 +153,8 @@ spattn_status spattn_cuda_ref_bsa_fwd_varlen(const spattn_bsa_problem *p, const 
 // Delta = rowsum(dO * O) and lse2 = lse * log2(e) (+inf on empty rows), both [B*N*Sq].
 // Varlen (p->vl.seq set): both [N][Tq] by packed token; tokens past cu_q[B] are not read (nor is
 // anything when *p->vl.err != ~0).
-// zero / zero_bytes: memory the kernel also sets to 0 (the dQ accumulator and semaphores of
-// spattn_bsa_launch_bwd90: one region from the accumulator to the end of the semaphores).
+// zero / zero_bytes: memory the kernel also sets to 0 (the semaphores of spattn_bsa_launch_bwd90;
+// its dQ accumulator needs no zeroing: the first add of each query tile is a store).
 cudaError_t spattn_bsa_launch_delta(const bsa_params *p, int bf16, float *delta, float *lse2, void *zero, size_t zero_bytes,
                                     cudaStream_t st);
 }
