@@ -841,9 +841,8 @@ cudaError_t launch(const bsa_params &p, const bsa_bwd_tmaps &tm, float *dqacc, i
     if constexpr (VL) {
         return hop::launch_pdl(bsa_vl_post_kernel<DP, T, PG>, dim3(grid), dim3(256), 0, st, p, dqacc);
     } else {  // a half tile per CTA and pass, at most 8 CTAs per SM (grid-stride)
-        const long long units = (long long)p.B * p.N * p.nqt * (DP / 64), cap = 8LL * (hop::sm_count() > 0 ? hop::sm_count() : 132);
-        return hop::launch_pdl(bsa_dq_post_kernel<DP, T>, dim3((unsigned)(units < cap ? (units < 1 ? 1 : units) : cap)), dim3(256), 0, st,
-                               p, dqacc);
+        const long long units = (long long)p.B * p.N * p.nqt * (DP / 64);
+        return hop::launch_pdl(bsa_dq_post_kernel<DP, T>, dim3(hop::grid_cap(units, 8)), dim3(256), 0, st, p, dqacc);
     }
 }
 

@@ -90,7 +90,8 @@ __global__ void __launch_bounds__(256) bsa_delta_kernel(const bsa_params p, floa
         const int sub = lane >> lg, j = lane & (L - 1), rpw = 32 >> lg;
         for (long long r0 = warp * rpw * UNR; r0 < rows; r0 += nwarps * rpw * UNR) {
             uint4 a[UNR], c[UNR];
-            float lv[UNR];  // LSE of the row (lane j = 0), loaded with the row
+            float lv[UNR];   // LSE of the row (lane j = 0), loaded with the row
+            unsigned okm = 0;  // bit u: row u of the pass is read (and, by lane j = 0, written)
             const DeltaPos q0 = delta_pos<VL>(p, r0);
 #pragma unroll
             for (int u = 0; u < UNR; u++) {
@@ -100,6 +101,7 @@ __global__ void __launch_bounds__(256) bsa_delta_kernel(const bsa_params p, floa
                 a[u] = c[u] = make_uint4(0, 0, 0, 0);
                 lv[u] = 0.f;
                 if (ok) {
+                    okm |= 1u << u;
                     if (j == 0) lv[u] = delta_lse(p, b, n, i);
                     a[u] = __ldcs(reinterpret_cast<const uint4 *>(reinterpret_cast<const T *>(p.o.p) + b * p.o.s0 +
                                                                   n * p.o.s1 + i * p.o.s2) + j);
@@ -114,10 +116,7 @@ __global__ void __launch_bounds__(256) bsa_delta_kernel(const bsa_params p, floa
 #pragma unroll
                 for (int k = 0; k < 8; k++) acc += bsa_t<T>::tof(ae[k]) * bsa_t<T>::tof(ce[k]);
                 for (int off = L >> 1; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-                const long long row = r0 + u * rpw + sub;
-                int b = 0, n = 0, i = 0;
-                if (j == 0 && row < rows && delta_bni<VL>(p, delta_next<VL>(p, q0, u * rpw + sub), tq, b, n, i))
-                    delta_store(delta, lse2, row, lv[u], acc);
+                if (j == 0 && (okm >> u & 1)) delta_store(delta, lse2, r0 + u * rpw + sub, lv[u], acc);
             }
         }
         return;
@@ -146,8 +145,7 @@ extern "C" cudaError_t spattn_bsa_launch_delta(const bsa_params *p, int bf16, fl
     const bool vl = p->vl.seq != nullptr;
     const long long rows = vl ? (long long)p->N * p->vl.Tq : (long long)p->B * p->N * p->Sq;
     // 64 rows per CTA at D 128 (8 warps x 2 rows x 4 passes), at most 8 CTAs per SM (grid-stride)
-    const long long cap = 8LL * (hop::sm_count() > 0 ? hop::sm_count() : 132), want = (rows + 63) / 64;
-    const unsigned blocks = (unsigned)(want < 1 ? 1 : want < cap ? want : cap);
+    const unsigned blocks = hop::grid_cap((rows + 63) / 64, 8);
     if (vl) {
         if (bf16)
             bsa_delta_kernel<__nv_bfloat16, true><<<blocks, 256, 0, st>>>(*p, delta, lse2, z, z16);

@@ -107,12 +107,10 @@ __device__ __forceinline__ void spin_until_eq(const int *p, int v) {
     } while (x != v);
     asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(x) : "l"(p) : "memory");
 }
-__device__ __forceinline__ void release_inc(int *p) {
-    asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(p) : "memory");
-}
 __device__ __forceinline__ void release_add(int *p, int v) {
     asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
+__device__ __forceinline__ void release_inc(int *p) { release_add(p, 1); }
 // spin until *p >= v, then an acquire load (as spin_until_eq)
 __device__ __forceinline__ void spin_until_ge(const int *p, int v) {
     int x;
@@ -250,6 +248,13 @@ static inline int sm_count() {
     }
     if (dev < 64) cache[dev] = n;
     return n;
+}
+// A grid-stride launch's CTA count: `units` of work, at most per_sm CTAs per SM (132 SMs when the
+// count cannot be read), at least 1.
+static inline unsigned grid_cap(long long units, int per_sm) {
+    const int sms = sm_count();
+    const long long cap = (long long)per_sm * (sms > 0 ? sms : 132);
+    return (unsigned)(units < 1 ? 1 : units < cap ? units : cap);
 }
 
 // ---- element types ------------------------------------------------------------------------
