@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the device: A/B of two packed builds (bench/gpu/pack_bins.sh), interleaved rounds, both
+# On the device: A/B of two packed builds (bench/gpu/carry_build.sh pack NAME), interleaved rounds, both
 # modes of the backward (or the forward), then per-case time ratios NEW / BASE (< 1: NEW faster).
 #   bash bench/gpu/ab_bins.sh BASE NEW
 # env: SUITE (bsa), PASS (bwd), CASE (a --case regex), ROUNDS (2), DETS ("1 0"), CHECK (1: run
