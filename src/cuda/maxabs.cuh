@@ -25,10 +25,21 @@ __global__ void maxabs_kernel(const T *x, int64_t n0, int64_t n1, int64_t n2, in
                               int64_t s2, int64_t s3, int vec, unsigned *out) {
     const int lane = threadIdx.x & 31;
     const int64_t rows = n0 * n1 * n2, nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
+    const bool narrow = rows < (1LL << 31);  // 32-bit divisions (four 64-bit ones per row and lane cost more than the row's loads)
     float m = 0.f;
     for (int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows; r += nw) {
-        int64_t c = r % n2, t = r / n2;
-        int64_t bb = t % n1, a = t / n1;
+        int64_t c, bb, a;
+        if (narrow) {
+            const unsigned t = (unsigned)r / (unsigned)n2, u = t / (unsigned)n1;
+            c = (int64_t)((unsigned)r - t * (unsigned)n2);
+            bb = (int64_t)(t - u * (unsigned)n1);
+            a = u;
+        } else {
+            const int64_t t = r / n2;
+            c = r - t * n2;
+            a = t / n1;
+            bb = t - a * n1;
+        }
         const T *rowp = x + a * s0 + bb * s1 + c * s2;
         if (vec) {
             for (int64_t j = lane * 8; j < n3; j += 256) {

@@ -167,22 +167,73 @@ __global__ void fix_scale_kernel(unsigned *stats, float scale, int D, int H) {
     reinterpret_cast<float *>(stats)[8] = exp2f((float)-Fq);
 }
 
-// The key-major backward's dQ accumulator [B, S1, N1, 576] into dq / dq_rope.
+// Accumulator rows of 576 (int64 fixed point or fp32) to dq / dk rows: a warp per row, lane l
+// columns 2 (l + 32 k), k < 9 (k = 8: the rope part), 16-byte (8-byte fp32) accumulator loads and
+// 2-byte flag loads, pair stores when the output row is contiguous.  The element-per-thread form
+// before it did six 64-bit divisions per element (~600 instructions for a 9-byte load and a
+// 2-byte store).
+__device__ __forceinline__ void conv_pair(const void *acc, const uint8_t *flags, int det, float inv, int64_t e, float &v0,
+                                          float &v1) {
+    if (det) {
+        const longlong2 a = *reinterpret_cast<const longlong2 *>(reinterpret_cast<const long long *>(acc) + e);
+        const uint16_t f = *reinterpret_cast<const uint16_t *>(flags + e);
+        v0 = fix_value(a.x, (uint8_t)(f & 0xffu), inv);
+        v1 = fix_value(a.y, (uint8_t)(f >> 8), inv);
+    } else {
+        const float2 a = *reinterpret_cast<const float2 *>(reinterpret_cast<const float *>(acc) + e);
+        v0 = a.x;
+        v1 = a.y;
+    }
+}
+template <typename T> __device__ __forceinline__ void conv_store2(T *dst, int64_t s, float v0, float v1) {
+    if constexpr (sizeof(T) == 2) {
+        if (s == 1 && !(reinterpret_cast<uintptr_t>(dst) & 3)) {
+            *reinterpret_cast<uint32_t *>(dst) = sfa::Ty<T>::pack(v0, v1);
+            return;
+        }
+    }
+    {
+        dst[0] = sfa::Ty<T>::from_f(v0);
+        dst[s] = sfa::Ty<T>::from_f(v1);
+    }
+}
+// row r of [n0, n1, n2] -> (a, b, c), 32-bit divisions when the counts allow
+__device__ __forceinline__ void conv_row(int64_t r, int64_t n1, int64_t n2, bool narrow, int64_t &a, int64_t &b, int64_t &c) {
+    if (narrow) {
+        const unsigned t = (unsigned)r / (unsigned)n2;
+        c = (int64_t)((unsigned)r - t * (unsigned)n2);
+        const unsigned u = t / (unsigned)n1;
+        b = (int64_t)(t - u * (unsigned)n1);
+        a = u;
+    } else {
+        const int64_t t = r / n2;
+        c = r - t * n2;
+        a = t / n1;
+        b = t - a * n1;
+    }
+}
+
+// The key-major backward's dQ accumulator [B, S1, N1, 576] into dq / dq_rope (unit last strides).
 template <typename T>
 __global__ void convert_dq_kernel(const void *acc, const uint8_t *flags, int det, const float *inv_scale, T *dq, T *dqr, int64_t B,
                                   int64_t S1, int64_t N1, int64_t sd0, int64_t sd1, int64_t sd2, int64_t sr0,
                                   int64_t sr1, int64_t sr2, const unsigned long long *gate) {
     if (sfa::gate_word(gate) != ~0ull) return;  // under capture: the index check's word
-    const int64_t total = B * S1 * N1 * sfa::DQK;
+    const int64_t rows = B * S1 * N1, nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
+    const bool narrow = rows < (1LL << 31);
     const float inv = det ? *inv_scale : 1.f;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t col = i % sfa::DQK, t = i / sfa::DQK;
-        const int64_t n = t % N1, t2 = t / N1;
-        const int64_t s = t2 % S1, b = t2 / S1;
-        const float v = det ? fix_value(reinterpret_cast<const long long *>(acc)[i], flags[i], inv)
-                            : reinterpret_cast<const float *>(acc)[i];
-        if (col < sfa::D) dq[b * sd0 + s * sd1 + n * sd2 + col] = sfa::Ty<T>::from_f(v);
-        else dqr[b * sr0 + s * sr1 + n * sr2 + (col - sfa::D)] = sfa::Ty<T>::from_f(v);
+    const int lane = threadIdx.x & 31;
+    for (int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows; r += nw) {
+        int64_t b, s, n;
+        conv_row(r, S1, N1, narrow, b, s, n);
+#pragma unroll
+        for (int k = 0; k < sfa::DQK / 64; k++) {
+            const int col = 2 * (lane + 32 * k);
+            float v0, v1;
+            conv_pair(acc, flags, det, inv, r * sfa::DQK + col, v0, v1);
+            if (col < sfa::D) conv_store2(dq + b * sd0 + s * sd1 + n * sd2 + col, 1, v0, v1);
+            else conv_store2(dqr + b * sr0 + s * sr1 + n * sr2 + (col - sfa::D), 1, v0, v1);
+        }
     }
 }
 
@@ -192,19 +243,21 @@ __global__ void convert_dk_kernel(const void *acc, const uint8_t *flags, int det
                                   int64_t sd1, int64_t sd2, int64_t sd3, int64_t sr0, int64_t sr1,
                                   int64_t sr2, int64_t sr3, const unsigned long long *gate) {
     if (sfa::gate_word(gate) != ~0ull) return;  // under capture: the index check's word
-    const int64_t total = B * S2 * N2 * sfa::DQK;
+    const int64_t rows = B * S2 * N2, nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
+    const bool narrow = rows < (1LL << 31);
     const float inv = det ? *inv_scale : 1.f;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t col = i % sfa::DQK, t = i / sfa::DQK;
-        const int64_t n = t % N2, t2 = t / N2;
-        const int64_t s = t2 % S2, b = t2 / S2;
-        float v = det ? fix_value(reinterpret_cast<const long long *>(acc)[i], flags[i], inv)
-                      : reinterpret_cast<const float *>(acc)[i];
-        if (col < sfa::D)
-            dk[b * sd0 + s * sd1 + n * sd2 + col * sd3] = sfa::Ty<T>::from_f(v);
-        else
-            dkr[b * sr0 + s * sr1 + n * sr2 + (col - sfa::D) * sr3] = sfa::Ty<T>::from_f(v);
+    const int lane = threadIdx.x & 31;
+    for (int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows; r += nw) {
+        int64_t b, s, n;
+        conv_row(r, S2, N2, narrow, b, s, n);
+#pragma unroll
+        for (int k = 0; k < sfa::DQK / 64; k++) {
+            const int col = 2 * (lane + 32 * k);
+            float v0, v1;
+            conv_pair(acc, flags, det, inv, r * sfa::DQK + col, v0, v1);
+            if (col < sfa::D) conv_store2(dk + b * sd0 + s * sd1 + n * sd2 + col * sd3, sd3, v0, v1);
+            else conv_store2(dkr + b * sr0 + s * sr1 + n * sr2 + (col - sfa::D) * sr3, sr3, v0, v1);
+        }
     }
 }
 
@@ -597,7 +650,7 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
             e = spattn_sfa_bwd_small_launch(kp, &L, bf16, st);
             if (e == cudaSuccess) {
                 const spattn_tensor *dq = p->dq, *dqr = p->dq_rope;
-                convert_dq_kernel<T><<<grid_for((int64_t)nq * sfa::DQK, 256), 256, 0, st>>>(
+                convert_dq_kernel<T><<<grid_for((int64_t)nq * 32, 256), 256, 0, st>>>(
                     sw + soff[0], sw + soff[8], det, (const float *)(stats + 8), (T *)dq->data, (T *)dqr->data, p->B, p->S1, p->N1,
                     dq->strides[0], dq->strides[1], dq->strides[2], dqr->strides[0], dqr->strides[1], dqr->strides[2], kp->gate);
                 e = cudaGetLastError();
@@ -617,7 +670,7 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
     }
     if (e == cudaSuccess) {
         const spattn_tensor *dk = p->dk, *dkr = p->dk_rope;
-        convert_dk_kernel<T><<<grid_for(p->B * p->S2 * p->N2 * sfa::DQK, 256), 256, 0, st>>>(
+        convert_dk_kernel<T><<<grid_for(p->B * p->S2 * p->N2 * 32, 256), 256, 0, st>>>(
             ws, flags, det, (const float *)(stats + 6), (T *)dk->data, (T *)dkr->data, p->B, p->S2, p->N2,
             dk->strides[0], dk->strides[1], dk->strides[2], dk->strides[3], dkr->strides[0],
             dkr->strides[1], dkr->strides[2], dkr->strides[3], kp->gate);
@@ -1642,7 +1695,7 @@ spattn_status vl_bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, co
             sd[i] = pg ? dk->strides[i] : i == 0 ? 0 : dk->strides[i - 1];
             sr[i] = pg ? dkr->strides[i] : i == 0 ? 0 : dkr->strides[i - 1];
         }
-        convert_dk_kernel<T><<<grid_for((int64_t)cells, 256), 256, 0, st>>>(
+        convert_dk_kernel<T><<<grid_for((int64_t)cells / sfa::DQK * 32, 256), 256, 0, st>>>(
             acc, flags, det, (const float *)(stats + 6), (T *)dk->data, (T *)dkr->data, B, S, p->N2, sd[0], sd[1], sd[2],
             sd[3], sr[0], sr[1], sr[2], sr[3], nullptr);
         e = cudaGetLastError();
