@@ -28,6 +28,83 @@ __device__ __forceinline__ void add_fix(unsigned long long *acc, uint32_t *flags
     if (isfinite(v)) red_add_u64(acc + i, (unsigned long long)__float2ll_rn(v * fs));
     else fix_flag(flags, i, v);
 }
+// Packed int32 fixed point: this thread's column pair (8 j + 2 q4, + 1) of a row as the two int32
+// lanes of one 64-bit integer add, v = lo + hi 2^32 (mod 2^64).  The sum of such words is
+// (sum lo) + 2^32 (sum hi) mod 2^64, so each lane's true sum comes back exactly from the word
+// while it lies in int32 (sfa_host.cu, conv_pair): integer adds are exact and order-free, so the
+// result is bitwise reproducible, at the 4 bytes per element of fp32 adds instead of int64's 8.
+// Whether every lane's sum stayed in range is known from the row bounds: per key row, for each
+// add of a CTA's rows, (max over the columns it added of |v| 2^F, rounded down) + 1 >=
+// |round(v 2^F)| of each of them (add_row_bound, one add per row and consumer warpgroup after
+// its boxes), so a row bound < 2^31 means no column of the row left int32 (sfa_host.cu retries
+// with a smaller F otherwise).  p.acc_p32 NULL (the probe pass): the bounds only.
+__device__ __forceinline__ unsigned long long p32_word(float x0, float x1, float fs) {
+    const int lo = __float2int_rn(x0 * fs), hi = __float2int_rn(x1 * fs);  // saturating: the bound flags it
+    return (unsigned long long)(long long)lo + ((unsigned long long)(unsigned)hi << 32);
+}
+// ma / mb: this thread's running max |v| of rows ka / kb over the finite values (a non-finite
+// value is flagged and its lane adds 0)
+__device__ __forceinline__ void add_box_p32(const Params &p, const float (&a)[32], int ka, int kb, int lane,
+                                            int64_t base, int col0, float fs, float &ma, float &mb) {
+    const int q4 = lane & 3;
+    const int64_t ra = base + (int64_t)max(ka, 0) * p.N2 * DQK, rb = base + (int64_t)max(kb, 0) * p.N2 * DQK;
+    bool fin = true;
+#pragma unroll
+    for (int i = 0; i < 32; i++) {
+        const float x = fabsf(a[i]);
+        const bool f = x <= FLT_MAX;  // false for NaN and +-inf
+        fin &= f;
+        if (i & 2) mb = fmaxf(mb, f ? x : 0.f);
+        else ma = fmaxf(ma, f ? x : 0.f);
+    }
+    if (!p.acc_p32) return;
+    if (__all_sync(0xffffffffu, fin)) {
+        unsigned long long *pa = reinterpret_cast<unsigned long long *>(p.acc_p32 + ra + col0 + 2 * q4);
+        unsigned long long *pb = reinterpret_cast<unsigned long long *>(p.acc_p32 + rb + col0 + 2 * q4);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            if (ka >= 0) red_add_u64(pa + 4 * j, p32_word(a[4 * j], a[4 * j + 1], fs));
+            if (kb >= 0) red_add_u64(pb + 4 * j, p32_word(a[4 * j + 2], a[4 * j + 3], fs));
+        }
+        return;
+    }
+#pragma unroll 1
+    for (int h = 0; h < 2; h++) {  // some value is not finite: it sets its flag, the lane adds 0
+        const int kk = h ? kb : ka;
+        if (kk < 0) continue;
+        const int64_t i0 = (h ? rb : ra) + col0 + 2 * q4;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {  // selects, not a[.. h]: a stays in registers
+            float x0 = h ? a[4 * j + 2] : a[4 * j], x1 = h ? a[4 * j + 3] : a[4 * j + 1];
+            if (!(fabsf(x0) <= FLT_MAX)) {
+                fix_flag(p.acc_flags, i0 + 8 * j, x0);
+                x0 = 0.f;
+            }
+            if (!(fabsf(x1) <= FLT_MAX)) {
+                fix_flag(p.acc_flags, i0 + 8 * j + 1, x1);
+                x1 = 0.f;
+            }
+            red_add_u64(reinterpret_cast<unsigned long long *>(p.acc_p32 + i0 + 8 * j), p32_word(x0, x1, fs));
+        }
+    }
+}
+// After a consumer's boxes of a block: the quad's max per row, one add per row (lane q4 = 0: row
+// ka, 1: row kb) into p.acc_bound [rows], row = base / 576 + key N2; the probe's first pass
+// (p.fix_scale NULL: no F yet) keeps each row's largest max instead (u32 float bits)
+__device__ __forceinline__ void add_row_bound(const Params &p, int ka, int kb, int lane, int64_t base, float fs,
+                                              float ma, float mb) {
+    ma = fmaxf(ma, __shfl_xor_sync(0xffffffffu, ma, 1));
+    ma = fmaxf(ma, __shfl_xor_sync(0xffffffffu, ma, 2));
+    mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, 1));
+    mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, 2));
+    const int q4 = lane & 3, kk = q4 ? kb : ka;
+    if (q4 >= 2 || kk < 0) return;
+    const int64_t r = base / DQK + (int64_t)kk * p.N2;
+    const float m = q4 ? mb : ma;
+    if (p.fix_scale) red_add_u64(p.acc_bound + r, (unsigned long long)fminf(m * fs, 1.0e13f) + 1ull);
+    else atomicMax(reinterpret_cast<unsigned *>(p.acc_bound) + r, __float_as_uint(m));  // m >= 0: bits order as values
+}
+
 // One 64-row x 64-column fp32 tile in the wgmma m64n64 accumulator layout (this thread: rows
 // r0 = 16 warp + lane / 4 and r0 + 8, columns 8 j + 2 (lane % 4) (+1)) added to the dK accumulator
 // [B, S2, N2, 576] (p.acc_i64 or p.acc_f32): row r0 to key ka, row r0 + 8 to key kb (< 0: nothing),

@@ -100,15 +100,17 @@ __device__ __forceinline__ void load_do_union(unsigned char *sdo, const Params &
 }
 
 // Consumer warpgroup C (0 or 1); see the file comment for the split of the work.
-template <typename T, int C, bool UN>
+template <typename T, int C, bool UN, bool VL>
 __device__ __forceinline__ void consume(const Params &p, const Smem &s, int nblk, int b, int n2, int s1, int head0,
                                         int nh) {
     const int t = threadIdx.x & 127, warp = t >> 5, lane = t & 31, q4 = lane & 3;
     const int r0 = warp * 16 + (lane >> 2);  // this thread's rows r0, r0 + 8 (heads, or keys in step 4)
     const float sl2 = p.scale_log2, scale = p.scale;
     const float l2a = s.lse2[r0], l2b = s.lse2[r0 + 8], da = s.delta[r0], db = s.delta[r0 + 8];
-    const bool det = p.acc_i64 != nullptr;
-    const float fs = det ? *p.fix_scale : 1.f;
+    // adds: 2 = packed int32 fixed point (deterministic), 1 = int64 fixed point (deterministic,
+    // the varlen form), 0 = fp32 (sfa_adds.cuh)
+    const int mode = p.acc_bound ? 2 : p.acc_i64 ? 1 : 0;
+    const float fs = mode && p.fix_scale ? *p.fix_scale : 1.f;  // NULL: the probe's first pass
     const int64_t base = ((int64_t)b * p.S2 * p.N2 + n2) * sfa::DQK;  // accumulator row of key 0
     const int utA = UN ? r0 >> p.lg2h : 0, utB = UN ? (r0 + 8) >> p.lg2h : 0;  // UN: the rows' tokens
 
@@ -219,6 +221,7 @@ __device__ __forceinline__ void consume(const Params &p, const Smem &s, int nblk
         };
         // a loop, not unrolled: 9 unrolled copies of the GEMM and add code overflowed the
         // instruction cache (ncu on sfa07); the adds branch once per box on the mode
+        float bma = 0.f, bmb = 0.f;  // packed int32: rows ka / kb's max |v| over the boxes
 #pragma unroll 1
         for (int i = 0; i < (C == 0 ? 5 : 4); i++) {
             const int box = C == 0 ? (i < 4 ? i : 8) : 4 + i;
@@ -231,13 +234,18 @@ __device__ __forceinline__ void consume(const Params &p, const Smem &s, int nblk
             }
             hop::wgmma_wait<0>();
             hop::reg_fence(acc);
-            if (det) sfa::add_box<1>(p, acc, ka, kb, lane, base, box * 64, fs);
-            else sfa::add_box<0>(p, acc, ka, kb, lane, base, box * 64, fs);
+            // deterministic: packed int32 in the dense forms, int64 in the varlen form (sfa_host.cu)
+            if (!mode) sfa::add_box<0>(p, acc, ka, kb, lane, base, box * 64, fs);
+            else if constexpr (VL) sfa::add_box<1>(p, acc, ka, kb, lane, base, box * 64, fs);
+            else sfa::add_box_p32(p, acc, ka, kb, lane, base, box * 64, fs, bma, bmb);
         }
+        if constexpr (!VL)
+            if (mode) sfa::add_row_bound(p, ka, kb, lane, base, fs, bma, bmb);
         hop::reg_fence(dq);
         if constexpr (C == 1) hop::reg_fence(dqr);
     }
 
+    if (p.acc_bound && !p.acc_p32) return;  // the probe pass (a sample of the blocks): no dQ
     // ---- dQ / dQ_rope, rows h < nh (UN: rows of tokens before S1, row -> (token, head))
 #pragma unroll
     for (int h = 0; h < 2; h++) {
@@ -278,6 +286,7 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd90_kernel(const __grid_constant
     // under stream capture the index check's verdict is a device word (sfa_host.cu): a bad index
     // and the CTA writes nothing (its key ids are masked in range anyway); NULL otherwise
     if (sfa::gate_word(p.gate) != ~0ull) return;
+    if (p.run_if && !*reinterpret_cast<const volatile int *>(p.run_if)) return;  // a retry pass not needed
     extern __shared__ unsigned char smem_raw[];
     unsigned char *sm = hop::align1024(smem_raw);
     Smem s;
@@ -298,12 +307,16 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd90_kernel(const __grid_constant
     s.last = reinterpret_cast<int *>(sm + OFF_LAST);
 
     const int ngroups = UN ? p.ungroups : (p.H + BH - 1) / BH;
+    // the probe pass (sfa_host.cu): CTA x stands for CTA x probe_pt of the full grid and runs
+    // blocks 0, pb, 2 pb, .. of its row; else pt = pb = 1
+    const int pt = p.probe_pt > 1 ? p.probe_pt : 1, pb = p.probe_pb > 1 ? p.probe_pb : 1;
+    const int vx = (int)blockIdx.x * pt;
     // UN: the token group (longest first), s1 its first token
-    const int s1 = UN ? (ngroups - 1 - (int)blockIdx.x) * p.ug : p.S1 - 1 - (int)(blockIdx.x / ngroups);
-    const int g = UN ? 0 : (int)(blockIdx.x % ngroups);
+    const int s1 = UN ? (ngroups - 1 - vx) * p.ug : p.S1 - 1 - vx / ngroups;
+    const int g = UN ? 0 : vx % ngroups;
     const int b = blockIdx.y / p.N2, n2 = blockIdx.y % p.N2;
     const int head0 = n2 * p.H + g * BH, nh = UN ? BH : min(BH, p.H - g * BH);
-    const int64_t ugi = UN ? (int64_t)blockIdx.y * p.ungroups + ngroups - 1 - (int)blockIdx.x : 0;
+    const int64_t ugi = UN ? (int64_t)blockIdx.y * p.ungroups + ngroups - 1 - vx : 0;
     const int ucraw = UN ? __ldg(p.ucnt + ugi) : 0;  // -1: the plain form takes the group
     if (UN && ucraw < 0) return;
     const int ucnt = ucraw & ~sfa::UCOMPACT;
@@ -333,21 +346,22 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd90_kernel(const __grid_constant
     if (wg == 0) {  // ------------------------------------------------------------------ producer
         hop::setmaxnreg_dec<40>();
         const sfa::Gather<T, VL> gat = vl_gather<T, VL>(p, b, n2, t, tk);
-        int nb = UN ? ucnt : 1;  // block 0 is gathered before the scan's answer (harmless when there is none)
+        int nb = UN ? (ucnt + pb - 1) / pb : 1;  // block 0 is gathered before the scan's answer (harmless when there is none)
         for (int j = 0; j < nb; j++) {
             int key[4];
+            const int jb = j * pb;  // the row's block (the probe: every pb-th)
             if constexpr (UN) {
                 if (ucraw & sfa::UCOMPACT) {  // the union's keys, 64 per block (-1 past the last)
-                    const int *kl = p.ukey + (ugi * p.ucap + j) * BK + gat.grp;
+                    const int *kl = p.ukey + (ugi * p.ucap + jb) * BK + gat.grp;
 #pragma unroll
                     for (int r = 0; r < 4; r++) key[r] = __ldg(kl + 16 * r);
                 } else {  // 64 contiguous keys
-                    const int k0 = __ldg(p.ublk + ugi * p.ucap + j) * BK + gat.grp;
+                    const int k0 = __ldg(p.ublk + ugi * p.ucap + jb) * BK + gat.grp;
 #pragma unroll
                     for (int r = 0; r < 4; r++) key[r] = k0 + 16 * r < p.S2 ? k0 + 16 * r : -1;
                 }
             } else {
-                gat.keys(p, irow, si3, j, lim, key);
+                gat.keys(p, irow, si3, jb, lim, key);
             }
             if constexpr (VL) vl_key_rows(tk, key);
             if (j > 0) hop::mbar_wait(s.fre, (j - 1) & 1);
@@ -358,13 +372,13 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd90_kernel(const __grid_constant
             if (gat.ig == 0) {
 #pragma unroll
                 for (int r = 0; r < 4; r++) s.key[(j & 1) * BK + gat.grp + 16 * r] = key[r];
-                if (UN && gat.grp < p.ug) s.umk[(j & 1) * UMAX + gat.grp] = __ldg(p.umask + (ugi * p.ucap + j) * p.ug + gat.grp);
+                if (UN && gat.grp < p.ug) s.umk[(j & 1) * UMAX + gat.grp] = __ldg(p.umask + (ugi * p.ucap + jb) * p.ug + gat.grp);
                 hop::mbar_arrive(s.vbar);
             }
             if (!UN && j == 0) {
                 hop::bar_sync(NB_SCAN, 384);
                 const int last = *s.last;
-                nb = last < 0 ? 0 : last / BK + 1;
+                nb = last < 0 ? 0 : (last / BK + pb) / pb;
             }
         }
         sfa::cp_async_wait<0>();
@@ -425,10 +439,14 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd90_kernel(const __grid_constant
     hop::fence_proxy_async();
     hop::bar_sync(NB_Q, 256);
     const int last = *s.last;
-    const int nblk = UN ? ucnt : last < 0 ? 0 : last / BK + 1;
+    const int nblk = UN ? (ucnt + pb - 1) / pb : last < 0 ? 0 : (last / BK + pb) / pb;
+    if (p.probe_cnt && tc == 0) {  // the probe's share of the blocks (integer sums: deterministic)
+        atomicAdd(p.probe_cnt, (unsigned long long)(UN ? ucnt : last < 0 ? 0 : last / BK + 1));
+        atomicAdd(p.probe_cnt + 1, (unsigned long long)nblk);
+    }
     if (!UN) hop::bar_arrive(NB_SCAN, 384);
-    if (c == 0) consume<T, 0, UN>(p, s, nblk, b, n2, s1, head0, nh);
-    else consume<T, 1, UN>(p, s, nblk, b, n2, s1, head0, nh);
+    if (c == 0) consume<T, 0, UN, VL>(p, s, nblk, b, n2, s1, head0, nh);
+    else consume<T, 1, UN, VL>(p, s, nblk, b, n2, s1, head0, nh);
 }
 
 template <typename T, bool VL, bool UN = false> cudaError_t launch(const Params &p, cudaStream_t st) {
@@ -437,7 +455,8 @@ template <typename T, bool VL, bool UN = false> cudaError_t launch(const Params 
     if (e != cudaSuccess) return e;
     const int ngroups = (p.H + BH - 1) / BH;
     // VL: S1 = Tq, B = 1; UN: one CTA per token group
-    dim3 grid(UN ? (unsigned)p.ungroups : (unsigned)((long long)p.S1 * ngroups), (unsigned)(p.B * p.N2));
+    const long long pt = p.probe_pt > 1 ? p.probe_pt : 1;
+    dim3 grid((unsigned)(((UN ? (long long)p.ungroups : (long long)p.S1 * ngroups) + pt - 1) / pt), (unsigned)(p.B * p.N2));
     sfa_bwd90_kernel<T, VL, UN><<<grid, 384, SMEM, st>>>(p);
     return cudaGetLastError();
 }

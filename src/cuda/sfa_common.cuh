@@ -63,6 +63,16 @@ struct Params {
     const int *ucnt, *ublk, *ukey;
     const unsigned long long *umask;
     int ug, lg2h, ungroups, ucap;
+    // The deterministic token-major backward in packed int32 fixed point (sfa_adds.cuh add_box<2>,
+    // sfa_host.cu bwd_packed): acc_p32 [B, S2, N2, 576] int32, two columns per 64-bit integer add
+    // (NULL in the probe pass: bounds only); acc_bound [B S2 N2][9 boxes]: per key row and 64-column
+    // box, the sum over adds of (max |v| 2^F of the box's columns, rounded down) + 1, which bounds
+    // every partial sum of the box's columns (exact int32 sums while below 2^31).
+    int *acc_p32;
+    unsigned long long *acc_bound;
+    int probe_pt, probe_pb;  // the probe pass (> 1): every probe_pt-th CTA, every probe_pb-th block
+    unsigned long long *probe_cnt;  // the probe pass: [0] += its CTAs' blocks, [1] += those it ran
+    const int *run_if;       // non-NULL: the CTAs exit at once unless *run_if != 0 (the retry pass)
 };
 constexpr int UCOMPACT = 1 << 30;  // Params::ucnt: the group's blocks are compacted keys (ukey)
 

@@ -172,9 +172,18 @@ __global__ void fix_scale_kernel(unsigned *stats, float scale, int D, int H) {
 // 2-byte flag loads, pair stores when the output row is contiguous.  The element-per-thread form
 // before it did six 64-bit divisions per element (~600 instructions for a 9-byte load and a
 // 2-byte store).
+// det 2: packed int32 (sfa_adds.cuh add_box_p32), the pair of columns e, e + 1 as one 64-bit word:
+// low lane exact, high lane one less when the low lane's sum is negative (the borrow); ok: the
+// box's bound says both sums stayed in int32 (else NaN: never expected, sfa_host.cu retries first).
 __device__ __forceinline__ void conv_pair(const void *acc, const uint8_t *flags, int det, float inv, int64_t e, float &v0,
-                                          float &v1) {
-    if (det) {
+                                          float &v1, bool ok = true) {
+    if (det == 2) {
+        const uint2 w = *reinterpret_cast<const uint2 *>(reinterpret_cast<const int *>(acc) + e);
+        const uint16_t f = *reinterpret_cast<const uint16_t *>(flags + e);
+        const int lo = (int)w.x, hi = (int)(w.y + (lo < 0 ? 1u : 0u));
+        v0 = ok ? fix_value(lo, (uint8_t)(f & 0xffu), inv) : __int_as_float(0x7fc00000);
+        v1 = ok ? fix_value(hi, (uint8_t)(f >> 8), inv) : __int_as_float(0x7fc00000);
+    } else if (det) {
         const longlong2 a = *reinterpret_cast<const longlong2 *>(reinterpret_cast<const long long *>(acc) + e);
         const uint16_t f = *reinterpret_cast<const uint16_t *>(flags + e);
         v0 = fix_value(a.x, (uint8_t)(f & 0xffu), inv);
@@ -241,7 +250,8 @@ template <typename T>
 __global__ void convert_dk_kernel(const void *acc, const uint8_t *flags, int det, const float *inv_scale, T *dk,
                                   T *dkr, int64_t B, int64_t S2, int64_t N2, int64_t sd0,
                                   int64_t sd1, int64_t sd2, int64_t sd3, int64_t sr0, int64_t sr1,
-                                  int64_t sr2, int64_t sr3, const unsigned long long *gate) {
+                                  int64_t sr2, int64_t sr3, const unsigned long long *gate,
+                                  const unsigned long long *bound = nullptr) {
     if (sfa::gate_word(gate) != ~0ull) return;  // under capture: the index check's word
     const int64_t rows = B * S2 * N2, nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
     const bool narrow = rows < (1LL << 31);
@@ -250,15 +260,86 @@ __global__ void convert_dk_kernel(const void *acc, const uint8_t *flags, int det
     for (int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows; r += nw) {
         int64_t b, s, n;
         conv_row(r, S2, N2, narrow, b, s, n);
+        const unsigned long long rb = det == 2 ? bound[r] : 0;  // packed int32: the row's bound
 #pragma unroll
         for (int k = 0; k < sfa::DQK / 64; k++) {
             const int col = 2 * (lane + 32 * k);
             float v0, v1;
-            conv_pair(acc, flags, det, inv, r * sfa::DQK + col, v0, v1);
+            conv_pair(acc, flags, det, inv, r * sfa::DQK + col, v0, v1, det != 2 || rb < (1ull << 31));
             if (col < sfa::D) conv_store2(dk + b * sd0 + s * sd1 + n * sd2 + col * sd3, sd3, v0, v1);
             else conv_store2(dkr + b * sr0 + s * sr1 + n * sr2 + (col - sfa::D) * sr3, sr3, v0, v1);
         }
     }
+}
+
+// ---- the deterministic token-major backward in packed int32 (bwd_packed below) ------------------
+// stats words after fix_scale_kernel's [0..8]: [9] 2^F, [10] 2^-F (floats), [11] F, [12] the retry
+// word, [13] the probe's largest |v| (float bits), [14..15] its largest row bound (u64), [16..17]
+// the full pass's (u64), [18..21] the probe's block counts (u64: its CTAs' blocks, those it ran),
+// [22] the probe's 2^Fa (float), [23] Fa
+enum { ST_P2F = 9, ST_P2INV = 10, ST_PF = 11, ST_RETRY = 12, ST_GMAX = 13, ST_PMAX = 14, ST_MMAX = 16, ST_PCNT = 18,
+       ST_A2F = 22, ST_AF = 23 };
+
+__global__ void bound_max_kernel(const unsigned long long *b, int64_t n, unsigned long long *out) {
+    unsigned long long m = 0;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        m = max(m, b[i]);
+    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0 && m) atomicMax(out, m);
+}
+// The probe's first pass: the largest |v| of the rows (float bits >= 0 order as the values, so
+// atomicMax is order-free), then Fa placing it at 2^40 (the second pass's sums of up to 2^23
+// adds fit in 64 bits)
+__global__ void probe_max_kernel(const unsigned *pm, int64_t n, unsigned *out) {
+    unsigned m = 0;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        m = max(m, pm[i]);
+    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0 && m) atomicMax(out, m);
+}
+__global__ void probe_fa_kernel(unsigned *stats) {
+    const float g = __uint_as_float(stats[ST_GMAX]);
+    int e = 0;
+    if (g > 0.f) frexpf(g, &e);  // g < 2^e
+    int F = 40 - e;
+    F = F > 120 ? 120 : F < -120 ? -120 : F;
+    reinterpret_cast<float *>(stats)[ST_A2F] = exp2f((float)F);
+    reinterpret_cast<int *>(stats)[ST_AF] = F;
+}
+__device__ __forceinline__ int ceil_log2(unsigned long long m) { return m <= 1 ? 0 : 64 - __clzll(m - 1); }
+__device__ __forceinline__ void p32_set_f(unsigned *stats, int F) {
+    F = F > 120 ? 120 : F < -120 ? -120 : F;
+    reinterpret_cast<float *>(stats)[ST_P2F] = exp2f((float)F);
+    reinterpret_cast<float *>(stats)[ST_P2INV] = exp2f((float)-F);
+    reinterpret_cast<int *>(stats)[ST_PF] = F;
+}
+// F of the full pass: the probe's largest row bound (second pass, units of 2^-Fa), times the
+// share of the adds it sampled, placed at 2^29 (a lane holds 2^31; a miss either way is fixed by
+// the retry).  A probe that saw nothing: F = 0 (the retry sets it from the full pass's exact
+// bound if needed).
+__global__ void p32_pick_kernel(unsigned *stats, int pt, int shift) {
+    const unsigned long long pm = *reinterpret_cast<const unsigned long long *>(stats + ST_PMAX);
+    const unsigned long long *cnt = reinterpret_cast<const unsigned long long *>(stats + ST_PCNT);
+    const double est = (double)pm * pt * (cnt[1] ? (double)cnt[0] / (double)cnt[1] : 1.0);  // units of 2^-Fa
+    const int fa = reinterpret_cast<const int *>(stats)[ST_AF];
+    p32_set_f(stats, (pm ? fa + 29 - (int)ceil(log2(est)) : 0) + shift);
+}
+// After the full pass: its largest bound M.  M >= 2^31: some lane may have left int32, so the
+// pass is repeated with F lowered until M <= 2^29 (then M' <= 2^29 + adds per row: in range);
+// 0 < M < 2^22: the sums use few bits of the lanes, so it is repeated with F raised (M' <= 2^29).
+// Both decisions come from integer sums: the result stays bitwise reproducible.
+__global__ void p32_retry_kernel(unsigned *stats) {
+    const unsigned long long m = *reinterpret_cast<const unsigned long long *>(stats + ST_MMAX);
+    const int c = ceil_log2(m);
+    int sh = 0;
+    if (m >= (1ull << 31)) sh = 29 - c;
+    else if (m > 0 && m < (1ull << 22)) sh = 29 - c;
+    reinterpret_cast<int *>(stats)[ST_RETRY] = sh != 0;
+    if (sh) p32_set_f(stats, reinterpret_cast<const int *>(stats)[ST_PF] + sh);
+}
+__global__ void zero_if_kernel(unsigned long long *p, int64_t n, const int *run_if) {
+    if (!*run_if) return;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) p[i] = 0;
 }
 
 // ---- fast-path eligibility -----------------------------------------------------------------------
@@ -584,6 +665,65 @@ void launch_hist(const spattn_sfa_problem *p, unsigned *hist, unsigned *stats, c
     hist_max_kernel<<<grid_for(p->B * p->N2 * p->nblk, 256), 256, 0, st>>>(hist, p->B * p->N2 * p->nblk, stats);
 }
 
+// The deterministic token-major backward (and the union form's) in packed int32 fixed point
+// (sfa_adds.cuh add_box_p32; accumulator region of bwd_ws_parts: int32 [rows][576], then the
+// full pass's row bounds [rows], then the probe's two [rows], all zeroed by the caller):
+//   1. the probe: the kernels on every pt-th CTA and every 16th block of each (about 1/16 - 1/100
+//      of the work), twice: each row's largest |v| (for a scale), then each row's bound;
+//   2. p32_pick_kernel: F from the probe's largest row bound (scaled to the whole);
+//   3. the full pass, then p32_retry_kernel: out of int32 range (or using few of its bits)
+//      -> F corrected from the exact bound, the accumulator zeroed and the pass repeated (its
+//      CTAs exit at once when no retry is needed).
+// Every decision is made on the device from integer sums: no host round trip, graph-capturable,
+// and bitwise reproducible.  Returns the kernels' launch error.
+unsigned long long *p32_bounds(const spattn_sfa_problem *p, unsigned char *ws) {
+    const int64_t rows = p->B * p->S2 * p->N2;
+    return (unsigned long long *)(ws + rows * sfa::DQK * 4);
+}
+template <class Pass>
+cudaError_t bwd_packed(const spattn_sfa_problem *p, sfa::Params *kp, unsigned char *ws, unsigned *stats, int64_t ctas,
+                       Pass pass, cudaStream_t st) {
+    const int64_t rows = p->B * p->S2 * p->N2, nb = rows;
+    unsigned long long *mb = p32_bounds(p, ws), *pbd = mb + nb;
+    kp->acc_i64 = nullptr;
+    kp->acc_p32 = (int *)ws;
+    kp->acc_bound = mb;
+    kp->fix_scale = (const float *)(stats + ST_P2F);
+    // the probe: ~4 waves of CTAs, 1 block in 16 of each
+    const int pt = (int)(ctas / 528 > 1 ? ctas / 528 : 1);
+    // first its rows' largest |v| (the scale of the second), then their bounds (the same blocks)
+    sfa::Params pr = *kp;
+    pr.acc_p32 = nullptr;
+    pr.acc_bound = pbd;  // first pass: [rows] u32, each row's largest |v|
+    pr.fix_scale = nullptr;
+    pr.probe_pt = pt;
+    pr.probe_pb = 16;
+    pr.probe_cnt = (unsigned long long *)(stats + ST_PCNT);
+    cudaError_t e = pass(&pr);
+    if (e != cudaSuccess) return e;
+    probe_max_kernel<<<grid_for(nb, 256), 256, 0, st>>>((const unsigned *)pbd, nb, stats + ST_GMAX);
+    probe_fa_kernel<<<1, 1, 0, st>>>(stats);
+    pr.acc_bound = pbd + nb;  // second pass: [rows] u64 bounds in units of 2^-Fa
+    pr.fix_scale = (const float *)(stats + ST_A2F);
+    pr.probe_cnt = nullptr;
+    if ((e = cudaGetLastError()) != cudaSuccess || (e = pass(&pr)) != cudaSuccess) return e;
+    bound_max_kernel<<<grid_for(nb, 256), 256, 0, st>>>(pbd + nb, nb, (unsigned long long *)(stats + ST_PMAX));
+    // SPATTN_SFA_P32_SHIFT: a test hook (sfa_cuda_check), the probe's F moved by that many bits to
+    // force the retry either way
+    const char *sh = getenv("SPATTN_SFA_P32_SHIFT");
+    p32_pick_kernel<<<1, 1, 0, st>>>(stats, pt, sh ? atoi(sh) : 0);
+    if ((e = cudaGetLastError()) != cudaSuccess || (e = pass(kp)) != cudaSuccess) return e;
+    bound_max_kernel<<<grid_for(nb, 256), 256, 0, st>>>(mb, nb, (unsigned long long *)(stats + ST_MMAX));
+    p32_retry_kernel<<<1, 1, 0, st>>>(stats);
+    const int *retry = (const int *)(stats + ST_RETRY);
+    const int64_t nz = (rows * sfa::DQK * 4 + nb * 8) / 8;  // the int32 accumulator and the full pass's bounds
+    zero_if_kernel<<<grid_for(nz, 256), 256, 0, st>>>((unsigned long long *)ws, nz, retry);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    sfa::Params rt = *kp;
+    rt.run_if = retry;
+    return pass(&rt);
+}
+
 template <typename T>
 spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::Params *kp) {
     cudaStream_t st = (cudaStream_t)ex->stream;
@@ -610,7 +750,7 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
     cudaError_t e = cudaMemsetAsync(ws, 0, det ? common : acc_b / 2, st);
     if (e == cudaSuccess && small) e = cudaMemsetAsync(sw + soff[0], 0, nq * sfa::DQK * (det ? 8 : 4), st);
     if (e == cudaSuccess && small && det) e = cudaMemsetAsync(sw + soff[8], 0, nq * sfa::DQK, st);
-    if (e == cudaSuccess && det) {
+    if (e == cudaSuccess && det && small) {  // int64 fixed point's a-priori bound (the key-major form)
         spattn_launch_maxabs<T>(p->q, stats + 0, st);
         spattn_launch_maxabs<T>(p->q_rope, stats + 0, st);
         spattn_launch_maxabs<T>(p->k, stats + 1, st);
@@ -656,24 +796,35 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
                 e = cudaGetLastError();
             }
         } else {
+            // the union form: the plan (the indices were checked before the call), the groups it
+            // takes, then the token-major kernel (sfa_bwd90.cu) for the tokens of the others (more
+            // than 32 heads per key head, sparse selections, repeated keys)
             if (u.bytes) {
-                // the union form: the plan (the indices were checked before the call), the groups
-                // it took, then the token-major kernel for the tokens of the others (repeated keys)
                 union_bind(u, sw, kp);
                 e = spattn_sfa_union_plan_launch(kp, u.min_density, nullptr, st);
-                if (e == cudaSuccess) e = spattn_sfa_union_bwd_launch(kp, bf16, st);
             }
-            // token-major (sfa_bwd90.cu): more than 32 heads per key head, or sparse selections
-            // (64-row MMA tiles, rows past H zero: at H <= 32 the adds bound it anyway)
-            if (e == cudaSuccess) e = spattn_sfa_bwd90_launch(kp, bf16, st);
+            auto pass = [&](const sfa::Params *q) {
+                cudaError_t r = u.bytes ? spattn_sfa_union_bwd_launch(q, bf16, st) : cudaSuccess;
+                return r == cudaSuccess ? spattn_sfa_bwd90_launch(q, bf16, st) : r;
+            };
+            if (e == cudaSuccess) {
+                if (det) {
+                    const int64_t ctas = (u.bytes ? kp->ungroups : 0) + (int64_t)p->S1 * ((p->N1 / p->N2 + 63) / 64);
+                    e = bwd_packed(p, kp, ws, stats, ctas * p->B * p->N2, pass, st);
+                } else {
+                    e = pass(kp);
+                }
+            }
         }
     }
     if (e == cudaSuccess) {
         const spattn_tensor *dk = p->dk, *dkr = p->dk_rope;
+        const bool packed = det && !small;
         convert_dk_kernel<T><<<grid_for(p->B * p->S2 * p->N2 * 32, 256), 256, 0, st>>>(
-            ws, flags, det, (const float *)(stats + 6), (T *)dk->data, (T *)dkr->data, p->B, p->S2, p->N2,
-            dk->strides[0], dk->strides[1], dk->strides[2], dk->strides[3], dkr->strides[0],
-            dkr->strides[1], dkr->strides[2], dkr->strides[3], kp->gate);
+            ws, flags, packed ? 2 : det, (const float *)(stats + (packed ? (int)ST_P2INV : 6)), (T *)dk->data,
+            (T *)dkr->data, p->B, p->S2, p->N2, dk->strides[0], dk->strides[1], dk->strides[2], dk->strides[3],
+            dkr->strides[0], dkr->strides[1], dkr->strides[2], dkr->strides[3], kp->gate,
+            packed ? p32_bounds(p, ws) : nullptr);
         e = cudaGetLastError();
     }
     if (own) {

@@ -686,6 +686,22 @@ static void test_determinism(int N1) {
     printf("  fp32-atomic backward vs deterministic dK: %s\n", k1 == a[2] ? "bitwise equal" : "differs (expected: order-dependent rounding)");
 }
 
+// The deterministic token-major backward's retry (packed int32 fixed point, sfa_host.cu
+// bwd_packed): the probe's F pushed 12 bits too fine (every row overflows int32: F lowered from
+// the exact bound, the pass repeated) or 12 bits too coarse (the sums use few bits: F raised);
+// both still eco-correct against the fp64 reference and bitwise repeatable.  N1 64: the
+// token-major kernel; 8: the union form.
+static void test_p32_retry(int N1) {
+    for (const char *sh : {"12", "-12"}) {
+        setenv("SPATTN_SFA_P32_SHIFT", sh, 1);
+        const int before = g_fail;
+        Cfg c = mk(N1 == 64 ? "p32_retry_h64" : "p32_retry_union_h8", 1, 96, 700, N1, 1, 160, 1, 3, SPATTN_DTYPE_BF16);
+        test_case(c, 41, true);
+        printf("  packed int32 retry (N1 = %d, probe F shifted by %s): %s\n", N1, sh, g_fail == before ? "ok" : "FAILED");
+    }
+    unsetenv("SPATTN_SFA_P32_SHIFT");
+}
+
 // The union forward's workspace from the caller (spattn_sfa_workspace_size, forward): the same
 // bits as from spattn's own pool; every group on the union kernel (whole causal rows: contiguous
 // blocks; or K well under S2: compacted groups).
@@ -1047,6 +1063,8 @@ static int small_tests(bool quick) {
         test_determinism(64);
         test_determinism(8);
         test_determinism(3);
+        test_p32_retry(64);
+        test_p32_retry(8);
         test_graph_capture(16);
         test_graph_capture(64);
         test_early_verdict(16);
