@@ -601,10 +601,12 @@ bool small_shape(const spattn_sfa_problem *p, bool det, SmallShape *ss) {
     // selected key, key-major computes whole 64-key blocks.  Token-major wins below ~0.55 of the
     // reachable keys selected with int64 adds, ~0.8 with fp32 adds (H200, 2026-12-01, det / fast:
     // sfa03 at 0.29: key-major 37 / 43, token-major 73 / 132 TFLOP/s; sfa11, dense: key-major
-    // 113 / 138, token-major ~72 / ~132 from its pair rate).  The deterministic choice is the one
-    // that needs the larger workspace (bwd_ws_total).
+    // 113 / 138, token-major ~72 / ~132 from its pair rate).  Since the token-major deterministic
+    // mode adds packed int32 (2026-12-04: about the fp32 adds' cost, sfa07 11.5 ms vs 10.6) and
+    // key-major's stays int64 (113 at its best), deterministic calls take token-major at H > 16;
+    // the fp32 test therefore takes every shape the deterministic one does (bwd_ws_total).
     const double reach = p->mode == 3 ? fmax(1.0, (double)p->S2 - 0.5 * (double)p->S1) : (double)p->S2;
-    if (H > 16 && (double)p->K * p->sbs < (det ? 0.55 : 0.8) * reach) return false;
+    if (H > 16 && (det || (double)p->K * p->sbs < 0.8 * reach)) return false;
     ss->nkb = (p->S2 + 63) / 64;
     ss->s1w = (p->S1 + 31) / 32;
     ss->nl = p->B * p->N2 * ss->nkb;
@@ -634,10 +636,12 @@ size_t small_parts(const spattn_sfa_problem *p, const SmallShape &ss, size_t off
 size_t bwd_ws_total(const spattn_sfa_problem *p) {
     size_t a, h, off[9];
     const size_t need = bwd_ws_parts(p, &a, &h);
+    // the union form where it applies (bwd_impl takes it first), else key-major when the fp32
+    // test takes it (a superset of the deterministic one's shapes; same buffers)
+    const size_t un = union_cfg(p, sfa::SHAPE_MLA, true).bytes;
+    if (un) return need + un;
     SmallShape ss;
-    const size_t sm = small_shape(p, true, &ss) ? small_parts(p, ss, off) : 0;  // det: the larger need
-    const size_t un = union_cfg(p, sfa::SHAPE_MLA, true).bytes;  // the union form instead, when it applies
-    return need + (sm > un ? sm : un);
+    return need + (small_shape(p, false, &ss) ? small_parts(p, ss, off) : 0);
 }
 
 unsigned grid_for(int64_t n, int64_t per_block) {
