@@ -446,7 +446,13 @@ SPATTN_API spattn_status spattn_sfa_bwd_ex(const spattn_tensor *q, const spattn_
  * of 64 / H tokens, c = min(ceil(S2 / 64), ceil(K sbs / 64 / d)) blocks, d the least density
  * taken; the key ids of groups packed 64 to a block are the 256); without a caller workspace it
  * comes from a stream-ordered pool of the library that keeps its memory between calls.  The
- * CUDA backward of those shapes runs the same groups (c = ceil(S2 / 64)); its size includes it. */
+ * CUDA backward of those shapes runs the same groups (c = ceil(S2 / 64)); its size includes it.
+ * The CUDA backward's whole workspace (accumulators, plans; 10-220 MB on the public sfa suite)
+ * comes from that pool too when the caller passes none (under stream capture: the graph's
+ * memory).  When the per-token kernel takes the call (more than 32 query heads per key head, or
+ * shapes the grouped forms do not take), its accumulator is larger than 48 MiB (B S2 N2 x 2304
+ * bytes) and K <= 8192, it also holds the index rows sorted (B S1 N2 K x 4 bytes), so that the
+ * scattered dK / dV adds of the CTAs running together stay in L2. */
 SPATTN_API spattn_status spattn_sfa_workspace_size(const spattn_tensor *q, const spattn_tensor *q_rope,
                                                    const spattn_tensor *k, const spattn_tensor *k_rope,
                                                    const spattn_tensor *v, const spattn_tensor *indices,

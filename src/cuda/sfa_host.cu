@@ -23,6 +23,8 @@
 
 #include "../core/seqs.h"
 #include "convert.cuh"
+
+#include <cub/block/block_radix_sort.cuh>
 #include "maxabs.cuh"
 #include "scratch.h"
 #include "sfa_adds.cuh"
@@ -633,6 +635,76 @@ size_t small_parts(const spattn_sfa_problem *p, const SmallShape &ss, size_t off
     }
     return t;
 }
+// The token-major backward's index rows sorted ascending (-1 last), when its accumulator is far
+// larger than L2 (H200: 50 MB; dK / dV adds are 4-byte red ops into [rows][576]): the CTAs of a
+// wave start together and move at about the same rate, so with sorted rows the keys they add
+// into at any moment lie in a window of the rows instead of all of them, and the adds (and the
+// key gathers) hit L2.  Only the order of a row's blocks changes (dQ sums in another fixed
+// order: still deterministic); the union form builds its own ascending blocks.  Rows of up to
+// SORT_MAX_K entries (one CTA's registers); SPATTN_SFA_BWD_SORT=0 / 1 forces it off / on.
+// Measured (H200, 2026-12-04): sfa17 (72 MiB accumulator) 15.6 -> 10.7 ms fp32 adds, 16.8 ->
+// 11.5 deterministic; sfa13 (36 MiB) no gain: the threshold sits between them.
+constexpr int64_t SORT_MAX_K = 8192;  // 512 threads x 16 keys: CUB's exchange buffer 32 KB
+size_t sort_bytes(const spattn_sfa_problem *p) {
+    const char *env = getenv("SPATTN_SFA_BWD_SORT");
+    if (p->K > SORT_MAX_K || (env && env[0] == '0')) return 0;
+    const bool big = (double)p->B * p->S2 * p->N2 * sfa::DQK * 4 >= 48.0 * (1 << 20);
+    if (!big && !(env && env[0] == '1')) return 0;
+    return align256((size_t)p->B * p->S1 * p->N2 * p->K * 4);
+}
+// One CTA per index row (grid-stride): a block radix sort (CUB) of its entries on the bits that
+// hold 0 .. nblk - 1, with -1 (and any value outside [-1, nblk): the call is refused by the
+// index check, the gated kernels write nothing, and nothing here reads out of bounds) as the
+// largest key, so it sorts last; K is padded to 512 IPT with that key.  out: [B][S1][N2][K].
+template <int IPT>
+__global__ void __launch_bounds__(512) sort_idx_kernel(const int32_t *idx, int64_t s0, int64_t s1s, int64_t s2s,
+                                                       int64_t s3, int64_t S1, int64_t N2, int K, int64_t nblk,
+                                                       int bits, int64_t rows, int32_t *out) {
+    using Sort = cub::BlockRadixSort<unsigned, 512, IPT>;
+    __shared__ typename Sort::TempStorage tmp;
+    const unsigned none = (1u << bits) - 1;  // > nblk - 1
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const int64_t n2 = r % N2, t = r / N2, s1 = t % S1, b = t / S1;
+        const int32_t *row = idx + b * s0 + s1 * s1s + n2 * s2s;
+        unsigned k[IPT];
+#pragma unroll
+        for (int i = 0; i < IPT; i++) {
+            const int e = threadIdx.x * IPT + i;
+            const int v = e < K ? __ldg(row + (int64_t)e * s3) : -1;
+            k[i] = v >= 0 && v < nblk ? (unsigned)v : none;
+        }
+        Sort(tmp).SortBlockedToStriped(k, 0, bits);
+        int32_t *o = out + r * K;
+#pragma unroll
+        for (int i = 0; i < IPT; i++) {
+            const int e = i * 512 + threadIdx.x;
+            if (e < K) o[e] = k[i] == none ? -1 : (int32_t)k[i];
+        }
+        __syncthreads();  // tmp is reused by the next row
+    }
+}
+// Sorts p's index rows into buf and points kp at them.
+cudaError_t sort_idx(const spattn_sfa_problem *p, sfa::Params *kp, int32_t *buf, cudaStream_t st) {
+    const spattn_tensor *ix = p->idx;
+    int bits = 1;
+    while ((1ll << bits) - 1 < p->nblk) bits++;
+    const int64_t rows = p->B * p->S1 * p->N2;
+    const unsigned grid = (unsigned)(rows < 132 * 8 ? rows : 132 * 8);
+#define SFA_SORT(IPT)                                                                                                  \
+    sort_idx_kernel<IPT><<<grid, 512, 0, st>>>((const int32_t *)ix->data, ix->strides[0], ix->strides[1],            \
+                                               ix->strides[2], ix->strides[3], p->S1, p->N2, (int)p->K, p->nblk,     \
+                                               bits, rows, buf)
+    if (p->K <= 512 * 2) SFA_SORT(2);
+    else if (p->K <= 512 * 4) SFA_SORT(4);
+    else SFA_SORT(16);
+#undef SFA_SORT
+    kp->idx = buf;
+    kp->sidx[3] = 1;
+    kp->sidx[2] = p->K;
+    kp->sidx[1] = p->N2 * p->K;
+    kp->sidx[0] = p->S1 * p->N2 * p->K;
+    return cudaGetLastError();
+}
 size_t bwd_ws_total(const spattn_sfa_problem *p) {
     size_t a, h, off[9];
     const size_t need = bwd_ws_parts(p, &a, &h);
@@ -641,7 +713,8 @@ size_t bwd_ws_total(const spattn_sfa_problem *p) {
     const size_t un = union_cfg(p, sfa::SHAPE_MLA, true).bytes;
     if (un) return need + un;
     SmallShape ss;
-    return need + (small_shape(p, false, &ss) ? small_parts(p, ss, off) : 0);
+    const size_t sm = small_shape(p, false, &ss) ? small_parts(p, ss, off) : 0, so = sort_bytes(p);
+    return need + (sm > so ? sm : so);  // key-major's buffers, or the token-major's sorted rows
 }
 
 unsigned grid_for(int64_t n, int64_t per_block) {
@@ -693,8 +766,9 @@ cudaError_t bwd_packed(const spattn_sfa_problem *p, sfa::Params *kp, unsigned ch
     kp->acc_p32 = (int *)ws;
     kp->acc_bound = mb;
     kp->fix_scale = (const float *)(stats + ST_P2F);
-    // the probe: ~4 waves of CTAs, 1 block in 16 of each
-    const int pt = (int)(ctas / 528 > 1 ? ctas / 528 : 1);
+    // the probe: about one wave of CTAs (every pt-th), 1 block in 16 of each (4 waves cost 16 %
+    // of the full pass on sfa04, 6.7 % on sfa17: a CTA's fixed cost is most of a probe CTA's)
+    const int pt = (int)((ctas + 131) / 132);
     // first its rows' largest |v| (the scale of the second), then their bounds (the same blocks)
     sfa::Params pr = *kp;
     pr.acc_p32 = nullptr;
@@ -728,6 +802,8 @@ cudaError_t bwd_packed(const spattn_sfa_problem *p, sfa::Params *kp, unsigned ch
     return pass(&rt);
 }
 
+cudaMemPool_t check_pool(int dev);
+
 template <typename T>
 spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::Params *kp) {
     cudaStream_t st = (cudaStream_t)ex->stream;
@@ -738,11 +814,20 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
     const UnionCfg u = union_cfg(p, sfa::SHAPE_MLA, true);
     SmallShape ss;
     const bool small = !u.bytes && small_shape(p, ex->deterministic != 0, &ss);
-    const size_t need = common + (small ? small_parts(p, ss, soff) : u.bytes);
+    const size_t sortb = small || u.bytes ? 0 : sort_bytes(p);
+    const size_t need = common + (small ? small_parts(p, ss, soff) : u.bytes ? u.bytes : sortb);
     unsigned char *ws = (unsigned char *)ex->workspace;
     bool own = false;
-    if (!ws) {
-        CU_TRY(cudaMallocAsync((void **)&ws, need, st));
+    if (!ws) {  // spattn's kept pool (the default pool unmaps and remaps its memory around every
+                // synchronisation: tens of us a call), a graph's own memory under capture
+        int dev = -1;
+        cudaMemPool_t mp = nullptr;
+        if (!stream_capturing(st) && cudaGetDevice(&dev) == cudaSuccess && (mp = check_pool(dev)) &&
+            cudaMallocFromPoolAsync((void **)&ws, need, mp, st) == cudaSuccess) {
+        } else {
+            cudaGetLastError();
+            CU_TRY(cudaMallocAsync((void **)&ws, need, st));
+        }
         own = true;
     }
     const bool det = ex->deterministic != 0;
@@ -806,6 +891,8 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
             if (u.bytes) {
                 union_bind(u, sw, kp);
                 e = spattn_sfa_union_plan_launch(kp, u.min_density, nullptr, st);
+            } else if (sortb) {
+                e = sort_idx(p, kp, (int32_t *)sw, st);
             }
             auto pass = [&](const sfa::Params *q) {
                 cudaError_t r = u.bytes ? spattn_sfa_union_bwd_launch(q, bf16, st) : cudaSuccess;
