@@ -28,10 +28,15 @@
  *     reaches pairs of that tile the mask excludes through 0 * NaN (forward: v of a key that
  *     some rows of the 128-row query tile attend; bsa backward: q, k, v, dO, O of the 64-row x
  *     128-key tiles, e.g. a NaN q row makes dK / dV of the tile's keys NaN; sfa backward when
- *     it runs key-major (<= 16 heads per key head, or 17-32 with rows selecting a large share of
- *     the keys they reach), per 64-key block: a non-finite q, dO, O or LSE of a
+ *     it runs key-major (<= 16 heads per key head in shapes the grouped form below does not
+ *     take, or 17-32 with deterministic = 0 and rows selecting most keys they reach), per
+ *     64-key block: a non-finite q, dO, O or LSE of a
  *     token can make dK / dV of every key of the blocks its row touches NaN, a non-finite k row
- *     the dQ of every token touching its block).  Such a value
+ *     the dQ of every token touching its block; sfa forward and backward at 4, 8, 16 or 32 query
+ *     heads per key head with D 512 + 64 and shared kv, the grouped form: groups of 64 / H
+ *     consecutive tokens run over the union of their selections, so a non-finite q of a token can
+ *     make dK of every key of its group's union NaN, a non-finite k row the O and dQ of every
+ *     token of the groups whose union holds it).  Such a value
  *     only adds NaN, it never turns a result into a plausible finite number; the CPU backend
  *     has no exception.
  *   - Results are deterministic by default: the same inputs give bitwise the same outputs for
@@ -157,7 +162,10 @@ typedef struct spattn_options {
                                  no more than it has work items (tiles).  Results do not
                                  depend on it. */
     void *cuda_stream;        /* cudaStream_t the CUDA kernels run on; NULL = default stream */
-    void *workspace;          /* optional scratch on the tensors' device; NULL = library allocates */
+    void *workspace;          /* optional scratch on the tensors' device; NULL = library allocates
+                                 (CUDA: stream-ordered, from a per-device pool of spattn that
+                                 keeps its memory between calls, as a caching allocator does:
+                                 no remapping per call; its peak stays reserved) */
     size_t workspace_size;    /* bytes at workspace; see spattn_*_workspace_size */
     int32_t deterministic;    /* 1 (default): bitwise reproducible.  0 allows faster kernels
                                  whose floating-point summation order may vary (CUDA only):
@@ -447,9 +455,7 @@ SPATTN_API spattn_status spattn_sfa_bwd_ex(const spattn_tensor *q, const spattn_
  * taken; the key ids of groups packed 64 to a block are the 256); without a caller workspace it
  * comes from a stream-ordered pool of the library that keeps its memory between calls.  The
  * CUDA backward of those shapes runs the same groups (c = ceil(S2 / 64)); its size includes it.
- * The CUDA backward's whole workspace (accumulators, plans; 10-220 MB on the public sfa suite)
- * comes from that pool too when the caller passes none (under stream capture: the graph's
- * memory).  When the per-token kernel takes the call (more than 32 query heads per key head, or
+ * The CUDA backward's workspace: 10-220 MB on the public sfa suite.  When the per-token kernel takes the call (more than 32 query heads per key head, or
  * shapes the grouped forms do not take), its accumulator is larger than 48 MiB (B S2 N2 x 2304
  * bytes) and K <= 8192, it also holds the index rows sorted (B S1 N2 K x 4 bytes), so that the
  * scattered dK / dV adds of the CTAs running together stay in L2. */

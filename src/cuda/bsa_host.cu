@@ -612,7 +612,7 @@ cudaError_t vl_prep(const spattn_seqs *sq, const spattn_tensor *const *src, cons
 // right after the checks (vl_prep), so that the call waits for the checks only and its kernels
 // (gated on the word) run on after it returns; without a pinned word or an event, a copy and a
 // stream synchronisation after the kernels, as before.  The workspace holding the word is
-// stream-ordered (cudaMallocAsync / cudaFreeAsync, or the caller's).
+// stream-ordered (spattn's kept pool, scratch.h, or the caller's).
 struct VlVerdict {
     unsigned long long *h = nullptr;
     cudaEvent_t ev = nullptr;

@@ -11,6 +11,7 @@
 extern "C" {
 #include "../core/seqs.h"
 }
+#include "scratch.h"
 
 namespace {
 
@@ -391,8 +392,8 @@ extern "C" spattn_status spattn_cuda_ref_bsa_bwd(const spattn_bsa_problem *pb, c
         return cuda_fail(e, "cudaFuncSetAttribute");
     float *scratch = nullptr;
     const size_t rows = (size_t)p.B * p.N * p.Sq;
-    if ((e = cudaMallocAsync((void **)&scratch, 2 * rows * sizeof(float), st)) != cudaSuccess)
-        return spattn_set_error(SPATTN_STATUS_OUT_OF_MEMORY, "bsa cuda ref: cudaMallocAsync(%zu): %s",
+    if ((e = spattn_stream_alloc((void **)&scratch, 2 * rows * sizeof(float), st)) != cudaSuccess)
+        return spattn_set_error(SPATTN_STATUS_OUT_OF_MEMORY, "bsa cuda ref: stream-ordered allocation (%zu): %s",
                                 2 * rows * sizeof(float), cudaGetErrorString(e));
     ref_dq_kernel<<<dim3(p.Sq, p.N, p.B), kThreads, smem_q, st>>>(p, dq, scratch, scratch + rows);
     e = cudaGetLastError();

@@ -1,6 +1,6 @@
 // Device scratch of one library call, shared by the bsa and sfa hosts: the caller's workspace
-// (spattn_options.workspace, sized by spattn_*_workspace_size) or a stream-ordered allocation,
-// freed stream-ordered when the call returns (after its launches are enqueued).
+// (spattn_options.workspace, sized by spattn_*_workspace_size) or a stream-ordered allocation from
+// spattn's kept pool, freed stream-ordered when the call returns (after its launches are enqueued).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -22,6 +22,13 @@ static inline spattn_status capture_refusal(const char *what) {
                             what);
 }
 
+// spattn's pool of device dev (pool.cu): stream-ordered, its memory kept across calls; NULL when
+// it cannot be made (ordinal >= 64, creation failed).
+cudaMemPool_t spattn_kept_pool(int dev);
+// A stream-ordered allocation from that pool on the current device; under stream capture, or
+// without the pool, cudaMallocAsync (a graph's own memory).  Freed with cudaFreeAsync.
+cudaError_t spattn_stream_alloc(void **p, size_t bytes, cudaStream_t st);
+
 struct cuda_scratch {
     char *base = nullptr;
     bool owned = false;
@@ -34,11 +41,11 @@ struct cuda_scratch {
             base = static_cast<char *>(ex->workspace);
             return SPATTN_STATUS_SUCCESS;
         }
-        const cudaError_t e = cudaMallocAsync((void **)&base, bytes, st);
+        const cudaError_t e = spattn_stream_alloc((void **)&base, bytes, st);
         if (e != cudaSuccess) {
             cudaGetLastError();
-            return spattn_set_error(SPATTN_STATUS_OUT_OF_MEMORY, "%s: cudaMallocAsync(%zu bytes): %s", who, bytes,
-                                    cudaGetErrorString(e));
+            return spattn_set_error(SPATTN_STATUS_OUT_OF_MEMORY, "%s: stream-ordered allocation of %zu bytes: %s", who,
+                                    bytes, cudaGetErrorString(e));
         }
         owned = true;
         return SPATTN_STATUS_SUCCESS;

@@ -802,8 +802,6 @@ cudaError_t bwd_packed(const spattn_sfa_problem *p, sfa::Params *kp, unsigned ch
     return pass(&rt);
 }
 
-cudaMemPool_t check_pool(int dev);
-
 template <typename T>
 spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::Params *kp) {
     cudaStream_t st = (cudaStream_t)ex->stream;
@@ -818,16 +816,8 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
     const size_t need = common + (small ? small_parts(p, ss, soff) : u.bytes ? u.bytes : sortb);
     unsigned char *ws = (unsigned char *)ex->workspace;
     bool own = false;
-    if (!ws) {  // spattn's kept pool (the default pool unmaps and remaps its memory around every
-                // synchronisation: tens of us a call), a graph's own memory under capture
-        int dev = -1;
-        cudaMemPool_t mp = nullptr;
-        if (!stream_capturing(st) && cudaGetDevice(&dev) == cudaSuccess && (mp = check_pool(dev)) &&
-            cudaMallocFromPoolAsync((void **)&ws, need, mp, st) == cudaSuccess) {
-        } else {
-            cudaGetLastError();
-            CU_TRY(cudaMallocAsync((void **)&ws, need, st));
-        }
+    if (!ws) {  // spattn's kept pool (scratch.h), a graph's own memory under capture
+        CU_TRY(spattn_stream_alloc((void **)&ws, need, st));
         own = true;
     }
     const bool det = ex->deterministic != 0;
@@ -973,44 +963,24 @@ struct IdxCheck {
     cudaEvent_t ev = nullptr;  // EARLY: recorded after the copy of the verdict
 };
 
-// spattn's per-device resources, made on first use (NULL members: could not be made):
-//   pool: a stream-ordered pool for the verdict words and the union forward's workspace, its
-//         memory kept across calls (the default pool gave it back at every synchronisation and
-//         remapped it per call, ~60 us);
-//   side: a non-blocking stream for the union forward's fork (see Fork).
-struct DeviceRes {
-    cudaMemPool_t pool = nullptr;
-    cudaStream_t side = nullptr;
-};
-const DeviceRes *device_res(int dev) {
+// spattn's per-device side stream (a non-blocking stream for the union forward's fork, see
+// Fork), made on first use (NULL: could not be made); the verdict words and the union forward's
+// workspace come from spattn's kept pool (scratch.h).
+cudaStream_t side_stream(int dev) {
     static std::mutex mu;
-    static DeviceRes res[64];
+    static cudaStream_t side[64];
     static bool tried[64];
     if (dev < 0 || dev >= 64) return nullptr;
     std::lock_guard<std::mutex> lock(mu);
     if (!tried[dev]) {
         tried[dev] = true;
-        cudaMemPoolProps pr;
-        memset(&pr, 0, sizeof pr);
-        pr.allocType = cudaMemAllocationTypePinned;
-        pr.location.type = cudaMemLocationTypeDevice;
-        pr.location.id = dev;
-        cudaMemPool_t mp = nullptr;
-        if (cudaMemPoolCreate(&mp, &pr) == cudaSuccess) {
-            uint64_t keep = UINT64_MAX;
-            cudaMemPoolSetAttribute(mp, cudaMemPoolAttrReleaseThreshold, &keep);
-            res[dev].pool = mp;
-        }
         cudaStream_t ss = nullptr;
-        if (cudaStreamCreateWithFlags(&ss, cudaStreamNonBlocking) == cudaSuccess) res[dev].side = ss;
+        if (cudaStreamCreateWithFlags(&ss, cudaStreamNonBlocking) == cudaSuccess) side[dev] = ss;
         cudaGetLastError();
     }
-    return &res[dev];
+    return side[dev];
 }
-cudaMemPool_t check_pool(int dev) {
-    const DeviceRes *r = device_res(dev);
-    return r ? r->pool : nullptr;
-}
+cudaMemPool_t check_pool(int dev) { return spattn_kept_pool(dev); }
 
 // A fork of the calling stream onto spattn's side stream of the device and its join: work
 // enqueued on `side` between fork_begin and fork_end runs after what `st` held at the fork and
@@ -1022,10 +992,9 @@ struct Fork {
 };
 void fork_begin(cudaStream_t st, Fork *f) {
     int dev = -1;
-    const DeviceRes *r = nullptr;
     cudaStream_t side;
     if (getenv("SPATTN_SFA_UNION_NOFORK") || stream_capturing(st) || cudaGetDevice(&dev) != cudaSuccess ||
-        !(r = device_res(dev)) || !(side = r->side))
+        !(side = side_stream(dev)))
         goto none;
     for (int i = 0; i < 2; i++)
         if (cudaEventCreateWithFlags(&f->ev[i], cudaEventDisableTiming) != cudaSuccess) goto none;
@@ -2015,13 +1984,8 @@ extern "C" spattn_status spattn_cuda_sfa_fwd(const spattn_sfa_problem *p, const 
     char *ub = nullptr;
     bool pooled = false;
     if (u.bytes) {  // the caller's workspace, else spattn's kept pool (a graph's own memory under capture)
-        int dev = -1;
-        cudaMemPool_t mp = nullptr;
         if (ex->workspace) ub = (char *)ex->workspace;
-        else if (!stream_capturing(st) && cudaGetDevice(&dev) == cudaSuccess && (mp = check_pool(dev)) &&
-                 cudaMallocFromPoolAsync((void **)&ub, u.bytes, mp, st) == cudaSuccess)
-            pooled = true;
-        else if (cudaMallocAsync((void **)&ub, u.bytes, st) == cudaSuccess)
+        else if (spattn_stream_alloc((void **)&ub, u.bytes, st) == cudaSuccess)
             pooled = true;
         else
             ub = nullptr;
