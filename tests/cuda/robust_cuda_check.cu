@@ -24,7 +24,9 @@
 //      documented CUDA exception reaches: the bsa forward's v of a 128-key tile that a 128-row
 //      query tile processes, the bsa backward's 64-row x 128-key tiles that hold a non-finite
 //      q, k, v, dO, O or LSE.  The sfa inputs select whole aligned 64-key blocks (mode 0), so
-//      no sfa kernel tile holds a pair its rows do not attend: the sfa checks are strict;
+//      no per-token sfa kernel tile holds a pair its rows do not attend: the sfa checks are
+//      strict there; the grouped (union) form at 4-32 heads per key head runs 64 / H tokens over
+//      the union of their blocks, and its documented reach (spattn.h) is allowed;
 //   6. large sizes: a 512K-token case per operator (bsa: window of two 128-blocks plus a few
 //      block rows that also attend block 0, more than 2^31 elements in q / o / dq; sfa: S1 = S2
 //      = 524288, D 512 + 64, N1 16, K 64, causal, more than 2^31 elements in q / o / dq),
@@ -897,6 +899,49 @@ static void check_nonfinite_sfa(SfaNf P, const std::vector<int> &dets) {
         if (Dr) classes(pl, P.kor, (int64_t)P.S2 * P.N2, D, false, x1, x2, cqr, ckr, x3, Dr, Dr);
         if (P.shared && pl.vcol < 0)  // the dV contribution goes into dK: same classes already
             ;
+        // The grouped (union) form of the CUDA kernels at 4-32 heads per key head (D 512 + 64,
+        // shared kv; spattn.h's tile exception): groups of 64 / H consecutive tokens run over the
+        // union of their selections as one tile, so 0 * NaN reaches pairs a token does not
+        // attend: a non-finite q of a token (dK = dS^T Q over the whole tile) may reach dK /
+        // dK_rope of every key of its group's union; a non-finite k, k_rope or v of a key
+        // (O = P V, dP = dO V^T, dQ = dS K) may reach O, dQ and dQ_rope of every row of the
+        // groups whose union holds it.
+        const int H = P.N1 / P.N2;
+        if (!g_selftest && P.D == 512 && P.Dr == 64 && P.shared && H >= 4 && H <= 32 && !(H & (H - 1))) {
+            const int ug = 64 / H;
+            auto uni = [&](int grp, int g) {  // the union's key rows (j N2 + g) of group grp, key head g
+                std::vector<int64_t> u;
+                for (int s = grp * ug; s < std::min(P.S1, grp * ug + ug); s++)
+                    for (int h = g * H; h < g * H + H; h++)
+                        for (int64_t x : P.kor[(size_t)s * P.N1 + h]) u.push_back(x);
+                std::sort(u.begin(), u.end());
+                u.erase(std::unique(u.begin(), u.end()), u.end());
+                return u;
+            };
+            const bool tok = sc == SC_Q_NAN || sc == SC_Q_INF || sc == SC_Q_NAN_EMPTY;
+            const bool key = sc == SC_K_NAN || sc == SC_KR_NAN || sc == SC_K_INF || sc == SC_V_NAN;
+            if (tok) {
+                const int64_t row = sc == SC_Q_NAN_EMPTY ? re : r0;
+                const int s = (int)(row / P.N1), g = (int)(row % P.N1) / H;
+                for (int64_t x : uni(s / ug, g)) {
+                    for (int d = 0; d < D; d++) ck[x * D + d] |= C_MAY;
+                    for (int d = 0; d < Dr; d++) ckr[x * Dr + d] |= C_MAY;
+                }
+            }
+            if (key) {
+                const int g = (int)(k0 % P.N2);
+                for (int grp = 0; grp * ug < P.S1; grp++) {
+                    const std::vector<int64_t> u = uni(grp, g);
+                    if (!std::binary_search(u.begin(), u.end(), k0)) continue;
+                    for (int s = grp * ug; s < std::min(P.S1, grp * ug + ug); s++)
+                        for (int h = g * H; h < g * H + H; h++) {
+                            const int64_t r = (int64_t)s * P.N1 + h;
+                            for (int d = 0; d < D; d++) co[r * D + d] |= C_MAY, cq[r * D + d] |= C_MAY;
+                            for (int d = 0; d < Dr; d++) cqr[r * Dr + d] |= C_MAY;
+                        }
+                }
+            }
+        }
         const Run7 cpu = sc == SC_CLEAN ? cpu0 : sfa_run7(P, in, false, 1, nullptr);
         for (int det : dets) {
             const Run7 gpu = sc == SC_CLEAN ? gpu0[det] : sfa_run7(P, in, !g_selftest, det, &cpu);
