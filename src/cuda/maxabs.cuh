@@ -13,6 +13,23 @@
 
 namespace {
 
+// row r of [n0, n1, n2] -> (a, b, c); narrow (r < 2^31): 32-bit divisions (64-bit ones cost
+// ~100 instructions each; shared with sfa_host.cu's conversion kernels)
+__device__ __forceinline__ void conv_row(int64_t r, int64_t n1, int64_t n2, bool narrow, int64_t &a, int64_t &b, int64_t &c) {
+    if (narrow) {
+        const unsigned t = (unsigned)r / (unsigned)n2;
+        c = (int64_t)((unsigned)r - t * (unsigned)n2);
+        const unsigned u = t / (unsigned)n1;
+        b = (int64_t)(t - u * (unsigned)n1);
+        a = u;
+    } else {
+        const int64_t t = r / n2;
+        c = r - t * n2;
+        a = t / n1;
+        b = t - a * n1;
+    }
+}
+
 __device__ __forceinline__ float maxabs_f(float x) { return fabsf(x); }
 __device__ __forceinline__ float maxabs_f(__half x) { return fabsf(__half2float(x)); }
 __device__ __forceinline__ float maxabs_f(__nv_bfloat16 x) { return fabsf(__bfloat162float(x)); }
@@ -29,17 +46,7 @@ __global__ void maxabs_kernel(const T *x, int64_t n0, int64_t n1, int64_t n2, in
     float m = 0.f;
     for (int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows; r += nw) {
         int64_t c, bb, a;
-        if (narrow) {
-            const unsigned t = (unsigned)r / (unsigned)n2, u = t / (unsigned)n1;
-            c = (int64_t)((unsigned)r - t * (unsigned)n2);
-            bb = (int64_t)(t - u * (unsigned)n1);
-            a = u;
-        } else {
-            const int64_t t = r / n2;
-            c = r - t * n2;
-            a = t / n1;
-            bb = t - a * n1;
-        }
+        conv_row(r, n1, n2, narrow, a, bb, c);
         const T *rowp = x + a * s0 + bb * s1 + c * s2;
         if (vec) {
             for (int64_t j = lane * 8; j < n3; j += 256) {

@@ -208,21 +208,6 @@ template <typename T> __device__ __forceinline__ void conv_store2(T *dst, int64_
         dst[s] = sfa::Ty<T>::from_f(v1);
     }
 }
-// row r of [n0, n1, n2] -> (a, b, c), 32-bit divisions when the counts allow
-__device__ __forceinline__ void conv_row(int64_t r, int64_t n1, int64_t n2, bool narrow, int64_t &a, int64_t &b, int64_t &c) {
-    if (narrow) {
-        const unsigned t = (unsigned)r / (unsigned)n2;
-        c = (int64_t)((unsigned)r - t * (unsigned)n2);
-        const unsigned u = t / (unsigned)n1;
-        b = (int64_t)(t - u * (unsigned)n1);
-        a = u;
-    } else {
-        const int64_t t = r / n2;
-        c = r - t * n2;
-        a = t / n1;
-        b = t - a * n1;
-    }
-}
 
 // The key-major backward's dQ accumulator [B, S1, N1, 576] into dq / dq_rope (unit last strides).
 template <typename T>
