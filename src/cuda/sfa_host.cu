@@ -632,7 +632,7 @@ size_t small_parts(const spattn_sfa_problem *p, const SmallShape &ss, size_t off
 constexpr int64_t SORT_MAX_K = 8192;  // 512 threads x 16 keys: CUB's exchange buffer 32 KB
 size_t sort_bytes(const spattn_sfa_problem *p) {
     const char *env = getenv("SPATTN_SFA_BWD_SORT");
-    if (p->K > SORT_MAX_K || (env && env[0] == '0')) return 0;
+    if (p->K > SORT_MAX_K || p->nblk >= (1LL << 30) || (env && env[0] == '0')) return 0;  // keys in < 31 bits
     const bool big = (double)p->B * p->S2 * p->N2 * sfa::DQK * 4 >= 48.0 * (1 << 20);
     if (!big && !(env && env[0] == '1')) return 0;
     return align256((size_t)p->B * p->S1 * p->N2 * p->K * 4);
