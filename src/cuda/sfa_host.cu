@@ -267,23 +267,17 @@ __global__ void convert_dk_kernel(const void *acc, const uint8_t *flags, int det
 enum { ST_P2F = 9, ST_P2INV = 10, ST_PF = 11, ST_RETRY = 12, ST_GMAX = 13, ST_PMAX = 14, ST_MMAX = 16, ST_PCNT = 18,
        ST_A2F = 22, ST_AF = 23 };
 
-__global__ void bound_max_kernel(const unsigned long long *b, int64_t n, unsigned long long *out) {
-    unsigned long long m = 0;
+// *out = max(*out, max of x[0 .. n)): the rows' u64 bounds, or the probe's first pass's u32 row
+// maxima (float bits >= 0 order as the values); integer maxima, so order-free
+template <typename U> __global__ void max_kernel(const U *x, int64_t n, U *out) {
+    U m = 0;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        m = max(m, b[i]);
+        m = max(m, x[i]);
     for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
     if ((threadIdx.x & 31) == 0 && m) atomicMax(out, m);
 }
-// The probe's first pass: the largest |v| of the rows (float bits >= 0 order as the values, so
-// atomicMax is order-free), then Fa placing it at 2^40 (the second pass's sums of up to 2^23
-// adds fit in 64 bits)
-__global__ void probe_max_kernel(const unsigned *pm, int64_t n, unsigned *out) {
-    unsigned m = 0;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        m = max(m, pm[i]);
-    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if ((threadIdx.x & 31) == 0 && m) atomicMax(out, m);
-}
+// Fa placing the probe's largest |v| at 2^40 (the second pass's sums of up to 2^23 adds fit in
+// 64 bits)
 __global__ void probe_fa_kernel(unsigned *stats) {
     const float g = __uint_as_float(stats[ST_GMAX]);
     int e = 0;
@@ -317,10 +311,7 @@ __global__ void p32_pick_kernel(unsigned *stats, int pt, int shift) {
 // Both decisions come from integer sums: the result stays bitwise reproducible.
 __global__ void p32_retry_kernel(unsigned *stats) {
     const unsigned long long m = *reinterpret_cast<const unsigned long long *>(stats + ST_MMAX);
-    const int c = ceil_log2(m);
-    int sh = 0;
-    if (m >= (1ull << 31)) sh = 29 - c;
-    else if (m > 0 && m < (1ull << 22)) sh = 29 - c;
+    const int sh = m >= (1ull << 31) || (m > 0 && m < (1ull << 22)) ? 29 - ceil_log2(m) : 0;
     reinterpret_cast<int *>(stats)[ST_RETRY] = sh != 0;
     if (sh) p32_set_f(stats, reinterpret_cast<const int *>(stats)[ST_PF] + sh);
 }
@@ -764,19 +755,19 @@ cudaError_t bwd_packed(const spattn_sfa_problem *p, sfa::Params *kp, unsigned ch
     pr.probe_cnt = (unsigned long long *)(stats + ST_PCNT);
     cudaError_t e = pass(&pr);
     if (e != cudaSuccess) return e;
-    probe_max_kernel<<<grid_for(nb, 256), 256, 0, st>>>((const unsigned *)pbd, nb, stats + ST_GMAX);
+    max_kernel<unsigned><<<grid_for(nb, 256), 256, 0, st>>>((const unsigned *)pbd, nb, stats + ST_GMAX);
     probe_fa_kernel<<<1, 1, 0, st>>>(stats);
     pr.acc_bound = pbd + nb;  // second pass: [rows] u64 bounds in units of 2^-Fa
     pr.fix_scale = (const float *)(stats + ST_A2F);
     pr.probe_cnt = nullptr;
     if ((e = cudaGetLastError()) != cudaSuccess || (e = pass(&pr)) != cudaSuccess) return e;
-    bound_max_kernel<<<grid_for(nb, 256), 256, 0, st>>>(pbd + nb, nb, (unsigned long long *)(stats + ST_PMAX));
+    max_kernel<unsigned long long><<<grid_for(nb, 256), 256, 0, st>>>(pbd + nb, nb, (unsigned long long *)(stats + ST_PMAX));
     // SPATTN_SFA_P32_SHIFT: a test hook (sfa_cuda_check), the probe's F moved by that many bits to
     // force the retry either way
     const char *sh = getenv("SPATTN_SFA_P32_SHIFT");
     p32_pick_kernel<<<1, 1, 0, st>>>(stats, pt, sh ? atoi(sh) : 0);
     if ((e = cudaGetLastError()) != cudaSuccess || (e = pass(kp)) != cudaSuccess) return e;
-    bound_max_kernel<<<grid_for(nb, 256), 256, 0, st>>>(mb, nb, (unsigned long long *)(stats + ST_MMAX));
+    max_kernel<unsigned long long><<<grid_for(nb, 256), 256, 0, st>>>(mb, nb, (unsigned long long *)(stats + ST_MMAX));
     p32_retry_kernel<<<1, 1, 0, st>>>(stats);
     const int *retry = (const int *)(stats + ST_RETRY);
     const int64_t nz = (rows * sfa::DQK * 4 + nb * 8) / 8;  // the int32 accumulator and the full pass's bounds
@@ -799,12 +790,10 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
     const bool small = !u.bytes && small_shape(p, ex->deterministic != 0, &ss);
     const size_t sortb = small || u.bytes ? 0 : sort_bytes(p);
     const size_t need = common + (small ? small_parts(p, ss, soff) : u.bytes ? u.bytes : sortb);
-    unsigned char *ws = (unsigned char *)ex->workspace;
-    bool own = false;
-    if (!ws) {  // spattn's kept pool (scratch.h), a graph's own memory under capture
-        CU_TRY(spattn_stream_alloc((void **)&ws, need, st));
-        own = true;
-    }
+    cuda_scratch scr;  // the caller's workspace or spattn's kept pool (scratch.h)
+    const spattn_status ss0 = scr.get(ex, need, "sfa cuda backward");
+    if (ss0 != SPATTN_STATUS_SUCCESS) return ss0;
+    unsigned char *ws = (unsigned char *)scr.base;
     const bool det = ex->deterministic != 0;
     unsigned *hist = (unsigned *)(ws + acc_b);
     unsigned *stats = (unsigned *)(ws + acc_b + hist_b);
@@ -893,10 +882,6 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
             packed ? p32_bounds(p, ws) : nullptr);
         e = cudaGetLastError();
     }
-    if (own) {
-        cudaError_t e2 = cudaFreeAsync(ws, st);
-        if (e == cudaSuccess) e = e2;
-    }
     if (e != cudaSuccess)
         return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "sfa cuda backward: %s",
                                 cudaGetErrorString(e));
@@ -965,7 +950,6 @@ cudaStream_t side_stream(int dev) {
     }
     return side[dev];
 }
-cudaMemPool_t check_pool(int dev) { return spattn_kept_pool(dev); }
 
 // A fork of the calling stream onto spattn's side stream of the device and its join: work
 // enqueued on `side` between fork_begin and fork_end runs after what `st` held at the fork and
@@ -1030,7 +1014,7 @@ spattn_status check_word(cudaStream_t st, IdxCheck *c) {
     if (s0 != SPATTN_STATUS_SUCCESS) return s0;
     int dev = -1;
     CU_TRY(cudaGetDevice(&dev));
-    cudaMemPool_t mp = check_pool(dev);
+    cudaMemPool_t mp = spattn_kept_pool(dev);
     c->ev = spattn_verdict_event(dev);
     if (mp && c->ev && cudaMallocFromPoolAsync((void **)&c->d_bad, 8, mp, st) == cudaSuccess) {
         c->mode = IdxCheck::EARLY;
