@@ -476,14 +476,17 @@ SPATTN_API spattn_status spattn_sfa_workspace_size(const spattn_tensor *q, const
  * Rows past cu_seqlens_q[B] are not written; every dk/dv/dk_rope row that no sequence's key
  * uses gets 0.  opt as in the _ex calls; a caller workspace needs
  * spattn_sfa_varlen_workspace_size bytes (CUDA forward: 16 bytes per query token, plus fp32 O
- * and LSE for shapes without a Hopper kernel; CUDA backward: 16 bytes per query token plus 9 x 576
- * bytes per key-side row and key head (packed rows, or num_pages * page_size page rows), plus a
- * count histogram; shapes of the simple kernels: fp32 dq / dk / dv scratch plus 9 bytes per
- * dk / dk_rope / dv element and key-side row).  CUDA: the Hopper kernels for fp16/bf16, D 512,
- * Dr 64, shared key/value, pages page_size rows apart (the backward token-major), and in the
- * forward also the other Hopper shapes of spattn_sfa_fwd; other shapes on the simple kernels (fp32
- * arithmetic on CUDA cores: correct, not fast).  The CUDA backward is bitwise reproducible
- * with deterministic = 1 on both (int64 fixed-point dK / dV).
+ * and LSE for shapes without a Hopper kernel; CUDA backward: 16 bytes per query token plus
+ * 5 x 576 + 24 bytes per key-side row and key head (packed rows, or num_pages * page_size page
+ * rows), plus, when max_seqlen_kv such rows exceed 48 MiB, 4 K bytes per query token and key
+ * head for the index rows sorted; shapes of the simple kernels: fp32 dq / dk / dv scratch plus 9 bytes per
+ * dk / dk_rope / dv element and key-side row, and a count histogram).  CUDA: the Hopper kernels
+ * for fp16/bf16, D 512, Dr 64, shared key/value, pages page_size rows apart (the backward
+ * token-major), and in the forward also the other Hopper shapes of spattn_sfa_fwd; other shapes
+ * on the simple kernels (fp32 arithmetic on CUDA cores: correct, not fast).  The CUDA backward is
+ * bitwise reproducible with deterministic = 1 on both (fixed-point dK / dV: packed int32 with
+ * exact bounds on the Hopper kernel, as spattn_sfa_bwd's token-major form; int64 on the simple
+ * kernels).
  */
 SPATTN_API spattn_status spattn_sfa_fwd_varlen(const spattn_tensor *q, const spattn_tensor *q_rope,
                                                const spattn_tensor *k, const spattn_tensor *k_rope,

@@ -1,7 +1,7 @@
 // Adds of fp32 tiles into the sfa backward's global accumulators (sfa_bwd90.cu, sfa_bwd_small.cu):
 // deterministic = 1: fixed point (value * 2^F rounded; integer adds are exact and order-free, so
-// the sum is bitwise reproducible), packed int32 pairs with exact row bounds in the token-major and
-// union forms (add_box_p32, add_row_bound), int64 in the key-major and varlen forms (add_box<1>,
+// the sum is bitwise reproducible), packed int32 pairs with exact row bounds in the token-major,
+// union and varlen forms (add_box_p32, add_row_bound), int64 in the key-major form (add_box<1>,
 // add_fix); deterministic = 0: fp32 reductions.
 #pragma once
 #include <float.h>

@@ -17,7 +17,8 @@
 //   4. dKV = dS^T Q + P^T dO (A = the same tiles read K-major, B = Q / dO MN-major), one 64-key x
 //      64-column box at a time (warpgroup 0: boxes 0-3 and the rope box 8; 1: boxes 4-7: 13 units
 //      of 64 x 64 x 64 MMA each, with step 3), added to the per-key accumulator of sfa_host.cu:
-//        deterministic: int64 fixed point (exact integer adds, order-free, bitwise reproducible);
+//        deterministic: packed int32 fixed point (exact integer adds, order-free, bitwise
+//        reproducible; sfa_adds.cuh add_box_p32);
 //        deterministic = 0: fp32 red.global.add.v4 (one 16-byte add per lane pair and row).
 //      The key buffer is released (to the producer's next gather) once both warpgroups' dQ GEMMs
 //      have read it, so the next gather overlaps step 4.
@@ -107,10 +108,9 @@ __device__ __forceinline__ void consume(const Params &p, const Smem &s, int nblk
     const int r0 = warp * 16 + (lane >> 2);  // this thread's rows r0, r0 + 8 (heads, or keys in step 4)
     const float sl2 = p.scale_log2, scale = p.scale;
     const float l2a = s.lse2[r0], l2b = s.lse2[r0 + 8], da = s.delta[r0], db = s.delta[r0 + 8];
-    // adds: 2 = packed int32 fixed point (deterministic), 1 = int64 fixed point (deterministic,
-    // the varlen form), 0 = fp32 (sfa_adds.cuh)
-    const int mode = p.acc_bound ? 2 : p.acc_i64 ? 1 : 0;
-    const float fs = mode && p.fix_scale ? *p.fix_scale : 1.f;  // NULL: the probe's first pass
+    // adds: packed int32 fixed point (deterministic: p.acc_bound set) or fp32 (sfa_adds.cuh)
+    const bool det = p.acc_bound != nullptr;
+    const float fs = det && p.fix_scale ? *p.fix_scale : 1.f;  // NULL: the probe's first pass
     const int64_t base = ((int64_t)b * p.S2 * p.N2 + n2) * sfa::DQK;  // accumulator row of key 0
     const int utA = UN ? r0 >> p.lg2h : 0, utB = UN ? (r0 + 8) >> p.lg2h : 0;  // UN: the rows' tokens
 
@@ -234,13 +234,10 @@ __device__ __forceinline__ void consume(const Params &p, const Smem &s, int nblk
             }
             hop::wgmma_wait<0>();
             hop::reg_fence(acc);
-            // deterministic: packed int32 in the dense forms, int64 in the varlen form (sfa_host.cu)
-            if (!mode) sfa::add_box<0>(p, acc, ka, kb, lane, base, box * 64, fs);
-            else if constexpr (VL) sfa::add_box<1>(p, acc, ka, kb, lane, base, box * 64, fs);
-            else sfa::add_box_p32(p, acc, ka, kb, lane, base, box * 64, fs, bma, bmb);
+            if (det) sfa::add_box_p32(p, acc, ka, kb, lane, base, box * 64, fs, bma, bmb);
+            else sfa::add_box<0>(p, acc, ka, kb, lane, base, box * 64, fs);
         }
-        if constexpr (!VL)
-            if (mode) sfa::add_row_bound(p, ka, kb, lane, base, fs, bma, bmb);
+        if (det) sfa::add_row_bound(p, ka, kb, lane, base, fs, bma, bmb);
         hop::reg_fence(dq);
         if constexpr (C == 1) hop::reg_fence(dqr);
     }
@@ -308,8 +305,13 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd90_kernel(const __grid_constant
 
     const int ngroups = UN ? p.ungroups : (p.H + BH - 1) / BH;
     // the probe pass (sfa_host.cu): CTA x stands for CTA x probe_pt of the full grid and runs
-    // blocks 0, pb, 2 pb, .. of its row; else pt = pb = 1
+    // blocks po, po + pb, po + 2 pb, .. of its row, po = x % pb (else pt = pb = 1, po = 0): the
+    // first block rotates over the CTAs because sorted rows hold a key in about the same block of
+    // every row (blocks 0, pb, .. alone overstated the rows of the smallest keys pb-fold: a retry
+    // on every packed 32k-token varlen call, H200)
     const int pt = p.probe_pt > 1 ? p.probe_pt : 1, pb = p.probe_pb > 1 ? p.probe_pb : 1;
+    const int po = (int)(blockIdx.x % pb);
+    auto sampled = [&](int L) { return L > po ? (L - po + pb - 1) / pb : 0; };  // of a row's L blocks
     const int vx = (int)blockIdx.x * pt;
     // UN: the token group (longest first), s1 its first token
     const int s1 = UN ? (ngroups - 1 - vx) * p.ug : p.S1 - 1 - vx / ngroups;
@@ -346,10 +348,10 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd90_kernel(const __grid_constant
     if (wg == 0) {  // ------------------------------------------------------------------ producer
         hop::setmaxnreg_dec<40>();
         const sfa::Gather<T, VL> gat = vl_gather<T, VL>(p, b, n2, t, tk);
-        int nb = UN ? (ucnt + pb - 1) / pb : 1;  // block 0 is gathered before the scan's answer (harmless when there is none)
+        int nb = UN ? sampled(ucnt) : 1;  // block po is gathered before the scan's answer (harmless when there is none)
         for (int j = 0; j < nb; j++) {
             int key[4];
-            const int jb = j * pb;  // the row's block (the probe: every pb-th)
+            const int jb = po + j * pb;  // the row's block (the probe: every pb-th)
             if constexpr (UN) {
                 if (ucraw & sfa::UCOMPACT) {  // the union's keys, 64 per block (-1 past the last)
                     const int *kl = p.ukey + (ugi * p.ucap + jb) * BK + gat.grp;
@@ -378,7 +380,7 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd90_kernel(const __grid_constant
             if (!UN && j == 0) {
                 hop::bar_sync(NB_SCAN, 384);
                 const int last = *s.last;
-                nb = last < 0 ? 0 : (last / BK + pb) / pb;
+                nb = last < 0 ? 0 : sampled(last / BK + 1);
             }
         }
         sfa::cp_async_wait<0>();
@@ -439,7 +441,7 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd90_kernel(const __grid_constant
     hop::fence_proxy_async();
     hop::bar_sync(NB_Q, 256);
     const int last = *s.last;
-    const int nblk = UN ? (ucnt + pb - 1) / pb : last < 0 ? 0 : (last / BK + pb) / pb;
+    const int nblk = UN ? sampled(ucnt) : last < 0 ? 0 : sampled(last / BK + 1);
     if (p.probe_cnt && tc == 0) {  // the probe's share of the blocks (integer sums: deterministic)
         atomicAdd(p.probe_cnt, (unsigned long long)(UN ? ucnt : last < 0 ? 0 : last / BK + 1));
         atomicAdd(p.probe_cnt + 1, (unsigned long long)nblk);

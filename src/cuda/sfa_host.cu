@@ -621,10 +621,11 @@ size_t small_parts(const spattn_sfa_problem *p, const SmallShape &ss, size_t off
 // Measured (H200, 2026-12-04): sfa17 (72 MiB accumulator) 15.6 -> 10.7 ms fp32 adds, 16.8 ->
 // 11.5 deterministic; sfa13 (36 MiB) no gain: the threshold sits between them.
 constexpr int64_t SORT_MAX_K = 8192;  // 512 threads x 16 keys: CUB's exchange buffer 32 KB
-size_t sort_bytes(const spattn_sfa_problem *p) {
+// acc_rows: the accumulator's rows (B S2 N2; varlen: the key side's rows x N2).
+size_t sort_bytes(const spattn_sfa_problem *p, int64_t acc_rows) {
     const char *env = getenv("SPATTN_SFA_BWD_SORT");
     if (p->K > SORT_MAX_K || p->nblk >= (1LL << 30) || (env && env[0] == '0')) return 0;  // keys in < 31 bits
-    const bool big = (double)p->B * p->S2 * p->N2 * sfa::DQK * 4 >= 48.0 * (1 << 20);
+    const bool big = (double)acc_rows * sfa::DQK * 4 >= 48.0 * (1 << 20);
     if (!big && !(env && env[0] == '1')) return 0;
     return align256((size_t)p->B * p->S1 * p->N2 * p->K * 4);
 }
@@ -689,7 +690,7 @@ size_t bwd_ws_total(const spattn_sfa_problem *p) {
     const size_t un = union_cfg(p, sfa::SHAPE_MLA, true).bytes;
     if (un) return need + un;
     SmallShape ss;
-    const size_t sm = small_shape(p, false, &ss) ? small_parts(p, ss, off) : 0, so = sort_bytes(p);
+    const size_t sm = small_shape(p, false, &ss) ? small_parts(p, ss, off) : 0, so = sort_bytes(p, p->B * p->S2 * p->N2);
     return need + (sm > so ? sm : so);  // key-major's buffers, or the token-major's sorted rows
 }
 
@@ -729,15 +730,13 @@ void launch_hist(const spattn_sfa_problem *p, unsigned *hist, unsigned *stats, c
 //      CTAs exit at once when no retry is needed).
 // Every decision is made on the device from integer sums: no host round trip, graph-capturable,
 // and bitwise reproducible.  Returns the kernels' launch error.
-unsigned long long *p32_bounds(const spattn_sfa_problem *p, unsigned char *ws) {
-    const int64_t rows = p->B * p->S2 * p->N2;
-    return (unsigned long long *)(ws + rows * sfa::DQK * 4);
-}
+// rows: the accumulator's rows of 576 (B S2 N2; varlen: the key side's rows x N2)
+unsigned long long *p32_bounds(int64_t rows, unsigned char *ws) { return (unsigned long long *)(ws + rows * sfa::DQK * 4); }
 template <class Pass>
-cudaError_t bwd_packed(const spattn_sfa_problem *p, sfa::Params *kp, unsigned char *ws, unsigned *stats, int64_t ctas,
-                       Pass pass, cudaStream_t st) {
-    const int64_t rows = p->B * p->S2 * p->N2, nb = rows;
-    unsigned long long *mb = p32_bounds(p, ws), *pbd = mb + nb;
+cudaError_t bwd_packed(int64_t rows, sfa::Params *kp, unsigned char *ws, unsigned *stats, int64_t ctas, Pass pass,
+                       cudaStream_t st) {
+    const int64_t nb = rows;
+    unsigned long long *mb = p32_bounds(rows, ws), *pbd = mb + nb;
     kp->acc_i64 = nullptr;
     kp->acc_p32 = (int *)ws;
     kp->acc_bound = mb;
@@ -775,7 +774,24 @@ cudaError_t bwd_packed(const spattn_sfa_problem *p, sfa::Params *kp, unsigned ch
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     sfa::Params rt = *kp;
     rt.run_if = retry;
-    return pass(&rt);
+    e = pass(&rt);
+    // SPATTN_SFA_P32_TRACE: a debugging aid, the probe's numbers and the retry decision on stderr
+    // (waits for the stream; not under capture)
+    if (e == cudaSuccess && getenv("SPATTN_SFA_P32_TRACE") && !stream_capturing(st)) {
+        unsigned h[24];
+        if ((e = cudaMemcpyAsync(h, stats, sizeof h, cudaMemcpyDeviceToHost, st)) != cudaSuccess ||
+            (e = cudaStreamSynchronize(st)) != cudaSuccess)
+            return e;
+        unsigned long long pm, mm, c0, c1;
+        memcpy(&pm, h + ST_PMAX, 8);
+        memcpy(&mm, h + ST_MMAX, 8);
+        memcpy(&c0, h + ST_PCNT, 8);
+        memcpy(&c1, h + ST_PCNT + 2, 8);
+        fprintf(stderr, "sfa p32: rows %lld ctas %lld pt %d, probe max bound %llu (Fa %d, blocks %llu / %llu), "
+                "full pass max bound %llu (2^%.1f), retry %d, F %d\n", (long long)rows, (long long)ctas, pt, pm,
+                (int)h[ST_AF], c0, c1, mm, mm ? log2((double)mm) : 0.0, (int)h[ST_RETRY], (int)h[ST_PF]);
+    }
+    return e;
 }
 
 template <typename T>
@@ -788,7 +804,7 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
     const UnionCfg u = union_cfg(p, sfa::SHAPE_MLA, true);
     SmallShape ss;
     const bool small = !u.bytes && small_shape(p, ex->deterministic != 0, &ss);
-    const size_t sortb = small || u.bytes ? 0 : sort_bytes(p);
+    const size_t sortb = small || u.bytes ? 0 : sort_bytes(p, p->B * p->S2 * p->N2);
     const size_t need = common + (small ? small_parts(p, ss, soff) : u.bytes ? u.bytes : sortb);
     cuda_scratch scr;  // the caller's workspace or spattn's kept pool (scratch.h)
     const spattn_status ss0 = scr.get(ex, need, "sfa cuda backward");
@@ -865,7 +881,7 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
             if (e == cudaSuccess) {
                 if (det) {
                     const int64_t ctas = (u.bytes ? kp->ungroups : 0) + (int64_t)p->S1 * ((p->N1 / p->N2 + 63) / 64);
-                    e = bwd_packed(p, kp, ws, stats, ctas * p->B * p->N2, pass, st);
+                    e = bwd_packed(p->B * p->S2 * p->N2, kp, ws, stats, ctas * p->B * p->N2, pass, st);
                 } else {
                     e = pass(kp);
                 }
@@ -879,7 +895,7 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
             ws, flags, packed ? 2 : det, (const float *)(stats + (packed ? (int)ST_P2INV : 6)), (T *)dk->data,
             (T *)dkr->data, p->B, p->S2, p->N2, dk->strides[0], dk->strides[1], dk->strides[2], dk->strides[3],
             dkr->strides[0], dkr->strides[1], dkr->strides[2], dkr->strides[3], kp->gate,
-            packed ? p32_bounds(p, ws) : nullptr);
+            packed ? p32_bounds(p->B * p->S2 * p->N2, ws) : nullptr);
         e = cudaGetLastError();
     }
     if (e != cudaSuccess)
@@ -1744,12 +1760,15 @@ spattn_status vl_fwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
 // layout is settled first instead of gating every writer.  Then the dense backward's steps on the
 // views (B = 1, S1 = Tq): zeroed accumulator, the fixed-point scale (deterministic), the
 // token-major kernel sfa_bwd90.cu in its VL form (always: the key-major sfa_bwd_small.cu is dense
-// only; at H <= 32 the 64-row MMA tiles have zero rows past H), the accumulator into dk / dk_rope.
+// only; at H <= 32 the 64-row MMA tiles have zero rows past H), deterministic in packed int32 as
+// the dense calls (bwd_packed), over sorted index rows when the accumulator is large (sort_bytes),
+// the accumulator into dk / dk_rope.
 // The accumulator has one row per key-side row (packed [Tkv, N2, 576], or the page rows
 // [num_pages * page_size, N2, 576]): rows past cu_seqlens_kv[B], page rows no sequence uses and
 // keys never selected get 0, a page shared by several sequences the sum of their contributions
 // (integer adds in deterministic mode: bitwise reproducible whatever the order).
-// Workspace: [tok Tq x 16][acc rows N2 576 x 8][hist][stats 256][flags rows N2 576 x 1].
+// Workspace: [tok Tq x 16][acc: rows N2 576 x 4 (fp32, or packed int32 and bwd_packed's bounds
+// [3][rows N2] x 8)][stats 256][flags rows N2 576 x 1][sorted index rows, sort_bytes].
 
 // Bins of the count histogram the fixed-point bound needs (the largest number of index entries
 // that can reach one accumulator row): packed keys: (n2, sequence-local block), merged over the
@@ -1762,8 +1781,16 @@ int64_t vl_hist_bins(const spattn_sfa_problem *p) {
 
 size_t vl_bwd_parts(const spattn_sfa_problem *p, size_t off[5]) {
     const spattn_seqs *s = p->seqs;
-    const size_t cells = (size_t)s->Tkv * p->N2 * sfa::DQK;
-    const size_t sz[5] = {(size_t)s->Tq * sizeof(int4), cells * 8, (size_t)vl_hist_bins(p) * 4, 256, cells};
+    const int64_t rows = s->Tkv * p->N2;
+    const size_t cells = (size_t)rows * sfa::DQK;
+    VlView w;
+    vl_view(p, true, &w);
+    // sorted index rows when one sequence's accumulator rows (max_seqlen_kv of them) exceed the
+    // threshold: the CTAs running together are mostly one sequence's tokens, so that span, not the
+    // whole key side, is what has to stay in L2 (H200: sorting on the total showed no gain on
+    // sfav07, 32 sequences in a 75 MB accumulator)
+    const int64_t span = (s->max_kv < s->Tkv ? s->max_kv : s->Tkv) * p->N2;
+    const size_t sz[5] = {(size_t)s->Tq * sizeof(int4), cells * 4 + (size_t)rows * 24, 256, cells, sort_bytes(&w.p, span)};
     size_t t = 0;
     for (int i = 0; i < 5; i++) {
         off[i] = t;
@@ -1828,41 +1855,32 @@ spattn_status vl_bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, co
     cudaStream_t st = ws.st;
     int4 *tok = reinterpret_cast<int4 *>(ws.base + off[0]);
     unsigned char *acc = reinterpret_cast<unsigned char *>(ws.base + off[1]);
-    unsigned *hist = reinterpret_cast<unsigned *>(ws.base + off[2]);
-    unsigned *stats = reinterpret_cast<unsigned *>(ws.base + off[3]);
-    uint8_t *flags = reinterpret_cast<uint8_t *>(ws.base + off[4]);
-    const bool det = ex->deterministic != 0;
-    const size_t cells = (size_t)s->Tkv * p->N2 * sfa::DQK;
+    unsigned *stats = reinterpret_cast<unsigned *>(ws.base + off[2]);
+    uint8_t *flags = reinterpret_cast<uint8_t *>(ws.base + off[3]);
+    const bool det = ex->deterministic != 0, sorted = off[4] < need;
+    const int64_t rows = s->Tkv * p->N2;  // accumulator rows of 576
+    const size_t cells = (size_t)rows * sfa::DQK;
     // the layout and the index values, verdict first: nothing is written for a refused call
     if ((r = vl_check_now(p, st, tok)) != SPATTN_STATUS_SUCCESS) return r;
-    // deterministic: the int64 accumulator, its flags, the histogram and the stats; else the fp32 one
-    cudaError_t e = det ? cudaMemsetAsync(acc, 0, need - off[1], st) : cudaMemsetAsync(acc, 0, cells * 4, st);
-    if (e == cudaSuccess && det) {
-        spattn_launch_maxabs<T>(w.p.q, stats + 0, st);
-        spattn_launch_maxabs<T>(w.p.q_rope, stats + 0, st);
-        spattn_launch_maxabs<T>(w.p.k, stats + 1, st);  // every key-side row (unused ones too: a looser bound)
-        spattn_launch_maxabs<T>(w.p.k_rope, stats + 1, st);
-        spattn_launch_maxabs<T>(w.p.o, stats + 2, st);
-        spattn_launch_maxabs<T>(w.p.dout, stats + 3, st);
-        const VlArgs a = vl_args(p);
-        vl_hist_kernel<<<grid_for(a.Tq * a.N2 * a.K, 256), 256, 0, st>>>(a, tok, p->nblk, hist, stats);
-        fix_scale_kernel<<<1, 1, 0, st>>>(stats, p->scale, (int)p->D, (int)(p->N1 / p->N2));
-        e = cudaGetLastError();
-    }
+    // deterministic: the packed int32 accumulator, its bounds, the stats and the flags; else the fp32 one
+    cudaError_t e = cudaMemsetAsync(acc, 0, det ? off[4] - off[1] : cells * 4, st);
+    sfa::Params kp;
+    fill_params(&w.p, &kp);
+    kp.out_o = nullptr;
+    kp.lse_in = (const float *)p->lse->data;
+    set_vl(&kp, tok, s);
+    if (e == cudaSuccess && sorted) e = sort_idx(&w.p, &kp, reinterpret_cast<int32_t *>(ws.base + off[4]), st);
+    const int bf16 = p->dtype == SPATTN_DTYPE_BF16;
     if (e == cudaSuccess) {
-        sfa::Params kp;
-        fill_params(&w.p, &kp);
-        kp.out_o = nullptr;
-        kp.lse_in = (const float *)p->lse->data;
         if (det) {
-            kp.acc_i64 = (unsigned long long *)acc;
             kp.acc_flags = (uint32_t *)flags;
-            kp.fix_scale = (const float *)(stats + 5);
+            const int64_t ctas = s->Tq * p->N2 * ((p->N1 / p->N2 + 63) / 64);
+            e = bwd_packed(rows, &kp, acc, stats, ctas, [&](const sfa::Params *q) { return spattn_sfa_bwd90_launch(q, bf16, st); },
+                           st);
         } else {
             kp.acc_f32 = (float *)acc;
+            e = spattn_sfa_bwd90_launch(&kp, bf16, st);
         }
-        set_vl(&kp, tok, s);
-        e = spattn_sfa_bwd90_launch(&kp, p->dtype == SPATTN_DTYPE_BF16, st);
     }
     if (e == cudaSuccess) {
         // accumulator rows = the key side's rows: packed dk [Tkv, N2, D] as [1, Tkv, N2, D]; pages
@@ -1875,9 +1893,9 @@ spattn_status vl_bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, co
             sd[i] = pg ? dk->strides[i] : i == 0 ? 0 : dk->strides[i - 1];
             sr[i] = pg ? dkr->strides[i] : i == 0 ? 0 : dkr->strides[i - 1];
         }
-        convert_dk_kernel<T><<<grid_for((int64_t)cells / sfa::DQK * 32, 256), 256, 0, st>>>(
-            acc, flags, det, (const float *)(stats + 6), (T *)dk->data, (T *)dkr->data, B, S, p->N2, sd[0], sd[1], sd[2],
-            sd[3], sr[0], sr[1], sr[2], sr[3], nullptr);
+        convert_dk_kernel<T><<<grid_for(rows * 32, 256), 256, 0, st>>>(
+            acc, flags, det ? 2 : 0, (const float *)(stats + (int)ST_P2INV), (T *)dk->data, (T *)dkr->data, B, S, p->N2,
+            sd[0], sd[1], sd[2], sd[3], sr[0], sr[1], sr[2], sr[3], nullptr, det ? p32_bounds(rows, acc) : nullptr);
         e = cudaGetLastError();
     }
     if (e != cudaSuccess) {
