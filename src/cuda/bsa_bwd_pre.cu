@@ -65,7 +65,7 @@ __device__ __forceinline__ void delta_store(float *delta, float *lse2, long long
 // chunks (o and dout `vec`, D % 8 == 0, D <= 256): L lanes per row (a power of two >= D / 8),
 // 32 / L rows per warp and pass, UNR passes' loads in flight before the sums.
 template <typename T, bool VL>
-__global__ void __launch_bounds__(256) bsa_delta_kernel(const bsa_params p, float *delta, float *lse2, uint4 *zero,
+__global__ void __launch_bounds__(256, 4) bsa_delta_kernel(const bsa_params p, float *delta, float *lse2, uint4 *zero,
                                                         long long zero16) {
     // the backward kernel (its programmatic dependent) may be scheduled once every CTA of this one
     // has started: it loads K / V meanwhile and waits for this kernel's end before reading its output
@@ -144,8 +144,11 @@ extern "C" cudaError_t spattn_bsa_launch_delta(const bsa_params *p, int bf16, fl
     }
     const bool vl = p->vl.seq != nullptr;
     const long long rows = vl ? (long long)p->N * p->vl.Tq : (long long)p->B * p->N * p->Sq;
-    // 64 rows per CTA at D 128 (8 warps x 2 rows x 4 passes), at most 8 CTAs per SM (grid-stride)
-    const unsigned blocks = hop::grid_cap((rows + 63) / 64, 8);
+    // 64 rows per CTA pass at D 128 (8 warps x 2 rows x 4 loads in flight), grid-stride over as
+    // many CTAs as are resident at once (4 per SM: 64 registers): the one-pass waves of the grid
+    // capped at 8 per SM (1024 CTAs, 3 resident per SM at 70 registers, on bsa17) each paid a full
+    // memory round trip at partial occupancy
+    const unsigned blocks = hop::grid_cap((rows + 63) / 64, 4);
     if (vl) {
         if (bf16)
             bsa_delta_kernel<__nv_bfloat16, true><<<blocks, 256, 0, st>>>(*p, delta, lse2, z, z16);
