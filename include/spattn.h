@@ -36,7 +36,8 @@
  *     heads per key head with D 512 + 64 and shared kv, the grouped form: groups of 64 / H
  *     consecutive tokens run over the union of their selections, so a non-finite q of a token can
  *     make dK of every key of its group's union NaN, a non-finite k row the O and dQ of every
- *     token of the groups whose union holds it).  Such a value
+ *     token of the groups whose union holds it; in spattn_sfa_bwd_varlen the groups are
+ *     consecutive packed tokens of one sequence, never crossing sequences).  Such a value
  *     only adds NaN, it never turns a result into a plausible finite number; the CPU backend
  *     has no exception.
  *   - Results are deterministic by default: the same inputs give bitwise the same outputs for

@@ -38,6 +38,9 @@
 // keys of a compacted group), each row masked to its token's selection (P = dS = 0 elsewhere).
 // Every MMA row is used and a key's dK / dV row is added once per group instead of once per
 // token.  The plain form's CTAs of tokens whose group the union kernel took exit at once.
+// VL and UN together (the varlen backward at H = 4 .. 32): groups of ug consecutive packed tokens
+// of one sequence, blocks of 64 key-side rows (sfa_union.cu's VL plan), so the producer's key ids
+// are rows already; rows of tokens past cu_seqlens_q[B] are zero and write nothing.
 #include <type_traits>
 #include <math.h>
 
@@ -88,13 +91,14 @@ __device__ __forceinline__ void load_do(unsigned char *sdo, const Params &p, con
     }
 }
 
-// UN: dO rows r = token s1 + r / H, head head0 + r % H (rows of tokens past S1 zero)
-template <typename T>
+// UN: dO rows r = token s1 + r / H, head head0 + r % H (rows of tokens past S1 zero; VL: also
+// past cu_seqlens_q[B], whose dO may be anything)
+template <typename T, bool VL>
 __device__ __forceinline__ void load_do_union(unsigned char *sdo, const Params &p, int b, int s1, int head0, int t0,
                                               int stride) {
     const T *dob = static_cast<const T *>(p.dout) + b * p.sdo[0];
     for (int x = t0; x < BH * 64; x += stride) {
-        const int r = x >> 6, ch = x & 63, tok = s1 + (r >> p.lg2h), ok = tok < p.S1;
+        const int r = x >> 6, ch = x & 63, tok = s1 + (r >> p.lg2h), ok = sfa::union_tok_ok<VL>(p, tok);
         const T *src = ok ? dob + (int64_t)tok * p.sdo[1] + (int64_t)(head0 + (r & (p.H - 1))) * p.sdo[2] + ch * 8 : dob;
         sfa::cp_async16(sdo + (ch >> 3) * BOX + hop::sw128(r, ch & 7), src, ok ? 16 : 0);
     }
@@ -248,7 +252,7 @@ __device__ __forceinline__ void consume(const Params &p, const Smem &s, int nblk
     for (int h = 0; h < 2; h++) {
         const int row = r0 + 8 * h;
         const int tok = UN ? s1 + (row >> p.lg2h) : s1, hd = UN ? head0 + (row & (p.H - 1)) : head0 + row;
-        if (UN ? tok >= p.S1 : row >= nh) continue;
+        if (UN ? !sfa::union_tok_ok<VL>(p, tok) : row >= nh) continue;
         T *dqb = static_cast<T *>(p.dq) + b * p.sdq[0] + (int64_t)tok * p.sdq[1];
         T *dqrb = static_cast<T *>(p.dqr) + b * p.sdqr[0] + (int64_t)tok * p.sdqr[1];
         T *d = dqb + (int64_t)hd * p.sdq[2] + QB * 64 + 2 * q4;
@@ -323,7 +327,7 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd90_kernel(const __grid_constant
     if (UN && ucraw < 0) return;
     const int ucnt = ucraw & ~sfa::UCOMPACT;
     // the plain form: a token whose group the union form took is done there
-    if (!UN && !VL && p.ucnt && __ldg(p.ucnt + (int64_t)blockIdx.y * p.ungroups + (s1 >> (6 - p.lg2h))) >= 0) return;
+    if (!UN && p.ucnt && __ldg(p.ucnt + (int64_t)blockIdx.y * p.ungroups + (s1 >> (6 - p.lg2h))) >= 0) return;
     // VL: s1 is the packed token (b = 0, batch strides 0); tokens past cu_seqlens_q[B] exit
     sfa::TokenRow tr;
     if (!sfa::token_row<VL>(p, b, n2, s1, tr)) return;
@@ -360,12 +364,12 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd90_kernel(const __grid_constant
                 } else {  // 64 contiguous keys
                     const int k0 = __ldg(p.ublk + ugi * p.ucap + jb) * BK + gat.grp;
 #pragma unroll
-                    for (int r = 0; r < 4; r++) key[r] = k0 + 16 * r < p.S2 ? k0 + 16 * r : -1;
+                    for (int r = 0; r < 4; r++) key[r] = k0 + 16 * r < (VL ? p.vl.rows : p.S2) ? k0 + 16 * r : -1;
                 }
             } else {
                 gat.keys(p, irow, si3, jb, lim, key);
             }
-            if constexpr (VL) vl_key_rows(tk, key);
+            if constexpr (VL && !UN) vl_key_rows(tk, key);  // UN + VL: the plan's keys are key-side rows
             if (j > 0) hop::mbar_wait(s.fre, (j - 1) & 1);
             gat.copy(s.k, key, 0, 4);
             hop::cp_async_arrive_noinc(s.rdy + 0);
@@ -394,8 +398,8 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd90_kernel(const __grid_constant
     const T *qrb = static_cast<const T *>(p.qr) + b * p.sqr[0] + (int64_t)s1 * p.sqr[1];
     const T *dob = static_cast<const T *>(p.dout) + b * p.sdo[0] + (int64_t)s1 * p.sdo[1];
     if constexpr (UN) {
-        load_do_union<T>(s.dout, p, b, s1, head0, tc, 256);
-        sfa::load_q_union<T>(s.q, p, b, s1, head0, tc, 256);  // commits both copies' group
+        load_do_union<T, VL>(s.dout, p, b, s1, head0, tc, 256);
+        sfa::load_q_union<T, VL>(s.q, p, b, s1, head0, tc, 256);  // commits both copies' group
     } else {
         load_do<T>(s.dout, p, dob, head0, nh, tc, 256);
         sfa::load_q<T>(s.q, BH, p, qb, qrb, head0, nh, tc, 256);  // commits both copies' group
@@ -406,7 +410,7 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd90_kernel(const __grid_constant
         // (UN: row h = token s1 + h / H, head h % H)
         const int h = tc >> 2, part = tc & 3;
         const int tok = UN ? s1 + (h >> p.lg2h) : s1, hd = UN ? head0 + (h & (p.H - 1)) : head0 + h;
-        const bool hv = UN ? tok < p.S1 : h < nh;
+        const bool hv = UN ? sfa::union_tok_ok<VL>(p, tok) : h < nh;
         float sum = 0.f;
         if (hv) {
             const T *orow = static_cast<const T *>(p.o) + b * p.so[0] + (int64_t)tok * p.so[1] + (int64_t)hd * p.so[2];
@@ -472,8 +476,10 @@ extern "C" cudaError_t spattn_sfa_bwd90_launch(const sfa::Params *p, int is_bf16
     return is_bf16 ? launch<__nv_bfloat16, false>(*p, st) : launch<__half, false>(*p, st);
 }
 
-// The union form (p->ucnt set by sfa_union.cu's plan, H = 4 .. 32, not varlen): the groups it
-// took; spattn_sfa_bwd90_launch afterwards runs the tokens of the others.
+// The union form (p->ucnt set by sfa_union.cu's plan, H = 4 .. 32; p->vl.tok set: the varlen form,
+// groups of packed tokens over key-side rows): the groups it took; spattn_sfa_bwd90_launch
+// afterwards runs the tokens of the others.
 extern "C" cudaError_t spattn_sfa_union_bwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st) {
+    if (p->vl.tok) return is_bf16 ? launch<__nv_bfloat16, true, true>(*p, st) : launch<__half, true, true>(*p, st);
     return is_bf16 ? launch<__nv_bfloat16, false, true>(*p, st) : launch<__half, false, true>(*p, st);
 }

@@ -24,6 +24,8 @@ struct Varlen {
                            // is row table[b, j / page_size] * page_size + j % page_size of k
     int64_t tab_s0, tab_s1;
     int page_size, num_pages;
+    int rows;  // rows of the key side (packed Tkv, or num_pages * page_size): the union form's key
+               // space (its plan and blocks are in key-side rows, not sequence-local keys)
 };
 
 // Everything a fast kernel reads; element strides (int64) of the caller's tensors.
@@ -183,6 +185,14 @@ __device__ __forceinline__ int key_of_serial(const Params &p, const int32_t *row
     if (bi < 0 || bi >= p.nblk) return -1;
     const int key = (bi << p.log2sbs) + (v & (p.sbs - 1));
     return key >= p.S2 || key > lim ? -1 : key;
+}
+
+// A union row's token: before S1 (VL: S1 = Tq; and a token of a sequence, i.e. before
+// cu_seqlens_q[B]: rows past it are zero, their outputs not written)
+template <bool VL> __device__ __forceinline__ bool union_tok_ok(const Params &p, int tok) {
+    if (tok >= p.S1) return false;
+    if constexpr (VL) return __ldg(&p.vl.tok[tok].x) >= 0;
+    return true;
 }
 
 // The CTA's query token s1 (VL: the packed token, b = 0): the pre-pass's info tk (VL only),

@@ -166,15 +166,16 @@ __device__ __forceinline__ void load_q(unsigned char *sQ, int rows, const Params
     cp_async_commit();
 }
 
-// The union forward's Q (sfa_fwd.cu, UN): 64 rows, row r = token s1 + (r >> lg2h), head head0 +
-// (r & (H - 1)), Mla columns; rows of tokens past S1 zero-filled.  One cp.async group.
-template <typename T>
+// The union forms' Q (sfa_fwd.cu, sfa_bwd90.cu UN): 64 rows, row r = token s1 + (r >> lg2h), head
+// head0 + (r & (H - 1)), Mla columns; rows of tokens past S1 (VL: or past cu_seqlens_q[B])
+// zero-filled.  One cp.async group.
+template <typename T, bool VL = false>
 __device__ __forceinline__ void load_q_union(unsigned char *sQ, const Params &p, int b, int s1, int head0, int t0,
                                              int stride) {
     const T *q = static_cast<const T *>(p.q) + b * p.sq[0], *qr = static_cast<const T *>(p.qr) + b * p.sqr[0];
     for (int x = t0; x < 64 * GNBOX * 8; x += stride) {
         const int r = x / (GNBOX * 8), ch = x % (GNBOX * 8);
-        const int tok = s1 + (r >> p.lg2h), h = head0 + (r & (p.H - 1)), ok = tok < p.S1;
+        const int tok = s1 + (r >> p.lg2h), h = head0 + (r & (p.H - 1)), ok = union_tok_ok<VL>(p, tok);
         const T *src = !ok ? q : ch < 64 ? q + (int64_t)tok * p.sq[1] + (int64_t)h * p.sq[2] + ch * 8
                                          : qr + (int64_t)tok * p.sqr[1] + (int64_t)h * p.sqr[2] + (ch - 64) * 8;
         cp_async16(sQ + (ch >> 3) * (64 * 128) + hop::sw128(r, ch & 7), src, ok ? 16 : 0);

@@ -406,11 +406,14 @@ struct UnionCfg {
 // bwd: the backward's union form (sfa_bwd90.cu, UN): every group without a repeated key (with
 // packing where it saves blocks, its density is at least 1 / ug: a per-token 64-row tile's use
 // of its rows, and its adds are never more); SPATTN_SFA_BWD_UNION=0 turns it off (measurements).
-UnionCfg union_cfg(const spattn_sfa_problem *p, int shape, bool bwd = false) {
+// key_rows / max_blocks (the varlen backward, vl_union_cfg): the key space's size instead of S2,
+// and a cap on a group's blocks (a group over more is left to the per-token kernel).
+UnionCfg union_cfg(const spattn_sfa_problem *p, int shape, bool bwd = false, int64_t key_rows = -1,
+                   int64_t max_blocks = -1) {
     UnionCfg u;
     const char *env = getenv(bwd ? "SPATTN_SFA_BWD_UNION" : "SPATTN_SFA_UNION"), *den = getenv("SPATTN_SFA_UNION_DENSITY");
     if ((env && env[0] == '0') || shape != sfa::SHAPE_MLA) return u;
-    const int64_t H = p->N1 / p->N2, nkw = (p->S2 + 63) / 64;
+    const int64_t H = p->N1 / p->N2, nkw = ((key_rows >= 0 ? key_rows : p->S2) + 63) / 64;
     if (H < 4 || H > 32 || (H & (H - 1)) || p->sbs > 64 || p->K > (1 << 24)) return u;
     const int64_t ug = 64 / H;
     if ((size_t)(ug * nkw * 8) > UNION_PLAN_SMEM) return u;
@@ -419,6 +422,7 @@ UnionCfg union_cfg(const spattn_sfa_problem *p, int shape, bool bwd = false) {
     // a group taken has blocks <= selected keys / (64 ug md) <= K sbs / (64 md)
     int64_t cap = nkw;
     if (md > 0.f) cap = std::min<int64_t>(nkw, (int64_t)((double)p->K * p->sbs / (64.0 * md)) + 1);
+    if (max_blocks > 0) cap = std::min<int64_t>(cap, max_blocks);
     const int64_t ng = (p->S1 + ug - 1) / ug, groups = p->B * p->N2 * ng;
     auto al = [](size_t x) { return (x + 255) & ~(size_t)255; };
     const size_t a = al((size_t)groups * 4), l = al((size_t)groups * cap * 4);
@@ -1603,6 +1607,7 @@ void set_vl(sfa::Params *kp, const int4 *tok, const spattn_seqs *s) {
     kp->vl.tab_s1 = s->tab_s1;
     kp->vl.page_size = s->table ? (int)s->page_size : 1;
     kp->vl.num_pages = s->table ? (int)s->num_pages : 0;
+    kp->vl.rows = (int)s->Tkv;  // < 2^31 (vl_limits)
 }
 
 struct VlView {
@@ -1779,20 +1784,33 @@ int64_t vl_hist_bins(const spattn_sfa_problem *p) {
     return s->table ? s->num_pages * p->N2 : p->nblk * p->N2;
 }
 
-size_t vl_bwd_parts(const spattn_sfa_problem *p, size_t off[5]) {
+// The union form over the packed tokens (sfa_union.cu / sfa_bwd90.cu with VL): groups of ug
+// consecutive packed tokens, blocks of 64 key-side rows.  A group inside one sequence touches at
+// most ceil(max_seqlen_kv / 64) + 1 blocks of rows (packed: the sequence's rows are contiguous;
+// paged: its compacted keys need no more): the cap, so a group spanning sequences (or scattered
+// pages without compaction) past it goes to the per-token kernel instead of sizing every group's
+// lists for the whole key side.
+UnionCfg vl_union_cfg(const spattn_sfa_problem *p, const VlView &w) {
+    const spattn_seqs *s = p->seqs;
+    return union_cfg(&w.p, sfa::SHAPE_MLA, true, s->Tkv, (s->max_kv + 63) / 64 + 2);
+}
+
+size_t vl_bwd_parts(const spattn_sfa_problem *p, size_t off[6]) {
     const spattn_seqs *s = p->seqs;
     const int64_t rows = s->Tkv * p->N2;
     const size_t cells = (size_t)rows * sfa::DQK;
     VlView w;
     vl_view(p, true, &w);
-    // sorted index rows when one sequence's accumulator rows (max_seqlen_kv of them) exceed the
-    // threshold: the CTAs running together are mostly one sequence's tokens, so that span, not the
-    // whole key side, is what has to stay in L2 (H200: sorting on the total showed no gain on
-    // sfav07, 32 sequences in a 75 MB accumulator)
+    const UnionCfg u = vl_union_cfg(p, w);
+    // sorted index rows (token-major only) when one sequence's accumulator rows (max_seqlen_kv of
+    // them) exceed the threshold: the CTAs running together are mostly one sequence's tokens, so
+    // that span, not the whole key side, is what has to stay in L2 (H200: sorting on the total
+    // showed no gain on sfav07, 32 sequences in a 75 MB accumulator)
     const int64_t span = (s->max_kv < s->Tkv ? s->max_kv : s->Tkv) * p->N2;
-    const size_t sz[5] = {(size_t)s->Tq * sizeof(int4), cells * 4 + (size_t)rows * 24, 256, cells, sort_bytes(&w.p, span)};
+    const size_t sz[6] = {(size_t)s->Tq * sizeof(int4), cells * 4 + (size_t)rows * 24, 256, cells,
+                          u.bytes ? 0 : sort_bytes(&w.p, span), u.bytes};
     size_t t = 0;
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 6; i++) {
         off[i] = t;
         t += align256(sz[i]);
     }
@@ -1847,8 +1865,9 @@ __global__ void vl_hist_kernel(const VlArgs a, const int4 *tok, int64_t nblk, un
 template <typename T>
 spattn_status vl_bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, const VlView &w) {
     const spattn_seqs *s = p->seqs;
-    size_t off[5];
+    size_t off[6];
     const size_t need = vl_bwd_parts(p, off);
+    const UnionCfg u = vl_union_cfg(p, w);
     spattn_status r;
     cuda_scratch ws;
     if ((r = ws.get(ex, need, "sfa cuda")) != SPATTN_STATUS_SUCCESS) return r;
@@ -1857,7 +1876,7 @@ spattn_status vl_bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, co
     unsigned char *acc = reinterpret_cast<unsigned char *>(ws.base + off[1]);
     unsigned *stats = reinterpret_cast<unsigned *>(ws.base + off[2]);
     uint8_t *flags = reinterpret_cast<uint8_t *>(ws.base + off[3]);
-    const bool det = ex->deterministic != 0, sorted = off[4] < need;
+    const bool det = ex->deterministic != 0, sorted = off[5] > off[4];
     const int64_t rows = s->Tkv * p->N2;  // accumulator rows of 576
     const size_t cells = (size_t)rows * sfa::DQK;
     // the layout and the index values, verdict first: nothing is written for a refused call
@@ -1869,17 +1888,27 @@ spattn_status vl_bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, co
     kp.out_o = nullptr;
     kp.lse_in = (const float *)p->lse->data;
     set_vl(&kp, tok, s);
-    if (e == cudaSuccess && sorted) e = sort_idx(&w.p, &kp, reinterpret_cast<int32_t *>(ws.base + off[4]), st);
+    // H = 4 .. 32: the union form's plan (the indices were checked: no folded check), then its
+    // groups and the per-token kernel for the tokens of the others; else sorted rows if large
+    if (e == cudaSuccess && u.bytes) {
+        union_bind(u, ws.base + off[5], &kp);
+        e = spattn_sfa_union_plan_launch(&kp, u.min_density, nullptr, st);
+    } else if (e == cudaSuccess && sorted) {
+        e = sort_idx(&w.p, &kp, reinterpret_cast<int32_t *>(ws.base + off[4]), st);
+    }
     const int bf16 = p->dtype == SPATTN_DTYPE_BF16;
+    auto pass = [&](const sfa::Params *q) {
+        cudaError_t r2 = u.bytes ? spattn_sfa_union_bwd_launch(q, bf16, st) : cudaSuccess;
+        return r2 == cudaSuccess ? spattn_sfa_bwd90_launch(q, bf16, st) : r2;
+    };
     if (e == cudaSuccess) {
         if (det) {
             kp.acc_flags = (uint32_t *)flags;
-            const int64_t ctas = s->Tq * p->N2 * ((p->N1 / p->N2 + 63) / 64);
-            e = bwd_packed(rows, &kp, acc, stats, ctas, [&](const sfa::Params *q) { return spattn_sfa_bwd90_launch(q, bf16, st); },
-                           st);
+            const int64_t ctas = ((u.bytes ? kp.ungroups : 0) + s->Tq * ((p->N1 / p->N2 + 63) / 64)) * p->N2;
+            e = bwd_packed(rows, &kp, acc, stats, ctas, pass, st);
         } else {
             kp.acc_f32 = (float *)acc;
-            e = spattn_sfa_bwd90_launch(&kp, bf16, st);
+            e = pass(&kp);
         }
     }
     if (e == cudaSuccess) {

@@ -54,13 +54,21 @@ __device__ __forceinline__ unsigned long long compress64(unsigned long long x, u
 // nkw = ceil(S2 / 64); the host keeps ug * nkw * 8 within UNION_PLAN_SMEM).
 // first_bad (optional): the index check folded in, as check_idx_kernel (sfa_host.cu) reports it: the
 // smallest row-major position (((b S1 + s1) N2 + n2) K + slot) of a value < -1 or >= nblk.
+// VL (the packed variable-length / paged backward): a group is ug consecutive packed tokens (B = 1,
+// S1 = Tq), whatever sequences they belong to, and its key space is the key side's rows
+// (p.vl.rows): each token's selected keys (sequence-local, limit and count from p.vl.tok; the
+// values were checked before the call) become rows (packed: the sequence's first row + key;
+// paged: the block table).  A group whose tokens belong to two sequences goes to the per-token
+// kernel (cnt -1).  Tokens past cu_seqlens_q[B] select nothing.
+template <bool VL>
 __global__ void __launch_bounds__(256) sfa_union_plan_kernel(const __grid_constant__ Params p, float min_density,
                                                              int *cnt, int *lst, int *ukey, unsigned long long *msk,
                                                              unsigned long long *first_bad) {
     extern __shared__ unsigned long long bm[];
     __shared__ unsigned long long s_sel;
     __shared__ int s_dup, s_wsum[8], s_wnb[8];
-    const int G = p.ug, nkw = (p.S2 + 63) >> 6, tid = threadIdx.x, lane = tid & 31;
+    __shared__ int4 s_tk[16];  // VL: the group's tokens' p.vl.tok entries
+    const int G = p.ug, nkw = ((VL ? p.vl.rows : p.S2) + 63) >> 6, tid = threadIdx.x, lane = tid & 31;
     const int grp = blockIdx.x, b = blockIdx.y / p.N2, n2 = blockIdx.y % p.N2;
     const int64_t gi = (int64_t)blockIdx.y * p.ungroups + grp;
     for (int i = tid; i < G * nkw; i += 256) bm[i] = 0ull;
@@ -72,10 +80,66 @@ __global__ void __launch_bounds__(256) sfa_union_plan_kernel(const __grid_consta
     unsigned long long sel = 0;
     int dup = 0;
     const int ntok = min(G, p.S1 - grp * G);
+    if (VL && tid < G) s_tk[tid] = tid < ntok ? __ldg(p.vl.tok + grp * G + tid) : make_int4(-1, 0, 0, -1);
+    if (VL) {
+        __syncthreads();
+        // a group whose tokens belong to two sequences is left to the per-token kernel: a
+        // non-finite value of one sequence must not reach another's gradients through the
+        // union's 0 * NaN products (spattn.h); such groups are at most B - 1
+        int sq = -1;
+        bool mixed = false;
+        for (int tt = 0; tt < G; tt++) {
+            const int x = s_tk[tt].x;
+            if (x < 0) continue;
+            mixed |= sq >= 0 && x != sq;
+            sq = x;
+        }
+        if (mixed) {
+            if (tid == 0) cnt[gi] = -1;
+            return;
+        }
+    }
     const int32_t *row0 = p.idx + b * p.sidx[0] + (int64_t)grp * G * p.sidx[1] + n2 * p.sidx[2];
     unsigned long long bad = ~0ull;  // this thread's first bad position
+    // bits [r0, r0 + n) of token tt's bitmap (n <= 64: up to three 32-bit words; VL rows need not
+    // start at a multiple of the block size)
+    auto set_range = [&](int tt, long long r0, int n) {
+        unsigned *h = reinterpret_cast<unsigned *>(bm + tt * nkw);
+        while (n > 0) {
+            const int o = (int)(r0 & 31), m = min(n, 32 - o);
+            const unsigned bits = (m == 32 ? ~0u : (1u << m) - 1) << o;
+            dup |= (atomicOr(h + (r0 >> 5), bits) & bits) != 0;
+            r0 += m;
+            n -= m;
+        }
+    };
     // selected block bi (slot e) of token tt into its bitmap
     auto add = [&](int tt, int e, int bi) {
+        if constexpr (VL) {
+            const int4 tk = s_tk[tt];
+            if (tk.x < 0 || bi < 0) return;
+            const long long k0 = (long long)bi << p.log2sbs, kmax = min((long long)tk.z - 1, (long long)tk.w);
+            if (k0 > kmax) return;
+            int n = (int)min((long long)p.sbs, kmax - k0 + 1);
+            sel += (unsigned long long)n;
+            if (!p.vl.table) {
+                set_range(tt, (long long)tk.y + k0, n);
+                return;
+            }
+            // paged: the run split at page ends (a page id out of range: a table the checks
+            // refused; masked here so nothing outside the bitmap is touched)
+            const long long ps = p.vl.page_size;
+            long long k = k0;
+            while (n > 0) {
+                const long long slot = k / ps, off = k - slot * ps;
+                const int m = (int)min((long long)n, ps - off);
+                const int pg = __ldg(p.vl.table + (int64_t)tk.x * p.vl.tab_s0 + slot * p.vl.tab_s1);
+                if ((unsigned)pg < (unsigned)p.vl.num_pages) set_range(tt, (long long)pg * ps + off, m);
+                k += m;
+                n -= m;
+            }
+            return;
+        }
         if (bi < -1 || bi >= p.nblk) {
             const unsigned long long r = ((unsigned long long)b * p.S1 + grp * G + tt) * p.N2 + n2;
             bad = min(bad, r * (unsigned long long)p.K + (unsigned long long)e);
@@ -233,17 +297,19 @@ __global__ void __launch_bounds__(256) sfa_union_plan_kernel(const __grid_consta
 
 // Launcher used by sfa_host.cu (p's union fields bound to the call's union workspace: the plan
 // writes the counts, lists, masks and packed keys the union kernels then read through p).
+// p->vl.tok set: the varlen form (key-side rows; no folded index check: first_bad must be NULL).
 extern "C" cudaError_t spattn_sfa_union_plan_launch(const sfa::Params *p, float min_density,
                                                     unsigned long long *first_bad, cudaStream_t st) {
     int *cnt = const_cast<int *>(p->ucnt), *lst = const_cast<int *>(p->ublk), *ukey = const_cast<int *>(p->ukey);
     unsigned long long *msk = const_cast<unsigned long long *>(p->umask);
-    const size_t nkw = (p->S2 + 63) / 64, smem = (p->ug + (ukey ? 1 : 0)) * nkw * 8 + (ukey ? nkw * 4 : 0);
+    const bool vl = p->vl.tok != nullptr;
+    const size_t nkw = ((vl ? p->vl.rows : p->S2) + 63) / 64, smem = (p->ug + (ukey ? 1 : 0)) * nkw * 8 + (ukey ? nkw * 4 : 0);
+    auto kern = vl ? sfa_union_plan_kernel<true> : sfa_union_plan_kernel<false>;
     if (smem > 48 * 1024) {
-        const cudaError_t e =
-            cudaFuncSetAttribute(sfa_union_plan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        const cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return e;
     }
     dim3 grid((unsigned)p->ungroups, (unsigned)(p->B * p->N2));
-    sfa_union_plan_kernel<<<grid, 256, smem, st>>>(*p, min_density, cnt, lst, ukey, msk, first_bad);
+    kern<<<grid, 256, smem, st>>>(*p, min_density, cnt, lst, ukey, msk, vl ? nullptr : first_bad);
     return cudaGetLastError();
 }

@@ -33,7 +33,8 @@
 //                                 the refusals above on the backward (both modes): same status and
 //                                 message as the CPU, outputs untouched; four of the cases again
 //                                 with sorted index rows forced and with the packed int32 retry
-//                                 forced both ways (test hooks of sfa_host.cu).
+//                                 forced both ways and with the union form off (test hooks of
+//                                 sfa_host.cu).
 //   sfa_varlen_cuda_check quick   a few small cases (for compute-sanitizer)
 //   sfa_varlen_cuda_check bwd     the backward part only (all cases)
 //   sfa_varlen_cuda_check selftest [quick|bwd]
@@ -1000,14 +1001,17 @@ int main(int argc, char **argv) {
     bc.push_back({"bwd_h128_sbs16_m0", 128, 1, 512, 64, 16, 16, 0, BF, 0, 0, {3, 5, 0}, {200, 17, 30}});
     for (size_t i = 0; i < bc.size(); i++) run_bwd_case(bc[i], 500 + i, !quick || i < 4 || i >= cases.size());
     // the Hopper backward's test hooks (sfa_host.cu): index rows sorted first (forced: no case here
-    // has the large accumulator that turns it on), and the packed int32 retry with the probe's F
-    // 12 bits too fine (every row overflows: F lowered, the pass repeated) or too coarse (F raised);
-    // packed, paged, shared pages, GQA; each against the CPU in both modes, the deterministic one
-    // bitwise repeatable
+    // has the large accumulator that turns it on), the packed int32 retry with the probe's F 12
+    // bits too fine (every row overflows: F lowered, the pass repeated) or too coarse (F raised),
+    // and the union form off (H <= 32 on the per-token kernel alone); packed, paged, shared pages,
+    // GQA; each against the CPU in both modes, the deterministic one bitwise repeatable
     if (!g_cpu_only) {
-        const char *hooks[3][2] = {{"SPATTN_SFA_BWD_SORT", "1"}, {"SPATTN_SFA_P32_SHIFT", "12"}, {"SPATTN_SFA_P32_SHIFT", "-12"}};
+        const char *hooks[4][2] = {{"SPATTN_SFA_BWD_SORT", "1"},
+                                   {"SPATTN_SFA_P32_SHIFT", "12"},
+                                   {"SPATTN_SFA_P32_SHIFT", "-12"},
+                                   {"SPATTN_SFA_BWD_UNION", "0"}};
         const size_t pick[4] = {cases.size() + 2, cases.size() + 3, 5, 4};  // one long, shared pages, GQA paged / packed
-        for (int h = 0; h < 3; h++) {
+        for (int h = 0; h < 4; h++) {
             setenv(hooks[h][0], hooks[h][1], 1);
             const int before = g_fail;
             for (int i = 0; i < (quick ? 2 : 4); i++) run_bwd_case(bc[pick[i]], 700 + 10 * h + i, true);
