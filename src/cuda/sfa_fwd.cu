@@ -31,6 +31,8 @@
 // each row keeps only the keys its token selected (per-token 64-bit masks instead of the valid
 // flags).  Where neighbouring tokens select much of the same keys (causal top-k over short
 // contexts), one block then serves 64 / H tokens: no per-token gather and no MMA row wasted.
+// With VL: groups of packed tokens of one sequence, blocks of key-side rows (sfa_union.cu's VL
+// plan); rows of tokens past cu_seqlens_q[B] are zero and not stored.
 // A group whose union leaves gaps comes compacted (Params::UCOMPACT): its blocks are the union's
 // keys themselves, 64 at a time, so fewer blocks cover the same selections.
 #include <math.h>
@@ -121,7 +123,9 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
 
     if (wg == 0) {  // ------------------------------------------------------------------ producer
         hop::setmaxnreg_dec<72>();
-        const sfa::Gather<T, VL> gat = VL ? sfa::Gather<T, VL>(p, n2, t, tk) : sfa::Gather<T, VL>(p, b, n2, t);
+        // UN + VL: the plan's keys are key-side rows already (first key row 0)
+        const sfa::Gather<T, VL> gat = VL ? sfa::Gather<T, VL>(p, n2, t, UN ? make_int4(tk.x, 0, tk.z, tk.w) : tk)
+                                          : sfa::Gather<T, VL>(p, b, n2, t);
         // pair 0 is gathered before the scan's answer (harmless when it is 0); UN: the count is known
         int np = UN ? (ucnt + 1) / 2 : 1;
         const int *ulst = UN ? p.ublk + ugi * p.ucap : nullptr;
@@ -143,8 +147,9 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
 #pragma unroll
                     for (int r = 0; r < 4; r++) {
                         const int j = gat.grp + 16 * r, a = kb0 * BK + j, bb = kb1 * BK + j;
-                        k0[r] = a < p.S2 ? a : -1;
-                        k1[r] = kb1 >= 0 && bb < p.S2 ? bb : -1;
+                        const int kend = VL ? p.vl.rows : p.S2;
+                        k0[r] = a < kend ? a : -1;
+                        k1[r] = kb1 >= 0 && bb < kend ? bb : -1;
                     }
                 }
             } else {
@@ -201,7 +206,7 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
     float m0 = -1e30f, m1 = -1e30f, l0 = 0.f, l1 = 0.f;
 
     if constexpr (UN) {
-        sfa::load_q_union<T>(sQ, p, b, s1, head0, t + c * 128, 256);  // rows of tokens past S1 are zero
+        sfa::load_q_union<T, VL>(sQ, p, b, s1, head0, t + c * 128, 256);  // rows of tokens past S1 are zero
     } else {
         sfa::load_q<T>(sQ, BH, p, qb, qrb, head0, nh, t + c * 128, 256);  // rows past nh are zero
         sfa::prescan_last(p, irow, si3, lim, t + c * 128, 256, s_last);
@@ -484,12 +489,13 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
 #pragma unroll 4
     for (int x = t; x < 64 * 32; x += 128) {
         const int row = x >> 5, ch = x & 31, tok = row >> rsh;
-        if (row < nh && s1 + tok < p.S1 && gate == ~0ull)
+        if (row < nh && (UN ? sfa::union_tok_ok<VL>(p, s1 + tok) : s1 + tok < p.S1) && gate == ~0ull)
             __stcs(reinterpret_cast<int4 *>(ob + (int64_t)tok * p.so[1] + (int64_t)(row & rmask) * p.so[2] + ch * 8),
                    *reinterpret_cast<const int4 *>(so + (ch >> 3) * BOX + hop::sw128(row, ch & 7)));  // streamed
     }
     const int tok0 = r0 >> rsh, tok1 = (r0 + 8) >> rsh;
-    const bool ok0 = r0 < nh && s1 + tok0 < p.S1, ok1 = r0 + 8 < nh && s1 + tok1 < p.S1;
+    const bool ok0 = r0 < nh && (UN ? sfa::union_tok_ok<VL>(p, s1 + tok0) : s1 + tok0 < p.S1);
+    const bool ok1 = r0 + 8 < nh && (UN ? sfa::union_tok_ok<VL>(p, s1 + tok1) : s1 + tok1 < p.S1);
     if (c == 0 && q4 == 0 && p.out_lse && gate == ~0ull) {
         float *lse = p.out_lse + b * p.slse[0] + (int64_t)s1 * p.slse[1] + (int64_t)head0 * p.slse[2];
         if (ok0)
@@ -523,8 +529,10 @@ extern "C" cudaError_t spattn_sfa_fast_fwd_launch(const sfa::Params *p, int is_b
     if (p->vl.tok) return is_bf16 ? launch<__nv_bfloat16, true>(*p, st) : launch<__half, true>(*p, st);
     return is_bf16 ? launch<__nv_bfloat16, false>(*p, st) : launch<__half, false>(*p, st);
 }
-// The union form (p->ucnt set by sfa_union.cu's plan, H = 4 .. 32); its groups of ucnt -1 are
+// The union form (p->ucnt set by sfa_union.cu's plan, H = 4 .. 32; p->vl.tok set: the varlen
+// form, groups of packed tokens of one sequence over key-side rows); its groups of ucnt -1 are
 // left to the gather kernels, launched after it.
 extern "C" cudaError_t spattn_sfa_union_fwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st) {
+    if (p->vl.tok) return is_bf16 ? launch<__nv_bfloat16, true, true>(*p, st) : launch<__half, true, true>(*p, st);
     return is_bf16 ? launch<__nv_bfloat16, false, true>(*p, st) : launch<__half, false, true>(*p, st);
 }

@@ -406,7 +406,7 @@ struct UnionCfg {
 // bwd: the backward's union form (sfa_bwd90.cu, UN): every group without a repeated key (with
 // packing where it saves blocks, its density is at least 1 / ug: a per-token 64-row tile's use
 // of its rows, and its adds are never more); SPATTN_SFA_BWD_UNION=0 turns it off (measurements).
-// key_rows / max_blocks (the varlen backward, vl_union_cfg): the key space's size instead of S2,
+// key_rows / max_blocks (the varlen calls, vl_union_cfg): the key space's size instead of S2,
 // and a cap on a group's blocks (a group over more is left to the per-token kernel).
 UnionCfg union_cfg(const spattn_sfa_problem *p, int shape, bool bwd = false, int64_t key_rows = -1,
                    int64_t max_blocks = -1) {
@@ -1680,12 +1680,23 @@ spattn_status vl_limits(const spattn_sfa_problem *p, const VlView &w, bool fast)
     return fast ? limits_ok(&w.p) : ref_grid_ok(&w.p);
 }
 
+// The union form over the packed tokens (sfa_union.cu, sfa_fwd.cu / sfa_bwd90.cu with VL): groups
+// of ug consecutive packed tokens of one sequence, blocks of 64 key-side rows.  Such a group
+// touches at most ceil(max_seqlen_kv / 64) + 1 blocks of rows (packed: the sequence's rows are
+// contiguous; paged: its compacted keys need no more): the cap, so a group past it (scattered
+// pages without compaction) goes to the per-token kernel instead of sizing every group's lists
+// for the whole key side.  shape: the forward's fwd_shape (the backward's is always the Mla one).
+UnionCfg vl_union_cfg(const spattn_sfa_problem *p, const VlView &w, bool bwd, int shape = sfa::SHAPE_MLA) {
+    const spattn_seqs *s = p->seqs;
+    return union_cfg(&w.p, shape, bwd, s->Tkv, (s->max_kv + 63) / 64 + 2);
+}
+
 size_t vl_workspace(const spattn_sfa_problem *p) {
     VlView w;
     vl_view(p, true, &w);
     size_t off[RB_N + 1];
     const size_t tb = align256((size_t)p->seqs->Tq * sizeof(int4));
-    return vl_fast(p, w) ? tb : tb + ref_parts(&w.p, 0, off);
+    return vl_fast(p, w) ? tb + vl_union_cfg(p, w, false, fwd_shape(&w.p)).bytes : tb + ref_parts(&w.p, 0, off);
 }
 
 // Simple-kernel results [Tq, N, D] / [Tq, N] (fp32, contiguous) into the caller's tensors,
@@ -1729,20 +1740,33 @@ spattn_status vl_fwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
     if (r != SPATTN_STATUS_SUCCESS) return r;
     size_t off[RB_N + 1];
     const size_t tb = align256((size_t)s->Tq * sizeof(int4));
+    const int shape = fast ? fwd_shape(&w.p) : -1;
+    const UnionCfg u = fast ? vl_union_cfg(p, w, false, shape) : UnionCfg{};
     cuda_scratch ws;
-    if ((r = ws.get(ex, fast ? tb : tb + ref_parts(&w.p, 0, off), "sfa cuda")) != SPATTN_STATUS_SUCCESS) return r;
+    if ((r = ws.get(ex, fast ? tb + u.bytes : tb + ref_parts(&w.p, 0, off), "sfa cuda")) != SPATTN_STATUS_SUCCESS) return r;
     int4 *tok = reinterpret_cast<int4 *>(ws.base);
     cudaStream_t st = ws.st;
     IdxCheck c;
     if ((r = vl_check_launch(p, st, tok, &c)) != SPATTN_STATUS_SUCCESS) return r;
-    if (fast) {  // checks, then the kernel gated on their verdict; the call waits for the checks only
+    if (fast) {  // checks, then the kernels gated on their verdict; the call waits for the checks only
         sfa::Params kp;
         fill_params(&w.p, &kp);
         kp.out_lse = p->lse ? (float *)p->lse->data : nullptr;
         kp.o = nullptr;
         kp.gate = c.d_bad;
         set_vl(&kp, tok, s);
-        const cudaError_t e = fwd_launch(&kp, fwd_shape(&w.p), p->dtype == SPATTN_DTYPE_BF16, st);
+        const int bf16 = p->dtype == SPATTN_DTYPE_BF16;
+        cudaError_t e = cudaSuccess;
+        // H = 4 .. 32 (Mla): the union plan over the packed tokens (it reads the pre-pass's token
+        // table and masks every value it reads, checked or not), the union kernel for its groups,
+        // then the per-token kernel for the others (one stream: the dense call's fork is not
+        // worth a second path here)
+        if (u.bytes) {
+            union_bind(u, ws.base + tb, &kp);
+            e = spattn_sfa_union_plan_launch(&kp, u.min_density, nullptr, st);
+            if (e == cudaSuccess) e = spattn_sfa_union_fwd_launch(&kp, bf16, st);
+        }
+        if (e == cudaSuccess) e = fwd_launch(&kp, shape, bf16, st);
         return vl_finish(p, st, &c, tok, e);
     }
     // simple kernels: the verdict first (they write fp32 scratch, converted afterwards)
@@ -1784,24 +1808,13 @@ int64_t vl_hist_bins(const spattn_sfa_problem *p) {
     return s->table ? s->num_pages * p->N2 : p->nblk * p->N2;
 }
 
-// The union form over the packed tokens (sfa_union.cu / sfa_bwd90.cu with VL): groups of ug
-// consecutive packed tokens, blocks of 64 key-side rows.  A group inside one sequence touches at
-// most ceil(max_seqlen_kv / 64) + 1 blocks of rows (packed: the sequence's rows are contiguous;
-// paged: its compacted keys need no more): the cap, so a group spanning sequences (or scattered
-// pages without compaction) past it goes to the per-token kernel instead of sizing every group's
-// lists for the whole key side.
-UnionCfg vl_union_cfg(const spattn_sfa_problem *p, const VlView &w) {
-    const spattn_seqs *s = p->seqs;
-    return union_cfg(&w.p, sfa::SHAPE_MLA, true, s->Tkv, (s->max_kv + 63) / 64 + 2);
-}
-
 size_t vl_bwd_parts(const spattn_sfa_problem *p, size_t off[6]) {
     const spattn_seqs *s = p->seqs;
     const int64_t rows = s->Tkv * p->N2;
     const size_t cells = (size_t)rows * sfa::DQK;
     VlView w;
     vl_view(p, true, &w);
-    const UnionCfg u = vl_union_cfg(p, w);
+    const UnionCfg u = vl_union_cfg(p, w, true);
     // sorted index rows (token-major only) when one sequence's accumulator rows (max_seqlen_kv of
     // them) exceed the threshold: the CTAs running together are mostly one sequence's tokens, so
     // that span, not the whole key side, is what has to stay in L2 (H200: sorting on the total
@@ -1867,7 +1880,7 @@ spattn_status vl_bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, co
     const spattn_seqs *s = p->seqs;
     size_t off[6];
     const size_t need = vl_bwd_parts(p, off);
-    const UnionCfg u = vl_union_cfg(p, w);
+    const UnionCfg u = vl_union_cfg(p, w, true);
     spattn_status r;
     cuda_scratch ws;
     if ((r = ws.get(ex, need, "sfa cuda")) != SPATTN_STATUS_SUCCESS) return r;

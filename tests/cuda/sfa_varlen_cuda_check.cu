@@ -11,7 +11,8 @@
 //                                   * against the CPU backend's varlen call on the same values in
 //                                     fp32 (eco criterion of sfa_cuda_check),
 //                                   * bitwise against one dense CUDA call per sequence (the same
-//                                     kernel sees the same keys),
+//                                     kernel sees the same keys; at 4-32 heads per key head both
+//                                     without the union form, whose groups differ),
 //                                   * rows past cu_seqlens_q[B] untouched;
 //                                 refused calls (bad index, index past the sequence's keys, bad
 //                                 page id, page twice in a row, table capacity, non-monotone /
@@ -499,8 +500,6 @@ static void run_case(const VCase &c, uint64_t seed) {
     check(ok_o, tag + ": O vs CPU (max err " + std::to_string(e1) + ")");
     check(ok_l, tag + ": LSE vs CPU (max err " + std::to_string(e2) + ")");
     check(rest_untouched(b, g), tag + ": rows past cu_seqlens_q[B] / O row padding written");
-    std::string why;
-    check(dense_matches(b, g, why), tag + ": not bitwise one dense call per sequence: " + why);
     // caller workspace of the queried size: same bits; one byte less: refused, nothing written
     size_t ws = 0;
     spattn_status sw = spattn_sfa_varlen_workspace_size(&g.q, c.Dr ? &g.qr : nullptr, &g.k, c.Dr ? &g.kr : nullptr,
@@ -522,6 +521,28 @@ static void run_case(const VCase &c, uint64_t seed) {
         reset_out(g);
         check(call_fwd(b, g, &o) == SPATTN_STATUS_WORKSPACE_TOO_SMALL && untouched(g),
               tag + ": workspace one byte short not refused cleanly");
+    }
+    // bitwise one dense call per sequence, with the per-token kernels on both sides where the
+    // union form could run (4-32 heads per key head, Mla shape): its groups differ between the
+    // packed call (windows of packed tokens, blocks of key-side rows) and a dense call (the
+    // sequence's own windows and keys), and so may the last bits; that form is checked against
+    // the CPU above
+    const int H = c.N1 / c.N2;
+    const bool un = c.D == 512 && c.Dr == 64 && !c.sep_v && c.dt != SPATTN_DTYPE_F32 && (H == 4 || H == 8 || H == 16 || H == 32) &&
+                    c.sbs <= 64;
+    const char *prev = getenv("SPATTN_SFA_UNION");
+    const std::string keep = prev ? prev : "";
+    // (the call again: the refused call above left the outputs poisoned)
+    if (un) setenv("SPATTN_SFA_UNION", "0", 1);
+    reset_out(g);
+    check(call_fwd(b, g) == SPATTN_STATUS_SUCCESS, tag + ": CUDA call for the dense comparison: " + spattn_last_error());
+    dev_sync();
+    std::string why;
+    const bool same = dense_matches(b, g, why);  // before the message is built: it holds why
+    check(same, tag + ": not bitwise one dense call per sequence: " + why);
+    if (un) {
+        if (prev) setenv("SPATTN_SFA_UNION", keep.c_str(), 1);
+        else unsetenv("SPATTN_SFA_UNION");
     }
 }
 
@@ -982,6 +1003,17 @@ int main(int argc, char **argv) {
     uint64_t seed = 1;
     if (!only_bwd) {
         for (const VCase &c : cases) run_case(c, seed++);
+        // the union forward (H = 4 .. 32, sfa_host.cu): every group without a repeated key taken
+        // (SPATTN_SFA_UNION=1, density ignored), and none (=0: the per-token kernel alone)
+        if (!g_cpu_only) {
+            for (const char *v : {"1", "0"}) {
+                setenv("SPATTN_SFA_UNION", v, 1);
+                const int before = g_fail;
+                for (int i : {0, 3, 4}) run_case(cases[i], 800 + i);
+                printf("  hook SPATTN_SFA_UNION=%s (forward): %s\n", v, g_fail == before ? "ok" : "FAILED");
+            }
+            unsetenv("SPATTN_SFA_UNION");
+        }
         // refusals on a packed and a paged batch (both kernels)
         refusals(cases[0], 100, expect_mut);
         refusals(cases[1], 101, expect_mut);
