@@ -36,7 +36,7 @@
  *     heads per key head with D 512 + 64 and shared kv, the grouped form: groups of 64 / H
  *     consecutive tokens run over the union of their selections, so a non-finite q of a token can
  *     make dK of every key of its group's union NaN, a non-finite k row the O and dQ of every
- *     token of the groups whose union holds it; in spattn_sfa_bwd_varlen the groups are
+ *     token of the groups whose union holds it; in the _varlen calls the groups are
  *     consecutive packed tokens of one sequence, never crossing sequences).  Such a value
  *     only adds NaN, it never turns a result into a plausible finite number; the CPU backend
  *     has no exception.
@@ -480,10 +480,14 @@ SPATTN_API spattn_status spattn_sfa_workspace_size(const spattn_tensor *q, const
  * and LSE for shapes without a Hopper kernel; CUDA backward: 16 bytes per query token plus
  * 5 x 576 + 24 bytes per key-side row and key head (packed rows, or num_pages * page_size page
  * rows), plus, when max_seqlen_kv such rows exceed 48 MiB, 4 K bytes per query token and key
- * head for the index rows sorted; shapes of the simple kernels: fp32 dq / dk / dv scratch plus 9 bytes per
- * dk / dk_rope / dv element and key-side row, and a count histogram).  CUDA: the Hopper kernels
- * for fp16/bf16, D 512, Dr 64, shared key/value, pages page_size rows apart (the backward
- * token-major), and in the forward also the other Hopper shapes of spattn_sfa_fwd; other shapes
+ * head for the index rows sorted; shapes of the simple kernels: fp32 dq / dk / dv scratch plus 9
+ * bytes per dk / dk_rope / dv element and key-side row, and a count histogram; both passes at 4,
+ * 8, 16 or 32 query heads per key head add the grouped form's lists: per group of 64 / H packed
+ * tokens and key head, 4 bytes plus up to ceil(max_seqlen_kv / 64) + 2 blocks of 4 + 8 x 64 / H
+ * + 256 bytes).  CUDA: the Hopper kernels for fp16/bf16, D 512, Dr 64, shared key/value, pages
+ * page_size rows apart (at 4, 8, 16 or 32 query heads per key head the grouped form of
+ * spattn_sfa_fwd / spattn_sfa_bwd over each sequence's tokens, else per token), and in the
+ * forward also the other Hopper shapes of spattn_sfa_fwd; other shapes
  * on the simple kernels (fp32 arithmetic on CUDA cores: correct, not fast).  The CUDA backward is
  * bitwise reproducible with deterministic = 1 on both (fixed-point dK / dV: packed int32 with
  * exact bounds on the Hopper kernel, as spattn_sfa_bwd's token-major form; int64 on the simple
