@@ -35,7 +35,8 @@
 //                                 message as the CPU, outputs untouched; four of the cases again
 //                                 with sorted index rows forced and with the packed int32 retry
 //                                 forced both ways and with the union form off (test hooks of
-//                                 sfa_host.cu).
+//                                 sfa_host.cu); a NaN in one sequence's q next to another
+//                                 sequence in the packed tokens: the other's outputs stay finite.
 //   sfa_varlen_cuda_check quick   a few small cases (for compute-sanitizer)
 //   sfa_varlen_cuda_check bwd     the backward part only (all cases)
 //   sfa_varlen_cuda_check selftest [quick|bwd]
@@ -931,6 +932,56 @@ static void expect_mut_bwd(const VCase &c, uint64_t seed, const char *what, bool
     }
 }
 
+// The union form never groups two sequences' tokens (sfa_union.cu, spattn.h): a NaN in q of
+// sequence 0's last token, whose window of 64 / H packed tokens also holds sequence 1's first,
+// must leave every output of sequence 1 finite (through a union over both, 0 * NaN would reach
+// the dK rows and O of sequence 1's keys and tokens).  Forward O / LSE and the backward in both
+// modes; sequence 0's own results may be NaN.
+static void nan_isolation() {
+    VCase c{"nan_isolation_h16", 16, 1, 512, 64, 32, 1, 3, SPATTN_DTYPE_BF16, 0, 0, {3, 9}, {40, 60}};
+    Batch b = make_batch(c, 901);
+    const int tn = b.cu_q[0] + 2;  // packed token 2: window 0 is tokens 0-3 (ug 4)
+    b.q[((size_t)tn * c.N1 + 5) * b.DQ + 7] = nanf("");
+    Side h, g;
+    build_side(b, false, h);
+    build_side(b, true, g);
+    spattn_options cpu;
+    spattn_options_init(&cpu);
+    cpu.backend = SPATTN_BACKEND_CPU;
+    const std::string tag = tag_of(c);
+    auto finite = [](const std::vector<float> &x, size_t from, size_t to) {
+        for (size_t i = from; i < to; i++)
+            if (!std::isfinite(x[i])) return false;
+        return true;
+    };
+    const size_t q1 = b.cu_q[1], q2 = b.cu_q[2], k1 = b.cu_kv[1], k2 = b.cu_kv[2];
+    check(call_fwd(b, g) == SPATTN_STATUS_SUCCESS, tag + ": CUDA forward: " + spattn_last_error());
+    dev_sync();
+    std::vector<float> og, lg;
+    read_out(b, g, og, lg);
+    check(finite(og, q1 * c.N1 * c.D, q2 * c.N1 * c.D) && finite(lg, q1 * c.N1, q2 * c.N1),
+          tag + ": a NaN of sequence 0 reached sequence 1's O / LSE");
+    if (call_fwd(b, h, &cpu) != SPATTN_STATUS_SUCCESS) {
+        check(false, tag + ": CPU forward: " + spattn_last_error());
+        return;
+    }
+    const BIn in = make_bin(b, h, 902);
+    BOut bg;
+    build_bout(b, in, true, bg);
+    for (int det = 1; det >= 0; det--) {
+        spattn_options o;
+        spattn_options_init(&o);
+        o.deterministic = det;
+        bout_reset(bg);
+        check(call_bwd(b, g, bg, &o) == SPATTN_STATUS_SUCCESS, tag + ": CUDA backward: " + spattn_last_error());
+        dev_sync();
+        const BGrad gr = read_grad(b, bg);
+        const std::string m = tag + (det ? " det" : " fast") + ": a NaN of sequence 0 reached sequence 1's ";
+        check(finite(gr.dq, q1 * c.N1 * c.D, q2 * c.N1 * c.D) && finite(gr.dqr, q1 * c.N1 * c.Dr, q2 * c.N1 * c.Dr), m + "dq");
+        check(finite(gr.dk, k1 * c.N2 * c.D, k2 * c.N2 * c.D) && finite(gr.dkr, k1 * c.N2 * c.Dr, k2 * c.N2 * c.Dr), m + "dk");
+    }
+}
+
 static std::vector<int> rand_lens(Rng &r, int B, int maxlen) {
     std::vector<int> v(B);
     for (auto &x : v) {
@@ -1051,6 +1102,7 @@ int main(int argc, char **argv) {
             unsetenv(hooks[h][0]);
         }
     }
+    nan_isolation();
     refusals(cases[0], 600, expect_mut_bwd);
     refusals(cases[1], 601, expect_mut_bwd);
     if (!quick) refusals(cases[3], 602, expect_mut_bwd);
