@@ -798,6 +798,13 @@ cudaError_t bwd_packed(int64_t rows, sfa::Params *kp, unsigned char *ws, unsigne
     return e;
 }
 
+// One pass of the token-major backward (dense or varlen, q's form): the union kernel for the groups
+// its plan took (un: the call has a plan), then the per-token kernel for the other tokens.
+cudaError_t bwd_kernels(const sfa::Params *q, bool un, int bf16, cudaStream_t st) {
+    const cudaError_t e = un ? spattn_sfa_union_bwd_launch(q, bf16, st) : cudaSuccess;
+    return e == cudaSuccess ? spattn_sfa_bwd90_launch(q, bf16, st) : e;
+}
+
 template <typename T>
 spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::Params *kp) {
     cudaStream_t st = (cudaStream_t)ex->stream;
@@ -878,10 +885,7 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
             } else if (sortb) {
                 e = sort_idx(p, kp, (int32_t *)sw, st);
             }
-            auto pass = [&](const sfa::Params *q) {
-                cudaError_t r = u.bytes ? spattn_sfa_union_bwd_launch(q, bf16, st) : cudaSuccess;
-                return r == cudaSuccess ? spattn_sfa_bwd90_launch(q, bf16, st) : r;
-            };
+            auto pass = [&](const sfa::Params *q) { return bwd_kernels(q, u.bytes != 0, bf16, st); };
             if (e == cudaSuccess) {
                 if (det) {
                     const int64_t ctas = (u.bytes ? kp->ungroups : 0) + (int64_t)p->S1 * ((p->N1 / p->N2 + 63) / 64);
@@ -1787,17 +1791,17 @@ spattn_status vl_fwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
 // The checks and the pre-pass of the forward, then the verdict (one synchronisation) BEFORE any
 // write: the backward writes dq from its kernel and dk / dk_rope from the conversion, so the
 // layout is settled first instead of gating every writer.  Then the dense backward's steps on the
-// views (B = 1, S1 = Tq): zeroed accumulator, the fixed-point scale (deterministic), the
-// token-major kernel sfa_bwd90.cu in its VL form (always: the key-major sfa_bwd_small.cu is dense
-// only; at H <= 32 the 64-row MMA tiles have zero rows past H), deterministic in packed int32 as
-// the dense calls (bwd_packed), over sorted index rows when the accumulator is large (sort_bytes),
-// the accumulator into dk / dk_rope.
+// views (B = 1, S1 = Tq): zeroed accumulator; at H = 4 .. 32 the union form (vl_union_cfg: plan,
+// union kernel) and the token-major kernel sfa_bwd90.cu in its VL form for the other tokens (the
+// key-major sfa_bwd_small.cu is dense only), else the token-major kernel alone, over sorted index
+// rows when a sequence's span is large (sort_bytes); deterministic in packed int32 as the dense
+// calls (bwd_packed); the accumulator into dk / dk_rope.
 // The accumulator has one row per key-side row (packed [Tkv, N2, 576], or the page rows
 // [num_pages * page_size, N2, 576]): rows past cu_seqlens_kv[B], page rows no sequence uses and
 // keys never selected get 0, a page shared by several sequences the sum of their contributions
 // (integer adds in deterministic mode: bitwise reproducible whatever the order).
 // Workspace: [tok Tq x 16][acc: rows N2 576 x 4 (fp32, or packed int32 and bwd_packed's bounds
-// [3][rows N2] x 8)][stats 256][flags rows N2 576 x 1][sorted index rows, sort_bytes].
+// [3][rows N2] x 8)][stats 256][flags rows N2 576 x 1][sorted index rows, sort_bytes][union form].
 
 // Bins of the count histogram the fixed-point bound needs (the largest number of index entries
 // that can reach one accumulator row): packed keys: (n2, sequence-local block), merged over the
@@ -1808,20 +1812,19 @@ int64_t vl_hist_bins(const spattn_sfa_problem *p) {
     return s->table ? s->num_pages * p->N2 : p->nblk * p->N2;
 }
 
-size_t vl_bwd_parts(const spattn_sfa_problem *p, size_t off[6]) {
+// w: the fast views (vl_view(.., true)); *u: the call's union form (bytes 0: none).
+size_t vl_bwd_parts(const spattn_sfa_problem *p, const VlView &w, size_t off[6], UnionCfg *u) {
     const spattn_seqs *s = p->seqs;
     const int64_t rows = s->Tkv * p->N2;
     const size_t cells = (size_t)rows * sfa::DQK;
-    VlView w;
-    vl_view(p, true, &w);
-    const UnionCfg u = vl_union_cfg(p, w, true);
+    *u = vl_union_cfg(p, w, true);
     // sorted index rows (token-major only) when one sequence's accumulator rows (max_seqlen_kv of
     // them) exceed the threshold: the CTAs running together are mostly one sequence's tokens, so
     // that span, not the whole key side, is what has to stay in L2 (H200: sorting on the total
     // showed no gain on sfav07, 32 sequences in a 75 MB accumulator)
     const int64_t span = (s->max_kv < s->Tkv ? s->max_kv : s->Tkv) * p->N2;
     const size_t sz[6] = {(size_t)s->Tq * sizeof(int4), cells * 4 + (size_t)rows * 24, 256, cells,
-                          u.bytes ? 0 : sort_bytes(&w.p, span), u.bytes};
+                          u->bytes ? 0 : sort_bytes(&w.p, span), u->bytes};
     size_t t = 0;
     for (int i = 0; i < 6; i++) {
         off[i] = t;
@@ -1844,7 +1847,8 @@ size_t vl_bwd_workspace(const spattn_sfa_problem *p) {
     VlView w;
     vl_view(p, true, &w);
     size_t off[RB_N + 1];
-    if (vl_fast(p, w, 1)) return vl_bwd_parts(p, off);
+    UnionCfg u;
+    if (vl_fast(p, w, 1)) return vl_bwd_parts(p, w, off, &u);
     vl_view(p, false, &w);
     return vl_ref_bwd_parts(p, w, off);
 }
@@ -1879,8 +1883,8 @@ template <typename T>
 spattn_status vl_bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, const VlView &w) {
     const spattn_seqs *s = p->seqs;
     size_t off[6];
-    const size_t need = vl_bwd_parts(p, off);
-    const UnionCfg u = vl_union_cfg(p, w, true);
+    UnionCfg u;
+    const size_t need = vl_bwd_parts(p, w, off, &u);
     spattn_status r;
     cuda_scratch ws;
     if ((r = ws.get(ex, need, "sfa cuda")) != SPATTN_STATUS_SUCCESS) return r;
@@ -1910,10 +1914,7 @@ spattn_status vl_bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, co
         e = sort_idx(&w.p, &kp, reinterpret_cast<int32_t *>(ws.base + off[4]), st);
     }
     const int bf16 = p->dtype == SPATTN_DTYPE_BF16;
-    auto pass = [&](const sfa::Params *q) {
-        cudaError_t r2 = u.bytes ? spattn_sfa_union_bwd_launch(q, bf16, st) : cudaSuccess;
-        return r2 == cudaSuccess ? spattn_sfa_bwd90_launch(q, bf16, st) : r2;
-    };
+    auto pass = [&](const sfa::Params *q) { return bwd_kernels(q, u.bytes != 0, bf16, st); };
     if (e == cudaSuccess) {
         if (det) {
             kp.acc_flags = (uint32_t *)flags;

@@ -122,6 +122,14 @@ struct Batch {
     int krows;                      // rows of k: Tkv or num_pages * page
 };
 
+// The options of the golden side's calls: the CPU backend, defaults otherwise.
+static spattn_options cpu_options() {
+    spattn_options o;
+    spattn_options_init(&o);
+    o.backend = SPATTN_BACKEND_CPU;
+    return o;
+}
+
 static Batch make_batch(const VCase &c, uint64_t seed) {
     Rng r(seed);
     Batch b;
@@ -484,9 +492,7 @@ static void run_case(const VCase &c, uint64_t seed) {
     Side h, g;
     build_side(b, false, h);
     build_side(b, true, g);
-    spattn_options cpu;
-    spattn_options_init(&cpu);
-    cpu.backend = SPATTN_BACKEND_CPU;
+    const spattn_options cpu = cpu_options();
     spattn_status sh = call_fwd(b, h, &cpu);
     check(sh == SPATTN_STATUS_SUCCESS, tag + ": CPU golden: " + spattn_last_error());
     spattn_status sg = call_fwd(b, g);
@@ -556,9 +562,7 @@ static void expect_mut(const VCase &c, uint64_t seed, const char *what, bool exp
     Side h, g;
     build_side(b, false, h);
     build_side(b, true, g);
-    spattn_options cpu;
-    spattn_options_init(&cpu);
-    cpu.backend = SPATTN_BACKEND_CPU;
+    const spattn_options cpu = cpu_options();
     const spattn_status sh = call_fwd(b, h, &cpu);
     const std::string mh = spattn_last_error();
     const spattn_status sg = call_fwd(b, g);
@@ -829,9 +833,7 @@ static void run_bwd_case(const VCase &c, uint64_t seed, bool repeat) {
     Side h, g;
     build_side(b, false, h);
     build_side(b, true, g);
-    spattn_options cpu;
-    spattn_options_init(&cpu);
-    cpu.backend = SPATTN_BACKEND_CPU;
+    const spattn_options cpu = cpu_options();
     if (call_fwd(b, h, &cpu) != SPATTN_STATUS_SUCCESS) {
         check(false, tag + ": CPU forward: " + spattn_last_error());
         return;
@@ -906,9 +908,7 @@ static void expect_mut_bwd(const VCase &c, uint64_t seed, const char *what, bool
     BOut bh, bg;
     build_bout(b, in, false, bh);
     build_bout(b, in, true, bg);
-    spattn_options cpu;
-    spattn_options_init(&cpu);
-    cpu.backend = SPATTN_BACKEND_CPU;
+    const spattn_options cpu = cpu_options();
     const spattn_status sh = call_bwd(b, h, bh, &cpu);
     const std::string mh = spattn_last_error();
     for (int det = 1; det >= 0; det--) {
@@ -945,9 +945,7 @@ static void nan_isolation() {
     Side h, g;
     build_side(b, false, h);
     build_side(b, true, g);
-    spattn_options cpu;
-    spattn_options_init(&cpu);
-    cpu.backend = SPATTN_BACKEND_CPU;
+    const spattn_options cpu = cpu_options();
     const std::string tag = tag_of(c);
     auto finite = [](const std::vector<float> &x, size_t from, size_t to) {
         for (size_t i = from; i < to; i++)
