@@ -21,7 +21,10 @@
 //        reproducible; sfa_adds.cuh add_box_p32);
 //        deterministic = 0: fp32 red.global.add.v4 (one 16-byte add per lane pair and row).
 //      The key buffer is released (to the producer's next gather) once both warpgroups' dQ GEMMs
-//      have read it, so the next gather overlaps step 4.
+//      have read it, so the next gather overlaps step 4.  Each warpgroup issues its first box's
+//      GEMM before its dQ GEMM and that box's adds while dQ runs: adds overlap only tensor work
+//      already queued (sfa runbook, "The adds taken apart": 0.97x the time with fp32 adds, 0.98x
+//      deterministic, H200).
 // Shared memory: Q 72 KB + dO 64 KB + one key block 72 KB + P, dS 16 KB = 224 KB: one key buffer
 // (a second does not fit next to resident Q and dO).
 // VL = true: the packed variable-length / paged form (sfa::Varlen, spattn_sfa_bwd_varlen; as
@@ -196,21 +199,10 @@ __device__ __forceinline__ void consume(const Params &p, const Smem &s, int nblk
         hop::mbar_arrive(s.pr);
         hop::mbar_wait(s.pr, ph);
 
-        // ---- 3. dQ += dS K (4 k-steps of 16 keys)
-        hop::wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
-            const uint64_t a = mnmaj(dsmn, kk);
-            hop::elt<T>::template ss256<1, 1>(dq, a, mnmaj(boxd(s.k, QB), kk), 1);
-            if constexpr (C == 1) hop::elt<T>::template ss64<1, 1>(dqr, a, mnmaj(boxd(s.k, 8), kk), 1);
-        }
-        hop::wgmma_commit();
-
         const int ka = key[r0], kb = key[r0 + 8];
-        // ---- 4. dKV boxes: dS^T Q (+ P^T dO on the value columns).  The first box's GEMM is
-        // queued behind dQ, so the key buffer is released as soon as dQ has read it.
-        // one straight-line group per kind of box, chosen at compile time (the P^T dO steps under
-        // a run-time condition made ptxas add an empty m64n8 wgmma to every box)
+        // ---- 4. dKV boxes: dS^T Q (+ P^T dO on the value columns), one 64-key x 64-column box at
+        // a time; one straight-line group per kind of box, chosen at compile time (the P^T dO steps
+        // under a run-time condition made ptxas add an empty m64n8 wgmma to every box)
         auto dkv = [&](float (&acc)[32], int box, auto value_box) {
             hop::wgmma_fence();
 #pragma unroll
@@ -223,23 +215,42 @@ __device__ __forceinline__ void consume(const Params &p, const Smem &s, int nblk
             }
             hop::wgmma_commit();
         };
-        // a loop, not unrolled: 9 unrolled copies of the GEMM and add code overflowed the
-        // instruction cache (ncu on sfa07); the adds branch once per box on the mode
         float bma = 0.f, bmb = 0.f;  // packed int32: rows ka / kb's max |v| over the boxes
+        auto add = [&](const float (&acc)[32], int box) {
+            if (det) sfa::add_box_p32(p, acc, ka, kb, lane, base, box * 64, fs, bma, bmb);
+            else sfa::add_box<0>(p, acc, ka, kb, lane, base, box * 64, fs);
+        };
+        {
+            // the first box's GEMM, then 3. dQ += dS K (4 k-steps of 16 keys): the first box's adds
+            // are issued while the tensor pipe runs dQ (adds overlap only queued tensor work;
+            // runbook, "The adds taken apart"), and the key buffer is released once dQ is done
+            float acc[32];
+            dkv(acc, QB, std::true_type{});
+            hop::wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                const uint64_t a = mnmaj(dsmn, kk);
+                hop::elt<T>::template ss256<1, 1>(dq, a, mnmaj(boxd(s.k, QB), kk), 1);
+                if constexpr (C == 1) hop::elt<T>::template ss64<1, 1>(dqr, a, mnmaj(boxd(s.k, 8), kk), 1);
+            }
+            hop::wgmma_commit();
+            hop::wgmma_wait<1>();
+            hop::reg_fence(acc);
+            add(acc, QB);
+            hop::wgmma_wait<0>();  // dQ has read the key buffer
+            hop::mbar_arrive(s.fre);
+        }
+        // the other boxes: a loop, not unrolled (9 unrolled copies of the GEMM and add code
+        // overflowed the instruction cache, ncu on sfa07); the adds branch once per box on the mode
 #pragma unroll 1
-        for (int i = 0; i < (C == 0 ? 5 : 4); i++) {
+        for (int i = 1; i < (C == 0 ? 5 : 4); i++) {
             const int box = C == 0 ? (i < 4 ? i : 8) : 4 + i;
             float acc[32];
             if (box < 8) dkv(acc, box, std::true_type{});
             else dkv(acc, 8, std::false_type{});  // the rope columns: no value part
-            if (i == 0) {
-                hop::wgmma_wait<1>();  // dQ has read the key buffer
-                hop::mbar_arrive(s.fre);
-            }
             hop::wgmma_wait<0>();
             hop::reg_fence(acc);
-            if (det) sfa::add_box_p32(p, acc, ka, kb, lane, base, box * 64, fs, bma, bmb);
-            else sfa::add_box<0>(p, acc, ka, kb, lane, base, box * 64, fs);
+            add(acc, box);
         }
         if (det) sfa::add_row_bound(p, ka, kb, lane, base, fs, bma, bmb);
         hop::reg_fence(dq);
