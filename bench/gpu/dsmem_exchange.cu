@@ -13,20 +13,14 @@
 // `empty[s]`.  Variants: no exchange (the work alone), exchange after the work, and "early"
 // (the values sent first, the work done while they travel, then the wait: the pipelining the
 // kernel would need).  Time per iteration from CUDA events over the grid (one CTA per SM, 66
-// clusters on an H200's 132 SMs), median of 5 after a warm-up.
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <algorithm>
-#include <vector>
-
-#include <cuda_runtime.h>
+// clusters on an H200's 132 SMs), median of 10 after a warm-up (roofline.cuh).
+#include "hopper/hopper.cuh"
+#include "roofline.cuh"
 
 constexpr int NT = 256;                           // two consumer warpgroups
 constexpr int SLOT = NT * 32 * 4;                 // 32 KB: partial S and dP of a block
 constexpr int SMEM = 2 * SLOT + 64 + 160 * 1024;  // + padding: one CTA per SM
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ uint32_t mapa(uint32_t a, uint32_t rank) {
     uint32_t r;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(rank));
@@ -40,16 +34,13 @@ __device__ __forceinline__ uint32_t cluster_rank() {
 __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
-__device__ __forceinline__ void mbar_init(uint64_t *b, uint32_t n) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(b)), "r"(n) : "memory");
-}
 __device__ __forceinline__ void remote_arrive(uint32_t cluster_addr) {
     asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_addr) : "memory");
 }
 __device__ __forceinline__ void wait_cluster(uint64_t *b, uint32_t parity) {
     asm volatile(
         "{\n .reg .pred p;\n W: mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n @!p bra W;\n}\n" ::"r"(
-            smem_u32(b)),
+            hop::smem_u32(b)),
         "r"(parity)
         : "memory");
 }
@@ -68,8 +59,8 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(NT, 1) xchg_kernel(i
     const uint32_t peer = cluster_rank() ^ 1;
     if (t == 0) {
         for (int s = 0; s < 2; s++) {
-            mbar_init(full + s, NT);
-            mbar_init(empty + s, NT);
+            hop::mbar_init(full + s, NT);
+            hop::mbar_init(empty + s, NT);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -77,7 +68,7 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(NT, 1) xchg_kernel(i
     float v[32];
 #pragma unroll
     for (int i = 0; i < 32; i++) v[i] = (t * 32 + i) * 1e-6f;
-    const uint32_t pslot = mapa(smem_u32(slot), peer), pfull = mapa(smem_u32(full), peer), pempty = mapa(smem_u32(empty), peer);
+    const uint32_t pslot = mapa(hop::smem_u32(slot), peer), pfull = mapa(hop::smem_u32(full), peer), pempty = mapa(hop::smem_u32(empty), peer);
     auto send = [&](int s) {
         const uint32_t base = pslot + s * SLOT + t * 16;  // 16-byte groups of 4 values, thread-interleaved
 #pragma unroll
@@ -127,46 +118,30 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(NT, 1) xchg_kernel(i
     cluster_sync();                      // no CTA leaves while its partner may still arrive on it
 }
 
-template <int MODE> static float run(int iters, int work, int grid, float *sink) {
-    cudaFuncSetAttribute(xchg_kernel<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
-    cudaEvent_t a, b;
-    cudaEventCreate(&a);
-    cudaEventCreate(&b);
-    std::vector<float> ms;
-    for (int r = 0; r < 6; r++) {
-        cudaEventRecord(a);
-        xchg_kernel<MODE><<<grid, NT, SMEM>>>(iters, work, sink);
-        cudaEventRecord(b);
-        cudaEventSynchronize(b);
-        float x = 0.f;
-        cudaEventElapsedTime(&x, a, b);
-        if (r) ms.push_back(x);
-    }
-    const cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) {
-        fprintf(stderr, "CUDA error: %s\n", cudaGetErrorString(e));
-        exit(1);
-    }
-    std::sort(ms.begin(), ms.end());
-    return ms[ms.size() / 2];
+template <int MODE> static float run(void *flush, int iters, int work, int grid, float *sink) {
+    CK(cudaFuncSetAttribute(xchg_kernel<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
+    return median_ms(flush, [](int) {}, [&] { xchg_kernel<MODE><<<grid, NT, SMEM>>>(iters, work, sink); });
 }
 
 int main(int argc, char **argv) {
     const int iters = argc > 1 ? atoi(argv[1]) : 2000;
     int sms = 0;
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     const int grid = sms / 2 * 2;
     float *sink;
-    cudaMalloc(&sink, NT * sizeof(float));
+    void *flush;
+    CK(cudaMalloc(&sink, NT * sizeof(float)));
+    CK(cudaMalloc(&flush, kFlushBytes));
     printf("grid %d CTAs (clusters of 2), %d threads, %d iterations, 32 KB sent per CTA and iteration\n", grid, NT, iters);
     printf("%6s %14s %14s %14s %12s %12s\n", "work", "work only us", "+exchange us", "early send us", "exch cost", "early cost");
     for (int work : {0, 8, 32, 64, 128, 256}) {
-        const float m0 = run<0>(iters, work, grid, sink), m1 = run<1>(iters, work, grid, sink), m2 = run<2>(iters, work, grid, sink);
-        const float u0 = m0 * 1e3f / iters, u1 = m1 * 1e3f / iters, u2 = m2 * 1e3f / iters;
+        const float u0 = run<0>(flush, iters, work, grid, sink) * 1e3f / iters;
+        const float u1 = run<1>(flush, iters, work, grid, sink) * 1e3f / iters;
+        const float u2 = run<2>(flush, iters, work, grid, sink) * 1e3f / iters;
         printf("%6d %14.3f %14.3f %14.3f %12.3f %12.3f\n", work, u0, u1, u2, u1 - u0, u2 - u0);
+        if (work == 0) printf("       (32 KB each way in %.3f us: %.1f GB/s per SM)\n", u1, 32768.f / (u1 * 1e3f));
     }
-    printf("(us per iteration; 32 KB in %.3f us at the W = 0 rate = %.1f GB/s per SM each way)\n",
-           run<1>(iters, 0, grid, sink) * 1e3f / iters, 32768.f / (run<1>(iters, 0, grid, sink) * 1e6f / iters));
-    cudaFree(sink);
+    CK(cudaFree(sink));
+    CK(cudaFree(flush));
     return 0;
 }
