@@ -15,13 +15,13 @@ if [ "${CHECK:-1}" = 1 ]; then
   IFS=';' read -ra checks <<< "${CHECKS:-bsa_cuda_check;bsa_varlen_cuda_check quick}"
   for c in "${checks[@]}"; do
     read -ra cmd <<< "$c"
-    timeout 300 "build-$B/${cmd[0]}" "${cmd[@]:1}" > "$OUT/${cmd[0]}.log" 2>&1
+    timeout ${CHECK_TIMEOUT:-300} "build-$B/${cmd[0]}" "${cmd[@]:1}" > "$OUT/${cmd[0]}.log" 2>&1
     echo "$c: rc=$? $(tail -1 "$OUT/${cmd[0]}.log")" >> "$S"
   done
 fi
 sel=(); [ -n "${CASE:-}" ] && sel=(--case "$CASE")
 for r in $(seq 1 "${ROUNDS:-2}"); do for v in "$A" "$B"; do for d in ${DETS:-1 0}; do
-  timeout 200 "build-$v/tools/spattn" bench --backend cuda --suite "${SUITE:-bsa}" --pass "${PASS:-bwd}" "${sel[@]}" \
+  timeout ${BENCH_TIMEOUT:-200} "build-$v/tools/spattn" bench --backend cuda --suite "${SUITE:-bsa}" --pass "${PASS:-bwd}" "${sel[@]}" \
     --deterministic "$d" --quiet --json "$OUT/${v}_r${r}_d${d}.json" > /dev/null 2>&1 || echo "bench $v round $r det $d failed" >> "$S"
 done; done; done
 python3 bench/gpu/ab_ratios.py "$OUT" "$A" "$B" >> "$S"

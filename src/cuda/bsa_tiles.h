@@ -87,5 +87,10 @@ BSA_HD long long bsa_bwd90_split_slots(long long G, long long nqt, long long key
 BSA_HD long long bsa_bwd90_kvbuf_bytes(long long G, long long nqt, long long key_rows, int dp) {
     return bsa_bwd90_split_slots(G, nqt, key_rows, dp) * 2 * 128 * dp * 4;
 }
+// The backward's semaphore area in bytes (zeroed by the Delta kernel): per dQ accumulator tile
+// its order / claim semaphore, per key tile a split row's chunk counter and its slot (bsa_bwd.cu).
+BSA_HD long long bsa_bwd90_sem_bytes(long long acc_tiles, long long key_rows) {
+    return (acc_tiles + 2 * key_rows) * 4;
+}
 
 #endif

@@ -154,6 +154,9 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t *b, uint32_t bytes) {
 // Orders this thread's generic-proxy shared-memory writes (st.shared) before later async-proxy
 // reads (wgmma operands, TMA stores) once a barrier has been passed.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// the same for global memory: this thread's completed bulk-async writes before its later generic
+// accesses (e.g. a release that publishes them to generic readers)
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 // One arrival on `b` once all of this thread's earlier cp.async copies have landed (the barrier's
 // expected count includes it: .noinc).
 __device__ __forceinline__ void cp_async_arrive_noinc(uint64_t *b) {
