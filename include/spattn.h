@@ -171,9 +171,9 @@ typedef struct spattn_options {
     int32_t deterministic;    /* 1 (default): bitwise reproducible.  0 allows faster kernels
                                  whose floating-point summation order may vary (CUDA only):
                                  the bsa backward then adds dQ tiles in arrival order instead
-                                 of key-tile order (H200, public suite, 2026-12-03: 1.0x-1.35x
-                                 faster, geomean 1.09x); the sfa backward adds dK / dV in fp32
-                                 instead of int64 fixed point.
+                                 of key-tile order (H200, public suite, 2026-12-04: 0.98x-1.38x
+                                 the speed, geomean 1.06x); the sfa backward adds dK / dV in
+                                 fp32 instead of fixed point (packed int32 or int64).
                                  Other values: SPATTN_STATUS_BAD_OPTIONS. */
     int32_t reserved[7];      /* zero (else SPATTN_STATUS_BAD_OPTIONS) */
 } spattn_options;

@@ -9,14 +9,16 @@
 //     griddepcontrol.wait), the dQ postprocess as this kernel's;
 //   - warpgroup 0: warp 0 = producer (lane 0: TMA of K, V once, then Q and dO tiles into a
 //     2-stage ring on mbarriers; the warp stages LSE2 / Delta of each query tile in shared
-//     memory), warp 1 = dQ writer (see below); warpgroups 1 and 2 = consumers, 64 keys each;
+//     memory), warps 1 and 2 = dQ writers (even / odd steps, see below); warpgroups 1 and 2 =
+//     consumers, 64 keys each;
 //   - keys are the MMA rows: S^T = K Q^T and dP^T = V dO^T (both operands in shared memory),
 //     P^T = exp2(S^T * scale_log2 - LSE2), dS^T = P^T (dP^T - Delta), then dV += P^T dO and
 //     dK += dS^T Q with P^T / dS^T from registers;
 //   - dS is also written to shared memory (stmatrix .trans, K-major) for dQ = dS K; warpgroup c computes
 //     dQ columns [64 c, 64 c + 64) (D = 64: warpgroup 0 only) and stages the fp32 partial in one
-//     of two shared buffers; the writer warp adds it to an fp32 accumulator with one bulk
-//     reduction per step (cp.reduce.async.bulk), so the consumers go on with the next tile;
+//     of two shared buffers (buffer = step parity); that buffer's writer warp adds it to an fp32
+//     accumulator with one bulk reduction per step (cp.reduce.async.bulk), so the consumers go
+//     on with the next tile, and waits for the add to land before its next one, two steps later;
 //   - deterministic mode: the adds into one query tile happen in ascending key-tile order: a
 //     semaphore per (b, head, query tile) counts them; the writer waits until it equals its rank
 //     (the number of key tiles below its own in the query tile's q-major list, searched by the
@@ -31,9 +33,11 @@
 //     The first add (rank 0) is a store, so the accumulator is never zeroed.
 //   - non-deterministic mode: the writer claims the query tile (atomicAdd on its semaphore); the
 //     first claimant stores and adds kStored once the store has landed, the others spin until
-//     then and add in any order (no zeroing of the accumulator either).
-//   - a postprocess kernel writes dq = scale * accumulator (deterministic mode: each query tile as
-//     soon as its last add has landed, overlapping the backward's tail; bsa_dq_post_kernel).
+//     then and add in any order (no zeroing of the accumulator either); each landed add is
+//     counted per query tile (lnd, next to the semaphores).
+//   - a postprocess kernel writes dq = scale * accumulator, each query tile as soon as its last
+//     add has landed (det: the order semaphore; non-det: lnd), overlapping the backward's tail
+//     (bsa_dq_post_kernel).
 //   - VL (packed variable-length batch, spattn_bsa_bwd_varlen): a CTA is (sequence b, kv head,
 //     key tile of max_seqlen_kv) with b's own Sq / Skv in every edge test (a key tile past b's
 //     keys returns at once), TMA maps from bsa_vl_prep_kernel whose base is b's first row and
@@ -153,7 +157,7 @@ __global__ void __launch_bounds__(384, 1)
     bsa_bwd90_kernel(const bsa_params p, const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmdo,
                      const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
                      const __grid_constant__ CUtensorMap tmdk, const __grid_constant__ CUtensorMap tmdv, const int kv_tma,
-                     float *dqacc, int *sem, int det, const bsa_split sp) {
+                     float *dqacc, int *sem, int *lnd, int det, const bsa_split sp) {
     using C = BwdCfg<DP>;
     static_assert(VL || !PG, "paged K / V come with a varlen batch only");
     // trace (debugging build): t0 entry, t1 K / V landed, t2 last step done, t3 dK / dV stores
@@ -312,7 +316,14 @@ __global__ void __launch_bounds__(384, 1)
                 if ((lv & 0xa) != 0) mask_bits(sMB + s * BM * 2, m, n, lane);  // a partial half
                 hop::mbar_arrive(fullLD + s);
             }
-        } else if (pw == 1) {  // ------------------------------------------------------------- dQ writer
+        } else if (pw == 1 || pw == 2) {  // ---------------------------------------------- dQ writers
+            // Two writer warps: warp 1 takes the even steps (staging buffer 0), warp 2 the odd ones
+            // (buffer 1), so each has two steps between its adds to wait for its add to land (which
+            // the early postprocess needs to know).  One writer waiting for each add to land took
+            // 1.03-1.06x the time of not knowing in the non-deterministic mode, where adds into one
+            // tile from many CTAs land slowly; two writers: 0.961-0.964x non-deterministic and
+            // 0.971-0.972x deterministic (where the chain waits of two steps now overlap; H200).
+            const int wr = pw - 1;
             // The rank of a step (key tiles above nt in the query tile's q-major list, ascending) is a
             // binary search of dependent L2 loads: the warp's 32 lanes search the next 32 steps' ranks
             // in parallel, so lane 0's serial path per step is the wait, the add and the release only.
@@ -334,8 +345,8 @@ __global__ void __launch_bounds__(384, 1)
             };
             for (int base = 0; base < cnt; base += 32) {
                 const int nstep = min(32, cnt - base);
-                const int my_rank = det && lane < nstep ? rank_of(base + lane) : 0;
-                for (int i = 0; i < nstep; i++) {
+                const int my_rank = det && lane < nstep && (lane & 1) == wr ? rank_of(base + lane) : 0;
+                for (int i = wr; i < nstep; i += 2) {  // base is even: step base + i has parity i
                     const int pre = __shfl_sync(0xffffffffu, my_rank, i);
                     if (lane == 0) {
                         const int it = base + i;
@@ -382,6 +393,15 @@ __global__ void __launch_bounds__(384, 1)
                         } else if (first) {
                             asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the store has landed
                             hop::release_add(sp, kStored);
+                        }
+                        if constexpr (!VL) {
+                            // non-det: the tile's count of landed adds (lnd) is the postprocess's
+                            // readiness, as the order semaphore is the deterministic mode's
+                            if (!det) {
+                                asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the add has landed
+                                hop::fence_proxy_async_global();
+                                hop::release_inc(lnd + at);
+                            }
                         }
                     }
                     __syncwarp();
@@ -733,15 +753,13 @@ __global__ void __launch_bounds__(256) bsa_dq_post_kernel(const bsa_params p, co
     constexpr int NH = DP / 64, RB = 144;
     __shared__ __align__(16) unsigned char stg[BM * RB];
     // Launched as the backward kernel's programmatic dependent, this kernel starts once every
-    // backward CTA has started and takes SMs as the backward's CTAs leave them.  Deterministic
-    // mode (ready = the order semaphores): no griddepcontrol.wait; a query tile is converted once
-    // all its adds have landed (ready[tile] = its count of key tiles, released by the writers),
-    // so the tiles finished early are converted during the backward's tail instead of after it
-    // (0.964-0.966x the time of the deterministic backward, public suite; H200).  No deadlock:
-    // every backward CTA is resident or done before any of these CTAs exists.  Non-deterministic
-    // mode (ready = null): the adds are counted nowhere, so it waits for the whole backward
-    // (counting each add's landing per step or per CTA measured 1.02-1.06x slower: see the runbook).
-    if (!ready) hop::griddep_wait();
+    // backward CTA has started and takes SMs as the backward's CTAs leave them.  No
+    // griddepcontrol.wait: a query tile is converted once all its adds have landed (ready[tile]
+    // = its count of key tiles: the deterministic order semaphore, or the non-deterministic
+    // landed count; released by the writers), so the tiles finished early are converted during
+    // the backward's tail instead of after it (deterministic 0.964-0.966x the time, public suite,
+    // H200; the non-deterministic mode gains with the two writer warps: runbook).  No deadlock:
+    // every backward CTA is resident or done before any of these CTAs exists.
     const int t = threadIdx.x;
     const long long units = (long long)p.B * p.N * p.nqt * NH;
     for (long long u = blockIdx.x; u < units; u += gridDim.x) {
@@ -752,7 +770,7 @@ __global__ void __launch_bounds__(256) bsa_dq_post_kernel(const bsa_params p, co
         const int qc = p.sq.cnt[tile];
         const bool none = qc == 0;
         if (!none) {
-            if (t == 0 && ready) hop::spin_until_ge(ready + tile, qc);  // acquire: the adds' sums are visible
+            if (t == 0) hop::spin_until_ge(ready + tile, qc);  // acquire: the adds' sums are visible
             __syncthreads();
         }
         const float4 *src = reinterpret_cast<const float4 *>(acc + (tile * NH + h) * (BM * 64));
@@ -839,8 +857,8 @@ template <int DP, typename T, bool PG = false> __global__ void bsa_vl_post_kerne
 }
 
 template <int DP, typename T, bool VL, bool PG>
-cudaError_t launch(const bsa_params &p, const bsa_bwd_tmaps &tm, float *dqacc, int *sem, int det, const bsa_split &sp,
-                   cudaStream_t st) {
+cudaError_t launch(const bsa_params &p, const bsa_bwd_tmaps &tm, float *dqacc, int *sem, int *lnd, int det,
+                   const bsa_split &sp, cudaStream_t st) {
     using C = BwdCfg<DP>;
     static unsigned long long done = 0;
     cudaError_t e = hop::set_smem(bsa_bwd90_kernel<DP, T, VL, PG>, C::SMEM, &done);
@@ -851,7 +869,7 @@ cudaError_t launch(const bsa_params &p, const bsa_bwd_tmaps &tm, float *dqacc, i
     // short backwards gain most, bsa01 0.95x)
     SPATTN_TRACE(cta_trace::Rec *trace = cta_trace::begin(ctas, st); unsigned *steps = cta_trace::step_begin(ctas, st);)
     e = hop::launch_pdl(bsa_bwd90_kernel<DP, T, VL, PG>, dim3((unsigned)ctas), dim3(384), C::SMEM, st, p, tm.q, tm.dout,
-                        tm.k, tm.v, tm.dk, tm.dv, PG ? 0 : tm.kv_tma, dqacc, sem, det, sp);
+                        tm.k, tm.v, tm.dk, tm.dv, PG ? 0 : tm.kv_tma, dqacc, sem, lnd, det, sp);
     SPATTN_TRACE(cta_trace::end(trace, ctas, st); cta_trace::step_end(steps, ctas, st);)
     if (e != cudaSuccess) return e;
     const long long total = VL ? (long long)p.N * p.vl.Tq * p.D + (long long)p.Nkv * p.vl.Tkv * p.D
@@ -862,21 +880,20 @@ cudaError_t launch(const bsa_params &p, const bsa_bwd_tmaps &tm, float *dqacc, i
         return hop::launch_pdl(bsa_vl_post_kernel<DP, T, PG>, dim3(grid), dim3(256), 0, st, p, dqacc);
     } else {  // a half tile per CTA and pass, at most 8 CTAs per SM (grid-stride)
         const long long units = (long long)p.B * p.N * p.nqt * (DP / 64);
-        // deterministic: per query tile the count of landed adds (the order semaphore); the
-        // non-deterministic mode has no such count: the postprocess waits for the whole backward
-        const int *ready = det ? sem : nullptr;
+        // per query tile the count of landed adds: the order semaphore, or lnd (non-deterministic)
+        const int *ready = det ? sem : lnd;
         return hop::launch_pdl(bsa_dq_post_kernel<DP, T>, dim3(hop::grid_cap(units, 8)), dim3(256), 0, st, p, dqacc, ready);
     }
 }
 
 template <bool VL, bool PG = false>
-cudaError_t launch_dt(const bsa_params &p, const bsa_bwd_tmaps &tm, int dp, int bf16, float *dqacc, int *sem, int det, const bsa_split &sp,
-                      cudaStream_t st) {
+cudaError_t launch_dt(const bsa_params &p, const bsa_bwd_tmaps &tm, int dp, int bf16, float *dqacc, int *sem, int *lnd, int det,
+                      const bsa_split &sp, cudaStream_t st) {
     if (dp == 64)
-        return bf16 ? launch<64, __nv_bfloat16, VL, PG>(p, tm, dqacc, sem, det, sp, st)
-                    : launch<64, __half, VL, PG>(p, tm, dqacc, sem, det, sp, st);
-    return bf16 ? launch<128, __nv_bfloat16, VL, PG>(p, tm, dqacc, sem, det, sp, st)
-                : launch<128, __half, VL, PG>(p, tm, dqacc, sem, det, sp, st);
+        return bf16 ? launch<64, __nv_bfloat16, VL, PG>(p, tm, dqacc, sem, lnd, det, sp, st)
+                    : launch<64, __half, VL, PG>(p, tm, dqacc, sem, lnd, det, sp, st);
+    return bf16 ? launch<128, __nv_bfloat16, VL, PG>(p, tm, dqacc, sem, lnd, det, sp, st)
+                : launch<128, __half, VL, PG>(p, tm, dqacc, sem, lnd, det, sp, st);
 }
 
 }  // namespace
@@ -910,7 +927,8 @@ extern "C" cudaError_t spattn_bsa_launch_bwd90(const bsa_params *p, const bsa_bw
                                                             slot, st);
         if (e != cudaSuccess) return e;
     }
-    if (!p->vl.seq) return launch_dt<false>(*p, *tm, dp, bf16, dqacc, sem, det, sp, st);
-    return p->vl.table ? launch_dt<true, true>(*p, *tm, dp, bf16, dqacc, sem, det, sp, st)
-                       : launch_dt<true>(*p, *tm, dp, bf16, dqacc, sem, det, sp, st);
+    int *lnd = slot + key_rows(p);  // per accumulator tile: landed adds (non-deterministic, dense)
+    if (!p->vl.seq) return launch_dt<false>(*p, *tm, dp, bf16, dqacc, sem, lnd, det, sp, st);
+    return p->vl.table ? launch_dt<true, true>(*p, *tm, dp, bf16, dqacc, sem, lnd, det, sp, st)
+                       : launch_dt<true>(*p, *tm, dp, bf16, dqacc, sem, lnd, det, sp, st);
 }

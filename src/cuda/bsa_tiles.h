@@ -88,9 +88,10 @@ BSA_HD long long bsa_bwd90_kvbuf_bytes(long long G, long long nqt, long long key
     return bsa_bwd90_split_slots(G, nqt, key_rows, dp) * 2 * 128 * dp * 4;
 }
 // The backward's semaphore area in bytes (zeroed by the Delta kernel): per dQ accumulator tile
-// its order / claim semaphore, per key tile a split row's chunk counter and its slot (bsa_bwd.cu).
+// its order / claim semaphore, per key tile a split row's chunk counter and its slot, per
+// accumulator tile its count of landed adds (the non-deterministic mode's; bsa_bwd.cu).
 BSA_HD long long bsa_bwd90_sem_bytes(long long acc_tiles, long long key_rows) {
-    return (acc_tiles + 2 * key_rows) * 4;
+    return (2 * acc_tiles + 2 * key_rows) * 4;
 }
 
 #endif
