@@ -7,6 +7,9 @@
 #                                            build-NAME/ (NAME: carry) and pack them into
 #                                            build-x/NAME.tar.xz (~13 MB; build*/ is ignored by git,
 #                                            so pass carry: ["build-x"] to the device call)
+#   SLIM=1 bash bench/gpu/carry_build.sh pack NAME   only tools/spattn (~4.5 MB): an A/B base for
+#                                            bench/gpu/ab_bins.sh (the checks run on NEW only), so
+#                                            that three or four packs fit the 64 MiB carry
 #   bash bench/gpu/carry_build.sh unpack [NAME]   on the device: build-x/NAME.tar.xz -> build-NAME/
 # Then on the device, e.g.: SPATTN_BUILD=build-carry bash bench/gpu/device_bench.sh checks
 # (its probe finds the binaries and skips building); two packs of different trees (e.g. NAME base
@@ -33,5 +36,6 @@ cp "$BUILD"/*_cuda_check "$D/"
 # the shared library too, for python/device_check.sh (SPATTN_LIBRARY=$PWD/build-carry/libspattn.so)
 cp "$BUILD"/libspattn.so.0.1.0 "$D/libspattn.so"
 strip "$D/tools/spattn" "$D"/*_cuda_check "$D/libspattn.so"
-tar cJf "build-x/$NAME.tar.xz" "$D"
+if [ "${SLIM:-0}" = 1 ]; then tar cJf "build-x/$NAME.tar.xz" "$D/tools/spattn"
+else tar cJf "build-x/$NAME.tar.xz" "$D"; fi
 ls -la "build-x/$NAME.tar.xz"
