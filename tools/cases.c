@@ -18,6 +18,7 @@
 
 /* Upper bound for any dimension: keeps every element count far inside int64. */
 #define SP_DIM_MAX (1LL << 24)
+#define SP_MASK_MAX (1LL << 34)
 
 const char *sp_op_name(int op) { return op == SP_OP_BSA ? "bsa" : op == SP_OP_SFA ? "sfa" : "?"; }
 
@@ -458,8 +459,12 @@ static int parse_line(const char *file, int line, char *text, sp_case *c, char *
             c->density = p;
         }
         int64_t nbx = (c->Sq + c->bx - 1) / c->bx, nby = (c->Skv + c->by - 1) / c->by;
-        if (c->B * c->N > SP_DIM_MAX || nbx * nby > SP_DIM_MAX) {
-            fail(err, errlen, file, line, "case %s: too large", c->name);
+        /* each factor below 2^24, and the mask (B N nbx nby bytes) below 2^34: a case the
+         * tools cannot generate is refused here, not by a failed allocation later (a fuzzed
+         * 2^48-byte mask was accepted when only the factors were bounded) */
+        if (c->B * c->N > SP_DIM_MAX || nbx * nby > SP_DIM_MAX || c->B * c->N * nbx * nby > SP_MASK_MAX) {
+            fail(err, errlen, file, line, "case %s: too large (mask of %lld bytes; at most 2^34)", c->name,
+                 (long long)(c->B * c->N * nbx * nby));
             return -1;
         }
     } else {

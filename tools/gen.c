@@ -86,9 +86,15 @@ static void mask_row(const sp_case *c, int64_t Sq, int64_t Skv, int64_t i, int64
     }
 }
 
-/* Fills the [B, N, nbx, nby] mask; sequence b has Sq(b) x Skv(b) tokens (dense: all equal). */
-static void gen_mask(const sp_case *c, uint8_t *mask) {
+/* The [B, N, nbx, nby] mask, block row by block row in generation order; sequence b has
+ * Sq(b) x Skv(b) tokens (dense: all equal).  mask != NULL: the rows go there; NULL: into one
+ * reused row buffer (the mask is never held whole).  Each row is passed to fn (if any) once
+ * written.  Returns -1 when the row buffer cannot be allocated. */
+typedef void (*mask_row_fn)(void *ctx, int64_t b, int64_t i, const uint8_t *row, int64_t nby);
+static int gen_mask_rows(const sp_case *c, uint8_t *mask, mask_row_fn fn, void *ctx) {
     const int64_t nbx = (c->Sq + c->bx - 1) / c->bx, nby = (c->Skv + c->by - 1) / c->by;
+    uint8_t *one = mask ? NULL : malloc(nby > 0 ? (size_t)nby : 1);
+    if (!mask && !one) return -1;
     sp_rng r;
     sp_rng_init(&r, c->seed, SP_STREAM_MASK);
     mask_scratch ms = {NULL, NULL, 0};
@@ -101,11 +107,33 @@ static void gen_mask(const sp_case *c, uint8_t *mask) {
         const int64_t Sq = c->varlen ? c->lens[b] : c->Sq;
         const int64_t Skv = c->varlen ? c->kvlens[b] : c->Skv;
         for (int64_t n = 0; n < c->N; n++)
-            for (int64_t i = 0; i < nbx; i++)
-                mask_row(c, Sq, Skv, i, nby, &r, &ms, mask + ((b * c->N + n) * nbx + i) * nby);
+            for (int64_t i = 0; i < nbx; i++) {
+                uint8_t *row = mask ? mask + ((b * c->N + n) * nbx + i) * nby : one;
+                mask_row(c, Sq, Skv, i, nby, &r, &ms, row);
+                if (fn) fn(ctx, b, i, row, nby);
+            }
     }
     free(ms.mark);
     free(ms.pick);
+    free(one);
+    return 0;
+}
+static void gen_mask(const sp_case *c, uint8_t *mask) { (void)gen_mask_rows(c, mask, NULL, NULL); }
+
+/* Attended (query, key) pairs of the mask's rows as they are generated: the sum of sp_pairs
+ * (and sp_pairs_varlen), in the same order, so bitwise the same double. */
+typedef struct pair_count {
+    const sp_case *c;
+    double pairs;
+} pair_count;
+static void count_row(void *ctx, int64_t b, int64_t i, const uint8_t *row, int64_t nby) {
+    pair_count *pc = (pair_count *)ctx;
+    const sp_case *c = pc->c;
+    const int64_t Sq = c->varlen ? c->lens[b] : c->Sq, Skv = c->varlen ? c->kvlens[b] : c->Skv;
+    int64_t cols = 0;
+    for (int64_t j = 0; j < nby; j++)
+        if (row[j]) cols += sp_block_len(j, c->by, Skv);
+    pc->pairs += (double)sp_block_len(i, c->bx, Sq) * (double)cols;
 }
 
 void sp_gen_mask(const sp_case *c, uint8_t *mask) { gen_mask(c, mask); }
@@ -285,17 +313,10 @@ double sp_pairs(const sp_case *c, const sp_inputs *in) {
 }
 
 double sp_pairs_estimate(const sp_case *c) {
-    if (c->op == SP_OP_BSA) {  /* the mask itself (sp_gen_mask and sp_pairs take varlen cases too) */
-        sp_inputs in;
-        memset(&in, 0, sizeof in);
-        in.nbx = (c->Sq + c->bx - 1) / c->bx;
-        in.nby = (c->Skv + c->by - 1) / c->by;
-        in.mask = malloc((size_t)(c->B * c->N * in.nbx * in.nby));
-        if (!in.mask) return (double)c->B * c->N * c->Sq * c->Skv;
-        sp_gen_mask(c, in.mask);
-        double p = sp_pairs(c, &in);
-        free(in.mask);
-        return p;
+    if (c->op == SP_OP_BSA) {  /* the generated mask, counted row by row (never held whole) */
+        pair_count pc = {c, 0.0};
+        if (gen_mask_rows(c, NULL, count_row, &pc)) return (double)c->B * c->N * c->Sq * c->Skv;
+        return pc.pairs;
     }
     if (c->varlen) return sp_pairs_estimate_varlen(c);
     double pairs = 0.0;

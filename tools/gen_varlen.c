@@ -150,8 +150,7 @@ int sp_inputs_make_varlen(const sp_case *c, sp_inputs *in, char *err, size_t err
     return 0;
 }
 
-/* Tokens of block `blk` (size bs) of a side of L tokens: 0 past the end. */
-static int64_t block_len(int64_t blk, int64_t bs, int64_t L) {
+int64_t sp_block_len(int64_t blk, int64_t bs, int64_t L) {
     int64_t lo = blk * bs, hi = lo + bs < L ? lo + bs : L;
     return hi > lo ? hi - lo : 0;
 }
@@ -162,11 +161,11 @@ double sp_pairs_varlen(const sp_case *c, const sp_inputs *in) {
         for (int64_t b = 0; b < c->B; b++)
             for (int64_t n = 0; n < c->N; n++)
                 for (int64_t i = 0; i < in->nbx; i++) {
-                    const int64_t rows = block_len(i, c->bx, c->lens[b]);
+                    const int64_t rows = sp_block_len(i, c->bx, c->lens[b]);
                     const uint8_t *row = in->mask + ((b * c->N + n) * in->nbx + i) * in->nby;
                     int64_t cols = 0;
                     for (int64_t j = 0; j < in->nby; j++)
-                        if (row[j]) cols += block_len(j, c->by, c->kvlens[b]);
+                        if (row[j]) cols += sp_block_len(j, c->by, c->kvlens[b]);
                     pairs += (double)rows * (double)cols;
                 }
         return pairs;

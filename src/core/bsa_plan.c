@@ -40,6 +40,7 @@ static spattn_status check_plan_args(const spattn_tensor *mask, int64_t bx, int6
  * are stored contiguously; when the view's own memory is smaller still (overlapping strides),
  * that memory is copied and the view's strides kept.  (A dense copy of a broadcast mask of
  * B x N x blocks took B x N times the memory: 16 GB for a fuzzed 8 MB view.) */
+static const size_t kMaxMaskCopy = (size_t)1 << 40;
 static spattn_status copy_mask_cpu(const spattn_tensor *t, spattn_bsa_plan *pl) {
     int64_t st[4], lo = 0, hi = 0; /* element offsets of the view: checked, no overflow */
     size_t compact = 1;
@@ -53,6 +54,14 @@ static spattn_status copy_mask_cpu(const spattn_tensor *t, spattn_bsa_plan *pl) 
     const size_t extent = (size_t)(hi - lo) + 1;
     const int packed = compact <= extent;
     const size_t bytes = packed ? compact : extent;
+    /* A view that passes the stride checks may still describe up to 2^63 bytes without memory
+     * behind it (a fuzzed [1.8e18, 4, 1, 1] view of 64 bytes asked for 7.2e18): no host holds a
+     * 2^40-byte block mask, so such a copy is refused before it is attempted (sanitizers abort
+     * on an allocation that size instead of returning NULL). */
+    if (bytes > kMaxMaskCopy)
+        return spattn_set_error(SPATTN_STATUS_OUT_OF_MEMORY,
+                                "bsa plan: the mask's copy would take %zu bytes (more than 2^40: the view "
+                                "describes more memory than any host has)", bytes);
     uint8_t *m = (uint8_t *)malloc(bytes);
     if (!m) return spattn_set_error(SPATTN_STATUS_OUT_OF_MEMORY, "bsa plan: cannot allocate %zu bytes", bytes);
     const uint8_t *src = (const uint8_t *)t->data;

@@ -95,6 +95,10 @@ int main(void) {
                  "bad value");
     expect_error("x B=16777216 S1=16777216 S2=8 N1=16777216 N2=1 D=16 Dr=0 K=4 mode=0 dtype=fp16\n", 1,
                  "too large");
+    /* each factor in range, the mask 2^48 bytes (found by fuzz_cases: the tools then tried to
+     * generate it) */
+    expect_error("x B=1 N=16777216 Sq=4096 Skv=4096 D=8 bx=1 by=1 pattern=dense dtype=fp16\n", 1,
+                 "too large (mask of 281474976710656 bytes");
     expect_error("x B=1 N=1 Sq=8 Skv=8 D=8 bx=1 by=1 pattern=random density=nan dtype=fp16\n", 1,
                  "bad value 'nan'");
 
