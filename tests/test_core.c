@@ -121,6 +121,15 @@ int main(void) {
     t.strides[0] = INT64_MAX / 2;
     TU_CHECK(spattn_check_strides("t", &t) == SPATTN_STATUS_BAD_STRIDE &&
              strstr(spattn_last_error(), "t:") != NULL, "stride overflow rejected with a message");
+    /* no 64-bit overflow, but more bytes than any address space (found by fuzz_api_more: a mask
+     * view [4, 2, 1, 2] with a head stride of 4.9e18 was read there) */
+    const int64_t hs[4] = {4, 2, 1, 2}, hst[4] = {0, 4919355760141402112LL, 2, 1};
+    spattn_tensor hv = spattn_tensor_make(buf, SPATTN_DTYPE_U8, 4, hs, hst);
+    TU_CHECK(spattn_check_strides("m", &hv) == SPATTN_STATUS_BAD_STRIDE &&
+             strstr(spattn_last_error(), "2^57") != NULL, "view beyond any address space rejected: %s",
+             spattn_last_error());
+    hv.strides[1] = (int64_t)1 << 40; /* 2^40 bytes: not refused by this check */
+    TU_CHECK(spattn_check_strides("m", &hv) == SPATTN_STATUS_SUCCESS, "a 2^40-byte view passes the stride check");
     spattn_options o;
     spattn_options_init(&o);
     TU_CHECK(o.backend == SPATTN_BACKEND_AUTO && o.deterministic == 1 && o.workspace == NULL, "options defaults");

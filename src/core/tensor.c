@@ -133,6 +133,14 @@ spattn_status spattn_check_strides(const char *name, const spattn_tensor *t) {
         return spattn_set_error(SPATTN_STATUS_BAD_STRIDE,
                                 "%s: strides overflow 64-bit offsets (shape and strides describe "
                                 "more than 2^63 bytes)", name);
+    /* No process has more than 2^57 bytes of address space (x86-64 with 5-level paging; arm64
+     * 2^52), so a larger view cannot have memory behind it: refused, not read (a fuzzed mask of
+     * shape [4, 2, 1, 2] with a head stride of 4.9e18 passed the checks above and was read at
+     * data + 4.9e18).  On the byte extent, not on addresses: tagged pointers use the top bits. */
+    if ((uint64_t)bhi + ((uint64_t)0 - (uint64_t)blo) > ((uint64_t)1 << 57))
+        return spattn_set_error(SPATTN_STATUS_BAD_STRIDE,
+                                "%s: shape and strides describe more than 2^57 bytes (more than any "
+                                "address space)", name);
     uintptr_t base = (uintptr_t)t->data;
     /* the magnitude of blo in unsigned arithmetic: -blo overflows for INT64_MIN */
     if ((blo < 0 && (uintptr_t)0 - (uintptr_t)blo > base) || (uintptr_t)bhi > UINTPTR_MAX - base)
