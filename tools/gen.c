@@ -120,20 +120,23 @@ static int gen_mask_rows(const sp_case *c, uint8_t *mask, mask_row_fn fn, void *
 }
 static void gen_mask(const sp_case *c, uint8_t *mask) { (void)gen_mask_rows(c, mask, NULL, NULL); }
 
-/* Attended (query, key) pairs of the mask's rows as they are generated: the sum of sp_pairs
- * (and sp_pairs_varlen), in the same order, so bitwise the same double. */
+/* Attended (query, key) pairs of block row i of sequence b's mask (varlen: its own lengths). */
+static double row_pairs(const sp_case *c, int64_t b, int64_t i, const uint8_t *row, int64_t nby) {
+    const int64_t Sq = c->varlen ? c->lens[b] : c->Sq, Skv = c->varlen ? c->kvlens[b] : c->Skv;
+    int64_t cols = 0;
+    for (int64_t j = 0; j < nby; j++)
+        if (row[j]) cols += sp_block_len(j, c->by, Skv);
+    return (double)sp_block_len(i, c->bx, Sq) * (double)cols;
+}
+/* The same sum as the mask's rows are generated (sp_pairs_estimate): sp_pairs' order, so
+ * bitwise the same double. */
 typedef struct pair_count {
     const sp_case *c;
     double pairs;
 } pair_count;
 static void count_row(void *ctx, int64_t b, int64_t i, const uint8_t *row, int64_t nby) {
     pair_count *pc = (pair_count *)ctx;
-    const sp_case *c = pc->c;
-    const int64_t Sq = c->varlen ? c->lens[b] : c->Sq, Skv = c->varlen ? c->kvlens[b] : c->Skv;
-    int64_t cols = 0;
-    for (int64_t j = 0; j < nby; j++)
-        if (row[j]) cols += sp_block_len(j, c->by, Skv);
-    pc->pairs += (double)sp_block_len(i, c->bx, Sq) * (double)cols;
+    pc->pairs += row_pairs(pc->c, b, i, row, nby);
 }
 
 void sp_gen_mask(const sp_case *c, uint8_t *mask) { gen_mask(c, mask); }
@@ -278,20 +281,15 @@ int sp_inputs_make(const sp_case *c, sp_inputs *in, char *err, size_t errlen) {
 }
 
 double sp_pairs(const sp_case *c, const sp_inputs *in) {
-    if (c->varlen) return sp_pairs_varlen(c, in);
     double pairs = 0.0;
-    if (c->op == SP_OP_BSA) {
-        for (int64_t bn = 0; bn < c->B * c->N; bn++)
-            for (int64_t i = 0; i < in->nbx; i++) {
-                int64_t rows = (i + 1) * c->bx < c->Sq ? c->bx : c->Sq - i * c->bx;
-                const uint8_t *row = in->mask + (bn * in->nbx + i) * in->nby;
-                int64_t cols = 0;
-                for (int64_t j = 0; j < in->nby; j++)
-                    if (row[j]) cols += (j + 1) * c->by < c->Skv ? c->by : c->Skv - j * c->by;
-                pairs += (double)rows * (double)cols;
-            }
+    if (c->op == SP_OP_BSA) {  /* dense and varlen */
+        for (int64_t b = 0; b < c->B; b++)
+            for (int64_t n = 0; n < c->N; n++)
+                for (int64_t i = 0; i < in->nbx; i++)
+                    pairs += row_pairs(c, b, i, in->mask + ((b * c->N + n) * in->nbx + i) * in->nby, in->nby);
         return pairs;
     }
+    if (c->varlen) return sp_pairs_varlen(c, in);
     const int64_t heads = c->N1 / c->N2;
     for (int64_t b = 0; b < c->B; b++)
         for (int64_t s = 0; s < c->S1; s++) {

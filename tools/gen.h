@@ -56,7 +56,7 @@ int64_t sp_max_pages(const sp_case *c);
 /* Token counts Tq = cu_q[B], Tkv = cu_kv[B], and the rows of the key side: Tkv, or with pages
  * num_pages * page (num_pages = sum_b ceil(Skv_b / page) + 1 spare page no sequence uses). */
 void sp_varlen_rows(const sp_case *c, int64_t *Tq, int64_t *Tkv, int64_t *kv_rows);
-double sp_pairs_varlen(const sp_case *c, const sp_inputs *in);
+double sp_pairs_varlen(const sp_case *c, const sp_inputs *in); /* sfa cases */
 /* Tokens of block `blk` (size bs) of a side of L tokens: 0 past the end. */
 int64_t sp_block_len(int64_t blk, int64_t bs, int64_t L);
 double sp_pairs_estimate_varlen(const sp_case *c); /* sfa cases */

@@ -155,21 +155,8 @@ int64_t sp_block_len(int64_t blk, int64_t bs, int64_t L) {
     return hi > lo ? hi - lo : 0;
 }
 
-double sp_pairs_varlen(const sp_case *c, const sp_inputs *in) {
+double sp_pairs_varlen(const sp_case *c, const sp_inputs *in) {  /* sfa (bsa: sp_pairs) */
     double pairs = 0.0;
-    if (c->op == SP_OP_BSA) {
-        for (int64_t b = 0; b < c->B; b++)
-            for (int64_t n = 0; n < c->N; n++)
-                for (int64_t i = 0; i < in->nbx; i++) {
-                    const int64_t rows = sp_block_len(i, c->bx, c->lens[b]);
-                    const uint8_t *row = in->mask + ((b * c->N + n) * in->nbx + i) * in->nby;
-                    int64_t cols = 0;
-                    for (int64_t j = 0; j < in->nby; j++)
-                        if (row[j]) cols += sp_block_len(j, c->by, c->kvlens[b]);
-                    pairs += (double)rows * (double)cols;
-                }
-        return pairs;
-    }
     const int64_t heads = c->N1 / c->N2;
     int64_t tok = 0;
     for (int64_t b = 0; b < c->B; b++) {

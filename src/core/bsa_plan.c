@@ -54,10 +54,10 @@ static spattn_status copy_mask_cpu(const spattn_tensor *t, spattn_bsa_plan *pl) 
     const size_t extent = (size_t)(hi - lo) + 1;
     const int packed = compact <= extent;
     const size_t bytes = packed ? compact : extent;
-    /* A view that passes the stride checks may still describe up to 2^63 bytes without memory
-     * behind it (a fuzzed [1.8e18, 4, 1, 1] view of 64 bytes asked for 7.2e18): no host holds a
-     * 2^40-byte block mask, so such a copy is refused before it is attempted (sanitizers abort
-     * on an allocation that size instead of returning NULL). */
+    /* A view that passes the stride checks may still describe up to 2^57 bytes without memory
+     * behind it (a fuzzed [1.8e18, 4, 1, 1] view of 64 bytes asked for 7.2e18 before that check
+     * existed): no host holds a 2^40-byte block mask, so such a copy is refused before it is
+     * attempted (sanitizers abort on an allocation that size instead of returning NULL). */
     if (bytes > kMaxMaskCopy)
         return spattn_set_error(SPATTN_STATUS_OUT_OF_MEMORY,
                                 "bsa plan: the mask's copy would take %zu bytes (more than 2^40: the view "

@@ -150,7 +150,7 @@ Layout layout(const spattn_bsa_problem *p, int kind) {
             sz[5] = kr * (size_t)(p->N / p->Nkv) * nqt * 4;  // key-major lists
         }
         sz[6] = nq * 64 * (size_t)dp * 4;              // dQ accumulator (fp32)
-        sz[7] = (size_t)bsa_bwd90_sem_bytes((long long)nq, (long long)kr);  // semaphores, split slots
+        sz[7] = (size_t)bsa_bwd90_sem_bytes((long long)nq, (long long)kr);  // semaphores, split slots, landed counts
         sz[8] = (size_t)bsa_bwd90_kvbuf_bytes(p->N / p->Nkv, (long long)nqt, (long long)kr, dp);  // split rows' dK / dV
         if (!plan_k90(p)) sz[9] = kr * 4;  // key-major launch order (non-deterministic mode)
     } else if (backward || !fwd_fast(p)) {  // the simple kernels (and a conversion)
@@ -562,7 +562,7 @@ spattn_status vl_report_table(const spattn_seqs *s, unsigned long long key, cuda
 // (q, k, v, dO), [3] Delta, [4] lse2 ([N][Tq] fp32 each), [5] q-major counts, [6] lists (64 x 128
 // tiles, B sequences of max_seqlen), [7] key-major counts, [8] lists, [9] the dQ accumulator and
 // [10] its semaphores (N * vl_ntile tiles of 64 rows, then one per key tile, then the key
-// tiles' split slots: bsa_bwd90_sem_bytes), [11] the fp32 dK / dV sums of split key-major rows (at most
+// tiles' split slots, then the tiles' landed counts: bsa_bwd90_sem_bytes), [11] the fp32 dK / dV sums of split key-major rows (at most
 // bsa_bwd90_split_slots of them); paged only: [12] / [13] the fp32 dK / dV scratch [B * max_seqlen_kv][Nkv][D], [14] page user counts, [15] their offsets, [16] fill cursors
 // (int, num_pages (+ 1)), [17] the (b, slot) lists [B * max_pages] int2 (bsa_pages.cu); + 256
 // bytes to align a caller's base.
@@ -671,7 +671,7 @@ VlBwdLayout vl_bwd_layout(const spattn_bsa_problem *vp) {
                            kr * 4,
                            kr * (size_t)(vp->N / vp->Nkv) * nqt * 4,
                            at * 64 * (size_t)dp * 4,
-                           (size_t)bsa_bwd90_sem_bytes((long long)at, (long long)kr),  // semaphores, split slots
+                           (size_t)bsa_bwd90_sem_bytes((long long)at, (long long)kr),  // semaphores, split slots, landed counts
                            (size_t)bsa_bwd90_kvbuf_bytes(vp->N / vp->Nkv, (long long)nqt, (long long)kr, dp),
                            kvs,
                            kvs,

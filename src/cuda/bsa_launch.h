@@ -93,7 +93,8 @@ struct bsa_bwd_tmaps {
 // key tiles of 128 keys (p->nqt = ceil(Sq / 64)), p->sq the query-major one at the same tiles
 // (the ranks of the deterministic dQ order); p->lse2 / p->delta from spattn_bsa_launch_delta.
 // dqacc: spattn_bsa_bwd90_acc_bytes (no zeroing), sem: spattn_bsa_bwd90_sem_bytes (the semaphores,
-// the split rows' slots: bsa_bwd90_sem_bytes), zeroed beforehand (by spattn_bsa_launch_delta).
+// the split rows' slots, the landed counts: bsa_bwd90_sem_bytes), zeroed beforehand (by
+// spattn_bsa_launch_delta).
 size_t spattn_bsa_bwd90_acc_bytes(const bsa_params *p, int dp);
 size_t spattn_bsa_bwd90_sem_bytes(const bsa_params *p, int dp);
 // kvbuf: bsa_bwd90_kvbuf_bytes (bsa_tiles.h; 0 when no key tile's list can be split); the fp32
