@@ -6,7 +6,8 @@
 # steps, comma-separated (default verify,bench,peers,compare):
 #   verify   spattn verify --backend cuda on the suites (eco vs the CUDA reference kernels)
 #   bench    spattn bench --backend cuda per suite with --dump: bsa with a reused plan (each pass
-#            checked bit for bit against a plain call) and again with --plan call
+#            checked bit for bit against a plain call), again with --plan call and again with
+#            --deterministic 0 (the fastest backward; compared to the peers too)
 #   peers    bench/peers/bsa_flex.py (FlexAttention, cuDNN SDPA on dense cases) and
 #            bench/peers/sfa_torch_gather.py on the dumps
 #   compare  spattn bench --load ours --compare every peer (--plan call too) --svg: per-case
@@ -109,6 +110,10 @@ if has bench; then
       timeout ${BENCH_TIMEOUT:-200} "$SP" bench --backend cuda --suite bsa "${sel[@]}" --quiet --plan call \
         --repeats ${REPEATS:-10} --json "$OUT/bsa_ours_call.json" > "$OUT/bsa_bench_call.log" 2>&1
       echo "bench bsa --plan call exit $?"
+      # the fastest (non-deterministic) backward too, for issue 11's bars against the same peer run
+      timeout ${BENCH_TIMEOUT:-200} "$SP" bench --backend cuda --suite bsa "${sel[@]}" --quiet --deterministic 0 \
+        --repeats ${REPEATS:-10} --json "$OUT/bsa_ours_nondet.json" > "$OUT/bsa_bench_nondet.log" 2>&1
+      echo "bench bsa --deterministic 0 exit $?"
     fi
   done
   el
@@ -145,6 +150,10 @@ if has compare; then
     [ -f "$OUT/${s}_ours_call.json" ] && cmp+=(--compare "$OUT/${s}_ours_call.json")
     echo "== $s: ours vs ${cmp[*]}"
     "$SP" bench --load "$OUT/${s}_ours.json" "${cmp[@]}" --svg "$OUT/${s}.svg" 2>&1 | tee "$OUT/${s}_compare.txt"
+    if [ "$s" = bsa ] && [ -f "$OUT/bsa_ours_nondet.json" ]; then
+      echo "== bsa --deterministic 0: ours vs ${cmp[*]}"
+      "$SP" bench --load "$OUT/bsa_ours_nondet.json" "${cmp[@]}" 2>&1 | tee "$OUT/bsa_compare_nondet.txt"
+    fi
   done
   el
 fi
