@@ -252,9 +252,7 @@ template <typename T> __global__ void rows_kernel(const Params p, SmallLists L) 
     const T *o = static_cast<const T *>(p.o) + b * p.so[0] + (int64_t)s1 * p.so[1] + (int64_t)n1 * p.so[2];
     const T *d = static_cast<const T *>(p.dout) + b * p.sdo[0] + (int64_t)s1 * p.sdo[1] + (int64_t)n1 * p.sdo[2];
     float sum = 0.f;
-#pragma unroll
-    for (int x = 0; x < 2; x++) {
-        const int col = (x * 32 + lane) * 8;
+    for (int col = lane * 8; col < L.dv; col += 256) {
         const uint4 ov = *reinterpret_cast<const uint4 *>(o + col), dv = *reinterpret_cast<const uint4 *>(d + col);
         const uint32_t *oe = reinterpret_cast<const uint32_t *>(&ov), *de = reinterpret_cast<const uint32_t *>(&dv);
 #pragma unroll
@@ -651,7 +649,7 @@ template <typename T, int HP> cudaError_t launch_main(const Params &p, const Sma
     return cudaGetLastError();
 }
 
-template <typename T> cudaError_t launch_all(const Params &p, const SmallLists &L, cudaStream_t st) {
+template <typename T> cudaError_t launch_all(const Params &p, const SmallLists &L, int shape, int bf16, cudaStream_t st) {
     const int nl = p.B * p.N2 * L.nkb;
     const int64_t rows = (int64_t)p.B * p.S1 * p.N2;
     const unsigned g_rows = (unsigned)((rows * 32 + 255) / 256);
@@ -666,6 +664,7 @@ template <typename T> cudaError_t launch_all(const Params &p, const SmallLists &
     zero_mult_kernel<<<132 * 8, 256, 0, st>>>(L, nl);
     mult_kernel<<<g_rows, 256, 0, st>>>(p, L);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    if (shape != sfa::SHAPE_MLA) return spattn_sfa_bwd_kmaj_launch(&p, &L, bf16, shape, st);
     const int H = p.H;
     if (H <= 1) return launch_main<T, 1>(p, L, nl, st);
     if (H <= 2) return launch_main<T, 2>(p, L, nl, st);
@@ -677,9 +676,10 @@ template <typename T> cudaError_t launch_all(const Params &p, const SmallLists &
 
 }  // namespace
 
-// Launcher used by sfa_host.cu: builds the lists and runs the main kernel (the accumulators, the
-// fixed-point scales and the list buffers of L are set; the dQ accumulator is zeroed).
+// Launcher used by sfa_host.cu: builds the lists and runs the main kernel, this file's for the
+// Mla shape, sfa_bwd_kmaj.cu's for the others (the accumulators, the fixed-point scales and the
+// list buffers of L are set; the dQ accumulator is zeroed).
 extern "C" cudaError_t spattn_sfa_bwd_small_launch(const sfa::Params *p, const sfa::SmallLists *L, int is_bf16,
-                                                   cudaStream_t st) {
-    return is_bf16 ? launch_all<__nv_bfloat16>(*p, *L, st) : launch_all<__half>(*p, *L, st);
+                                                   int shape, cudaStream_t st) {
+    return is_bf16 ? launch_all<__nv_bfloat16>(*p, *L, shape, 1, st) : launch_all<__half>(*p, *L, shape, 0, st);
 }

@@ -42,7 +42,7 @@ extern "C" cudaError_t spattn_sfa_union_plan_launch(const sfa::Params *p, float 
 extern "C" cudaError_t spattn_sfa_bwd90_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_union_bwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_bwd_small_launch(const sfa::Params *p, const sfa::SmallLists *L, int is_bf16,
-                                                   cudaStream_t st);
+                                                   int shape, cudaStream_t st);
 extern "C" spattn_status spattn_cuda_ref_sfa_fwd_varlen(const spattn_sfa_problem *p, const spattn_exec *ex,
                                                         const int4 *tok, float *o, float *lse);
 
@@ -209,11 +209,12 @@ template <typename T> __device__ __forceinline__ void conv_store2(T *dst, int64_
     }
 }
 
-// The key-major backward's dQ accumulator [B, S1, N1, 576] into dq / dq_rope (unit last strides).
+// The key-major backward's dQ accumulator [B, S1, N1, W] into dq (columns < D) / dq_rope (unit
+// last strides); W = D + Dr, a multiple of 64.
 template <typename T>
 __global__ void convert_dq_kernel(const void *acc, const uint8_t *flags, int det, const float *inv_scale, T *dq, T *dqr, int64_t B,
                                   int64_t S1, int64_t N1, int64_t sd0, int64_t sd1, int64_t sd2, int64_t sr0,
-                                  int64_t sr1, int64_t sr2, const unsigned long long *gate) {
+                                  int64_t sr1, int64_t sr2, const unsigned long long *gate, int W = sfa::DQK, int D = sfa::D) {
     if (sfa::gate_word(gate) != ~0ull) return;  // under capture: the index check's word
     const int64_t rows = B * S1 * N1, nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
     const bool narrow = rows < (1LL << 31);
@@ -222,23 +223,31 @@ __global__ void convert_dq_kernel(const void *acc, const uint8_t *flags, int det
     for (int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows; r += nw) {
         int64_t b, s, n;
         conv_row(r, S1, N1, narrow, b, s, n);
-#pragma unroll
-        for (int k = 0; k < sfa::DQK / 64; k++) {
+#pragma unroll 3
+        for (int k = 0; k < W / 64; k++) {
             const int col = 2 * (lane + 32 * k);
             float v0, v1;
-            conv_pair(acc, flags, det, inv, r * sfa::DQK + col, v0, v1);
-            if (col < sfa::D) conv_store2(dq + b * sd0 + s * sd1 + n * sd2 + col, 1, v0, v1);
-            else conv_store2(dqr + b * sr0 + s * sr1 + n * sr2 + (col - sfa::D), 1, v0, v1);
+            conv_pair(acc, flags, det, inv, r * W + col, v0, v1);
+            if (col < D) conv_store2(dq + b * sd0 + s * sd1 + n * sd2 + col, 1, v0, v1);
+            else conv_store2(dqr + b * sr0 + s * sr1 + n * sr2 + (col - D), 1, v0, v1);
         }
     }
 }
+
+// The columns of a dK accumulator row (576 wide) and where they go: [0, D) dk, [D, wk) dk_rope,
+// [wk, wk + wv) dv (sfa_bwd_kmaj.cu's separate V; wv 0: V is k's first D columns, dV folded in).
+struct DkCols {
+    int D = sfa::D, wk = sfa::DQK, wv = 0;
+    void *dv = nullptr;
+    int64_t sv[4] = {0, 0, 0, 0};
+};
 
 template <typename T>
 __global__ void convert_dk_kernel(const void *acc, const uint8_t *flags, int det, const float *inv_scale, T *dk,
                                   T *dkr, int64_t B, int64_t S2, int64_t N2, int64_t sd0,
                                   int64_t sd1, int64_t sd2, int64_t sd3, int64_t sr0, int64_t sr1,
                                   int64_t sr2, int64_t sr3, const unsigned long long *gate,
-                                  const unsigned long long *bound = nullptr) {
+                                  const unsigned long long *bound = nullptr, const DkCols dc = DkCols()) {
     if (sfa::gate_word(gate) != ~0ull) return;  // under capture: the index check's word
     const int64_t rows = B * S2 * N2, nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
     const bool narrow = rows < (1LL << 31);
@@ -248,13 +257,16 @@ __global__ void convert_dk_kernel(const void *acc, const uint8_t *flags, int det
         int64_t b, s, n;
         conv_row(r, S2, N2, narrow, b, s, n);
         const unsigned long long rb = det == 2 ? bound[r] : 0;  // packed int32: the row's bound
-#pragma unroll
-        for (int k = 0; k < sfa::DQK / 64; k++) {
+#pragma unroll 3
+        for (int k = 0; k < (dc.wk + dc.wv) / 64; k++) {
             const int col = 2 * (lane + 32 * k);
             float v0, v1;
             conv_pair(acc, flags, det, inv, r * sfa::DQK + col, v0, v1, det != 2 || rb < (1ull << 31));
-            if (col < sfa::D) conv_store2(dk + b * sd0 + s * sd1 + n * sd2 + col * sd3, sd3, v0, v1);
-            else conv_store2(dkr + b * sr0 + s * sr1 + n * sr2 + (col - sfa::D) * sr3, sr3, v0, v1);
+            if (col < dc.D) conv_store2(dk + b * sd0 + s * sd1 + n * sd2 + col * sd3, sd3, v0, v1);
+            else if (col < dc.wk) conv_store2(dkr + b * sr0 + s * sr1 + n * sr2 + (col - dc.D) * sr3, sr3, v0, v1);
+            else
+                conv_store2(static_cast<T *>(dc.dv) + b * dc.sv[0] + s * dc.sv[1] + n * dc.sv[2] + (col - dc.wk) * dc.sv[3],
+                            dc.sv[3], v0, v1);
         }
     }
 }
@@ -368,6 +380,19 @@ int fwd_shape(const spattn_sfa_problem *p) {
     if (shape < 0) return -1;
     const spattn_tensor *ts[] = {p->q, p->q_rope, p->k, p->k_rope, p->v, p->o};
     for (int i = 0; i < 6; ++i)
+        if (!rows_aligned(ts[i])) return -1;
+    return shape;
+}
+
+// The backward's shapes besides fast_shape's (Mla): the key-major kernel of sfa_bwd_kmaj.cu takes
+// fp16/bf16 with a separate v of D 128 (SHAPE_NSA), D 128 + Dr 64, or D 64, rows of unit stride,
+// 16-byte aligned (the dq / dq_rope outputs too: the conversion stores pairs); -1: none (the call
+// runs the simple kernels).  Whether the call's selection suits it: small_shape.
+int kmaj_shape(const spattn_sfa_problem *p) {
+    const int shape = p->shared_kv ? -1 : fwd_shape(p);
+    if (shape != sfa::SHAPE_NSA && shape != sfa::SHAPE_SEP_128_64 && shape != sfa::SHAPE_SEP_64) return -1;
+    const spattn_tensor *ts[] = {p->dout, p->dq, p->dq_rope};
+    for (int i = 0; i < 3; ++i)
         if (!rows_aligned(ts[i])) return -1;
     return shape;
 }
@@ -573,12 +598,38 @@ size_t bwd_ws_parts(const spattn_sfa_problem *p, size_t *acc, size_t *hist) {
 // its own buffers 4 GiB (bounded by shapes: a long dense-ish problem whose lists would not fit
 // runs token-major instead of failing for memory).
 struct SmallShape {
-    int64_t nkb, s1w, nl, vmax;
+    int64_t nkb, s1w, nl, vmax, ww = 0;  // ww: sfa_bwd_kmaj.cu's window (32-token words)
 };
-bool small_shape(const spattn_sfa_problem *p, bool det, SmallShape *ss) {
+// kmaj: a shape of kmaj_shape (sfa_bwd_kmaj.cu: any H, in chunks of 32 heads; no token-major
+// kernel beside it), else the Mla shape (sfa_bwd_small.cu, H <= 32).
+bool small_shape(const spattn_sfa_problem *p, bool det, SmallShape *ss, bool kmaj = false) {
     const int64_t H = p->N1 / p->N2;
-    if (H > 32 || p->K > 65535) return false;
-    if (p->S2 > 8 * p->K * p->sbs) return false;  // fewer than 1 in 8 keys selected
+    if ((!kmaj && H > 32) || p->K > 65535) return false;
+    // fewer than 1 in 8 keys selected: a visited block's 64 keys are computed for a few; with
+    // blocks of 16 or more keys a visit uses at least a quarter of them
+    if (p->S2 > 8 * p->K * p->sbs && !(kmaj && p->sbs >= 16)) return false;
+    if (kmaj) {
+        ss->nkb = (p->S2 + 63) / 64;
+        ss->s1w = (p->S1 + 31) / 32;
+        ss->nl = p->B * p->N2 * ss->nkb;
+        const int64_t per_row = ss->nkb < p->K * ((p->sbs + 63) / 64) ? ss->nkb : p->K * ((p->sbs + 63) / 64);
+        ss->vmax = p->B * p->N2 * p->S1 * per_row;
+        // a window of about 32 steps of 32 token-head rows on average: e = the share of a
+        // list's tokens that visit it (causal: about half the keys reachable)
+        const double reach = p->mode == 3 ? fmax(64.0, (double)p->S2 - 0.5 * (double)p->S1) : (double)p->S2;
+        const double e = fmin(1.0, (double)per_row * 64.0 / reach);
+        const int64_t hp = H <= 4 ? 4 : H <= 8 ? 8 : H <= 16 ? 16 : 32, tt = 32 / hp;
+        int64_t ww = (int64_t)ceil((double)tt / e);
+        ww = ww < 1 ? 1 : ww > 256 ? 256 : ww;
+        ss->ww = ww < ss->s1w ? ww : ss->s1w;
+        const int64_t W = p->D + p->Dr;
+        if (ss->nl >= (1LL << 31) || ss->vmax >= (1LL << 31) || p->B * p->S1 * p->N1 >= (1LL << 31) ||
+            (ss->s1w + ss->ww - 1) / ss->ww > 65535 || (H + 31) / 32 > 65535)
+            return false;
+        const double nq = (double)p->B * p->S1 * p->N1;
+        const double bytes = nq * (W * 9 + 8) + (double)ss->nl * ss->s1w * 8 + (double)ss->nl * 8 + (double)ss->vmax * 132;
+        return bytes <= 4.0 * (1ull << 30);
+    }
     // 17-32 heads: token-major fills half of each 64-row MMA and pays one dK row of adds per
     // selected key, key-major computes whole 64-key blocks.  Token-major wins below ~0.55 of the
     // reachable keys selected with int64 adds, ~0.8 with fp32 adds (H200, 2026-12-01, det / fast:
@@ -604,10 +655,11 @@ bool small_shape(const spattn_sfa_problem *p, bool det, SmallShape *ss) {
 }
 // Its buffers after the common ones: dQ accumulator, LSE2 + Delta, bitmap, word prefixes, list
 // lengths and offsets, visit tokens, visit multiplicities, the dQ accumulator's non-finite flags.
-size_t small_parts(const spattn_sfa_problem *p, const SmallShape &ss, size_t off[9]) {
+// W: the dQ accumulator's row (D + Dr).
+size_t small_parts(const spattn_sfa_problem *p, const SmallShape &ss, size_t off[9], int64_t W = sfa::DQK) {
     const size_t nq = (size_t)p->B * p->S1 * p->N1, words = (size_t)ss.nl * ss.s1w;
-    const size_t sz[9] = {nq * sfa::DQK * 8, nq * 8, words * 4, words * 4, (size_t)ss.nl * 4, ((size_t)ss.nl + 1) * 4,
-                          (size_t)ss.vmax * 4, (size_t)ss.vmax * 128, nq * sfa::DQK};
+    const size_t sz[9] = {nq * W * 8, nq * 8, words * 4, words * 4, (size_t)ss.nl * 4, ((size_t)ss.nl + 1) * 4,
+                          (size_t)ss.vmax * 4, (size_t)ss.vmax * 128, nq * W};
     size_t t = 0;
     for (int i = 0; i < 9; i++) {
         off[i] = t;
@@ -689,6 +741,10 @@ cudaError_t sort_idx(const spattn_sfa_problem *p, sfa::Params *kp, int32_t *buf,
 size_t bwd_ws_total(const spattn_sfa_problem *p) {
     size_t a, h, off[9];
     const size_t need = bwd_ws_parts(p, &a, &h);
+    if (!fast_shape(p, 1)) {  // a kmaj_shape: key-major only (the deterministic test takes the same shapes)
+        SmallShape ss;
+        return need + (small_shape(p, true, &ss, true) ? small_parts(p, ss, off, p->D + p->Dr) : 0);
+    }
     // the union form where it applies (bwd_impl takes it first), else key-major when the fp32
     // test takes it (a superset of the deterministic one's shapes; same buffers)
     const size_t un = union_cfg(p, sfa::SHAPE_MLA, true).bytes;
@@ -696,6 +752,12 @@ size_t bwd_ws_total(const spattn_sfa_problem *p) {
     SmallShape ss;
     const size_t sm = small_shape(p, false, &ss) ? small_parts(p, ss, off) : 0, so = sort_bytes(p, p->B * p->S2 * p->N2);
     return need + (sm > so ? sm : so);  // key-major's buffers, or the token-major's sorted rows
+}
+
+// A backward the key-major kernel of sfa_bwd_kmaj.cu runs: its shape and a selection it takes.
+bool kmaj_fits(const spattn_sfa_problem *p) {
+    SmallShape ss;
+    return kmaj_shape(p) >= 0 && small_shape(p, true, &ss, true);
 }
 
 unsigned grid_for(int64_t n, int64_t per_block) {
@@ -805,18 +867,23 @@ cudaError_t bwd_kernels(const sfa::Params *q, bool un, int bf16, cudaStream_t st
     return e == cudaSuccess ? spattn_sfa_bwd90_launch(q, bf16, st) : e;
 }
 
+// shape: SHAPE_MLA (fast_shape) or a kmaj_shape whose selection small_shape takes (the caller
+// checked: only the key-major kernel runs those)
 template <typename T>
-spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::Params *kp) {
+spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::Params *kp, int shape) {
     cudaStream_t st = (cudaStream_t)ex->stream;
     size_t acc_b, hist_b, soff[9];
     const size_t common = bwd_ws_parts(p, &acc_b, &hist_b);
+    const bool kmaj = shape != sfa::SHAPE_MLA;
+    const int64_t W = kmaj ? p->D + p->Dr : sfa::DQK;  // the dQ accumulator's row
     // H = 4 .. 32 heads per key head: the union form (groups of 64 / H tokens as 64-row tiles)
     // where it applies, else key-major when the rows are dense enough, else token-major
-    const UnionCfg u = union_cfg(p, sfa::SHAPE_MLA, true);
+    const UnionCfg u = kmaj ? UnionCfg() : union_cfg(p, sfa::SHAPE_MLA, true);
     SmallShape ss;
-    const bool small = !u.bytes && small_shape(p, ex->deterministic != 0, &ss);
+    const bool small = !u.bytes && small_shape(p, ex->deterministic != 0, &ss, kmaj);
+    if (kmaj && !small) return spattn_set_error(SPATTN_STATUS_INTERNAL, "sfa cuda backward: key-major shape refused");
     const size_t sortb = small || u.bytes ? 0 : sort_bytes(p, p->B * p->S2 * p->N2);
-    const size_t need = common + (small ? small_parts(p, ss, soff) : u.bytes ? u.bytes : sortb);
+    const size_t need = common + (small ? small_parts(p, ss, soff, W) : u.bytes ? u.bytes : sortb);
     cuda_scratch scr;  // the caller's workspace or spattn's kept pool (scratch.h)
     const spattn_status ss0 = scr.get(ex, need, "sfa cuda backward");
     if (ss0 != SPATTN_STATUS_SUCCESS) return ss0;
@@ -828,13 +895,15 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
     unsigned char *sw = ws + common;  // the key-major backward's buffers
     const size_t nq = (size_t)p->B * p->S1 * p->N1;
     cudaError_t e = cudaMemsetAsync(ws, 0, det ? common : acc_b / 2, st);
-    if (e == cudaSuccess && small) e = cudaMemsetAsync(sw + soff[0], 0, nq * sfa::DQK * (det ? 8 : 4), st);
-    if (e == cudaSuccess && small && det) e = cudaMemsetAsync(sw + soff[8], 0, nq * sfa::DQK, st);
+    if (e == cudaSuccess && small) e = cudaMemsetAsync(sw + soff[0], 0, nq * W * (det ? 8 : 4), st);
+    if (e == cudaSuccess && small && det) e = cudaMemsetAsync(sw + soff[8], 0, nq * W, st);
     if (e == cudaSuccess && det && small) {  // int64 fixed point's a-priori bound (the key-major form)
+        // stats[1] bounds |k| (dQ) and |v| (dP): the larger of the two serves both
         spattn_launch_maxabs<T>(p->q, stats + 0, st);
-        spattn_launch_maxabs<T>(p->q_rope, stats + 0, st);
+        if (p->Dr) spattn_launch_maxabs<T>(p->q_rope, stats + 0, st);
         spattn_launch_maxabs<T>(p->k, stats + 1, st);
-        spattn_launch_maxabs<T>(p->k_rope, stats + 1, st);
+        if (p->Dr) spattn_launch_maxabs<T>(p->k_rope, stats + 1, st);
+        if (!p->shared_kv) spattn_launch_maxabs<T>(p->v, stats + 1, st);
         spattn_launch_maxabs<T>(p->o, stats + 2, st);
         spattn_launch_maxabs<T>(p->dout, stats + 3, st);
         launch_hist(p, hist, stats, st);
@@ -867,12 +936,15 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
             L.vmult = (uint32_t *)(sw + soff[7]);
             L.nkb = (int)ss.nkb;
             L.s1w = (int)ss.s1w;
-            e = spattn_sfa_bwd_small_launch(kp, &L, bf16, st);
+            L.dv = (int)p->D;
+            L.ww = (int)ss.ww;
+            e = spattn_sfa_bwd_small_launch(kp, &L, bf16, shape, st);
             if (e == cudaSuccess) {
-                const spattn_tensor *dq = p->dq, *dqr = p->dq_rope;
+                const spattn_tensor *dq = p->dq, *dqr = p->Dr ? p->dq_rope : p->dq;  // Dr 0: no column goes there
                 convert_dq_kernel<T><<<grid_for((int64_t)nq * 32, 256), 256, 0, st>>>(
                     sw + soff[0], sw + soff[8], det, (const float *)(stats + 8), (T *)dq->data, (T *)dqr->data, p->B, p->S1, p->N1,
-                    dq->strides[0], dq->strides[1], dq->strides[2], dqr->strides[0], dqr->strides[1], dqr->strides[2], kp->gate);
+                    dq->strides[0], dq->strides[1], dq->strides[2], dqr->strides[0], dqr->strides[1], dqr->strides[2], kp->gate,
+                    (int)W, (int)p->D);
                 e = cudaGetLastError();
             }
         } else {
@@ -897,13 +969,23 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
         }
     }
     if (e == cudaSuccess) {
-        const spattn_tensor *dk = p->dk, *dkr = p->dk_rope;
+        const spattn_tensor *dk = p->dk, *dkr = p->Dr ? p->dk_rope : p->dk;  // Dr 0: no column goes there
         const bool packed = det && !small;
+        DkCols dc;
+        if (kmaj) {
+            dc.D = (int)p->D;
+            dc.wk = (int)(p->D + p->Dr);
+            dc.wv = p->shared_kv ? 0 : (int)p->D;
+            if (dc.wv) {
+                dc.dv = p->dv->data;
+                for (int i = 0; i < 4; i++) dc.sv[i] = p->dv->strides[i];
+            }
+        }
         convert_dk_kernel<T><<<grid_for(p->B * p->S2 * p->N2 * 32, 256), 256, 0, st>>>(
             ws, flags, packed ? 2 : det, (const float *)(stats + (packed ? (int)ST_P2INV : 6)), (T *)dk->data,
             (T *)dkr->data, p->B, p->S2, p->N2, dk->strides[0], dk->strides[1], dk->strides[2], dk->strides[3],
             dkr->strides[0], dkr->strides[1], dkr->strides[2], dkr->strides[3], kp->gate,
-            packed ? p32_bounds(p->B * p->S2 * p->N2, ws) : nullptr);
+            packed ? p32_bounds(p->B * p->S2 * p->N2, ws) : nullptr, dc);
         e = cudaGetLastError();
     }
     if (e != cudaSuccess)
@@ -925,7 +1007,7 @@ extern "C" size_t spattn_cuda_sfa_workspace(const spattn_sfa_problem *p, int bac
         const int shape = fwd_shape(p);
         return shape >= 0 ? union_cfg(p, shape).bytes : ref_parts(p, 0, off);
     }
-    if (!fast_shape(p, backward)) return ref_parts(p, backward, off);
+    if (!fast_shape(p, backward) && !(backward && kmaj_fits(p))) return ref_parts(p, backward, off);
     // a size query (spattn_sfa_workspace_size) sees no O, dO or dQ: one the Hopper kernels cannot
     // read sends the call to the simple kernels, so the query answers the larger need (as bsa's)
     const size_t fast = bwd_ws_total(p);
@@ -1150,7 +1232,7 @@ extern "C" spattn_status spattn_cuda_sfa_check_indices(const spattn_sfa_problem 
     if (stream_capturing(st)) {
         // the Hopper backward checks on the device itself under capture, its writers gated on the
         // verdict (spattn_cuda_sfa_bwd); the simple kernels need the verdict first: not captured
-        if (!p->seqs && p->dout && fast_shape(p, 1)) return SPATTN_STATUS_SUCCESS;
+        if (!p->seqs && p->dout && (fast_shape(p, 1) || kmaj_fits(p))) return SPATTN_STATUS_SUCCESS;
         return capture_refusal("this sfa call (a shape of the simple kernels)");
     }
     IdxCheck c;
@@ -2051,7 +2133,8 @@ extern "C" spattn_status spattn_cuda_sfa_fwd(const spattn_sfa_problem *p, const 
 
 extern "C" spattn_status spattn_cuda_sfa_bwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
     if (p->seqs) return vl_bwd(p, ex);
-    if (!fast_shape(p, 1)) return ref_bwd(p, ex);
+    const int shape = fast_shape(p, 1) ? sfa::SHAPE_MLA : kmaj_fits(p) ? kmaj_shape(p) : -1;
+    if (shape < 0) return ref_bwd(p, ex);
     spattn_status s = limits_ok(p);
     if (s != SPATTN_STATUS_SUCCESS) return s;
     sfa::Params kp;
@@ -2068,7 +2151,7 @@ extern "C" spattn_status spattn_cuda_sfa_bwd(const spattn_sfa_problem *p, const 
         if ((s = check_launch(p, st, &c)) != SPATTN_STATUS_SUCCESS) return s;
         kp.gate = c.d_bad;
     }
-    s = p->dtype == SPATTN_DTYPE_BF16 ? bwd_impl<__nv_bfloat16>(p, ex, &kp) : bwd_impl<__half>(p, ex, &kp);
+    s = p->dtype == SPATTN_DTYPE_BF16 ? bwd_impl<__nv_bfloat16>(p, ex, &kp, shape) : bwd_impl<__half>(p, ex, &kp, shape);
     if (cap) {
         const spattn_status s2 = check_finish(p, st, &c, cudaSuccess);  // frees the word in the graph
         if (s == SPATTN_STATUS_SUCCESS) s = s2;

@@ -994,9 +994,10 @@ static int small_tests(bool quick) {
         test_case(c, seed++);
         printf("%-36s %s\n", c.name.c_str(), g_fail == before ? "ok" : "FAILED");
     }
-    // the small-head forward's separate-V shapes (any H in chunks of 32 heads; their backward
-    // runs on the simple kernels): D 128 without rope (NSA-style), D 128 + Dr 64, D 64 (one
-    // d-tile: warpgroup 1 finalises none), D 256
+    // the small-head forward's separate-V shapes (any H in chunks of 32 heads): D 128 without
+    // rope (NSA-style), D 128 + Dr 64, D 64 (one d-tile: warpgroup 1 finalises none), D 256.  The
+    // backward of the first three runs sfa_bwd_kmaj.cu (key-major; heads in chunks of 32, rows of
+    // 4 heads below 4, windows of the lists), D 256 and the shared-V ones the simple kernels.
     std::vector<Cfg> ns;
     // sep: a separate v; shv: shared V (V = k's first D columns) at D 128 / 256 with and without
     // rope
@@ -1031,6 +1032,11 @@ static int small_tests(bool quick) {
         ns.back().pad_any = 1;
         sep(mk("sep_d256_h8x2_sbs32_strided", 2, 16, 400, 16, 2, 10, 32, 0, FP), 256, 0);
         ns.back().row_pad = 8;
+        // the key-major backward's long lists: ~32 steps a window, every stage reused many times
+        sep(mk("nsa_h16_s300x1200_k8_many_steps", 1, 300, 1200, 16, 1, 8, 64, 3, BF), 128, 0);
+        sep(mk("sep_d128r64_h8x2_s256_k24_sbs16", 1, 256, 700, 16, 2, 24, 16, 3, FP), 128, 64);
+        sep(mk("sep_d64_h2_b2_s200_mode0", 2, 200, 500, 4, 2, 10, 64, 0, BF), 64, 0);
+        ns.back().dups = 1;
     }
     shv(mk("shv_quick_d128r64_h16_sbs16", 1, 8, 400, 16, 1, 8, 16, 3, BF), 128, 64);
     if (!quick) {
@@ -1049,8 +1055,8 @@ static int small_tests(bool quick) {
         printf("%-36s %s\n", c.name.c_str(), g_fail == before ? "ok" : "FAILED");
     }
     if (quick) {  // the simple kernels' backward (both modes) under the sanitizers too
-        Cfg f = mk("fb_quick_sepv_d64_gqa", 1, 10, 40, 4, 2, 12, 2, 3, FP);
-        f.D = 64;
+        Cfg f = mk("fb_quick_sepv_d256_gqa", 1, 10, 40, 4, 2, 12, 2, 3, FP);
+        f.D = 256;
         f.Dr = 0;
         f.sep_v = 1;
         int before = g_fail;

@@ -1,0 +1,402 @@
+// Top-k sparse flash attention backward for Hopper (sm_90a), key-major, for the shapes other than
+// DeepSeek's (sfa_bwd_small.cu has that one): a separate value tensor with D 128 (NSA-style
+// selection: blocks of 64 contiguous keys), D 128 + Dr 64 (NSA's d_k 192 / d_v 128) and D 64
+// (sfa::Sep in sfa_gather.cuh); any head count, modes 0 and 3, GQA, any sbs.
+//
+// The lists are sfa_bwd_small.cu's (built on the device per call): per (b, n2, 64-key block), the
+// tokens whose index row selects any of its keys, in increasing s1, with each key's multiplicity.
+// A CTA owns one key block and a window of those tokens (L.ww words of 32 tokens), so dK and dV of
+// its 64 keys stay in registers; dQ gets one add of (32 token-head rows x D + Dr) per step.
+//
+// Why not sfa_bwd_small.cu's consumers: at D 576 a step's GEMMs are large and its 9 + 8 boxes of
+// dK / dV accumulators do not fit one warpgroup, so its two consumers split the boxes and
+// exchange P and dS every step.  Here the accumulators of every box fit one warpgroup (at most 5
+// boxes of 64 x 64: 160 registers), so the consumers run whole steps independently, alternating
+// (warpgroup c takes the steps it = c, c + 2, ...), and meet once at the end to sum their dK / dV.
+//
+// Per step (32 token-head rows = TT tokens of HP heads, HP = H rounded up to a power of two, 32
+// when H > 32: then blockIdx.z is the chunk of 32 heads), in the consumer warpgroup of the step:
+//   S^T = K Q^T, dP^T = V dO^T (SS m64n32, keys = MMA rows); P^T = mult exp2(S^T sl2 - LSE2),
+//   dS^T = scale P^T (dP^T - Delta) in fp32;
+//   dK[box] += dS^T Q[box], dV[box] += P^T dO[box] (RS: P^T, dS^T packed from the accumulators);
+//   dQ^T[box] = K^T dS^T (A = the key box read MN-major, B = the step's dS tile in shared memory),
+//   added to the dQ accumulator rows of the step's token-heads.
+// Accumulators: dQ [B, S1, N1, D + Dr], dK / dV rows of sfa_host.cu's [B, S2, N2, 576] (dK in
+// columns 0 .. D + Dr - 1, dV after them); int64 fixed point (deterministic, bitwise
+// reproducible) or fp32 (deterministic = 0).
+#include <math.h>
+
+#include "hopper/hopper.cuh"
+#include "sfa_adds.cuh"
+#include "sfa_bwd_small.h"
+#include "sfa_gather.cuh"
+
+namespace {
+
+using sfa::Params;
+using sfa::SmallLists;
+
+constexpr int BOX = sfa::GBOX;  // 64 key rows x 128 bytes
+constexpr int NR = 32;          // token-head rows per step
+constexpr int RBOX = NR * 128;  // a 32-row box: 4 KB
+constexpr int NST = 4;          // stages: two per consumer warpgroup
+// per stage beside Q / dO: the multiplicities [TT][64] (uint16), LSE2 [32], Delta [32]
+constexpr int MS_CNT = 0, MS_LSE = 32 * 128, MS_DELTA = MS_LSE + NR * 4, MISC = MS_DELTA + NR * 4;
+
+template <class S> struct Lay {
+    static constexpr int NDKV = S::NBK + (S::SEPV ? S::NBN : 0);  // dK (+ dV) boxes
+    static constexpr int SQD = (S::NBK + S::NBN) * RBOX;          // a stage's Q and dO boxes
+    static constexpr int OFF_K = 0, OFF_ST = S::NBT * BOX, OFF_MISC = OFF_ST + NST * SQD;
+    static constexpr int OFF_DS = OFF_MISC + NST * MISC;  // a dS tile [32][64] per consumer
+    static constexpr int OFF_BAR = OFF_DS + 2 * RBOX;
+    static constexpr int SMEM = OFF_BAR + 128 + 1024;  // + alignment slack
+    static_assert(SMEM <= 232448, "fits in 227 KB");
+    static_assert(OFF_DS % 1024 == 0, "swizzled dS tiles");
+    // the end's exchange of dK / dV partials (64 x 64 fp32 per box) reuses the stages
+    static_assert(NDKV * 64 * 64 * 4 <= NST * (SQD + MISC), "the partials fit the stages");
+    static_assert(NDKV <= 5, "accumulators of one warpgroup");
+};
+
+// A 64 x 32 accumulator (this thread's 16 values: element i = 4 j + 2 hh + e is key r0 + 8 hh,
+// token-head row 8 j + 2 q4 + e) as the A fragments of the two k-steps of an m64 RS wgmma.
+template <typename T> __device__ __forceinline__ void pack_a(const float (&x)[16], uint32_t (&a)[2][4]) {
+#pragma unroll
+    for (int kk = 0; kk < 2; kk++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) a[kk][r] = hop::elt<T>::pack(x[8 * kk + 2 * r], x[8 * kk + 2 * r + 1]);
+}
+// This thread's dS^T values (layout of pack_a) into the dS tile [32 token-head rows][64 keys]
+// (one 128-byte swizzled row per row: the K-major B operand of dQ^T).
+template <typename T> __device__ __forceinline__ void store_ds(unsigned char *sds, const float (&d)[16], int q4, int r0) {
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++)
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int th = 8 * j + 2 * q4 + e, key = r0 + 8 * hh;
+                const uint32_t pk = hop::elt<T>::pack(d[4 * j + 2 * hh + e], 0.f);
+                *reinterpret_cast<uint16_t *>(sds + hop::sw128(th, key >> 3) + (key & 7) * 2) = (uint16_t)pk;
+            }
+}
+
+struct Sm {
+    unsigned char *k, *st, *misc, *ds;
+    uint64_t *full, *empty, *kbar;  // full / empty [NST]
+};
+
+template <typename T, class S, int HP, int C>
+__device__ __forceinline__ void consume(const Params &p, const SmallLists &L, const Sm &s, int b, int n2, int kb,
+                                        int hc, int v0, int v1) {
+    using LY = Lay<S>;
+    constexpr int TT = NR / HP, NBK = S::NBK, NBN = S::NBN, NDKV = LY::NDKV, W = 64 * NBK;
+    const int t = threadIdx.x & 127, warp = t >> 5, lane = t & 31, q4 = lane & 3;
+    const int r0 = warp * 16 + (lane >> 2);
+    const float sl2 = p.scale_log2, scale = p.scale;
+    const bool det = p.acc_i64 != nullptr;
+    const float fsq = det ? *L.fix_scale_q : 1.f;
+    unsigned char *sds = s.ds + C * RBOX;
+    const int head0 = hc * NR;
+
+    float dkv[NDKV][32];
+#pragma unroll
+    for (int i = 0; i < NDKV; i++)
+#pragma unroll
+        for (int j = 0; j < 32; j++) dkv[i][j] = 0.f;
+
+    const uint64_t kd = hop::desc_sw128(s.k, 16, 1024), dsd = hop::desc_sw128(sds, 16, 1024);
+    auto kmaj32 = [](uint64_t d, int kk) { return hop::desc_add(d, (kk >> 2) * RBOX + (kk & 3) * 32); };
+    const int nsteps = (v1 - v0 + TT - 1) / TT;
+    for (int it = C; it < nsteps; it += 2) {
+        const int st = it & (NST - 1);
+        const uint32_t ph = (it / NST) & 1;
+        unsigned char *sq = s.st + st * LY::SQD, *sdo = sq + NBK * RBOX, *ms = s.misc + st * MISC;
+        const uint16_t *cnt = reinterpret_cast<const uint16_t *>(ms + MS_CNT);  // [TT][64]
+        const float *lse2 = reinterpret_cast<const float *>(ms + MS_LSE), *delta = reinterpret_cast<const float *>(ms + MS_DELTA);
+        const int vs = v0 + it * TT, ntok = min(TT, v1 - vs);
+        const uint64_t qd = hop::desc_sw128(sq, 16, 1024), dod = hop::desc_sw128(sdo, 16, 1024);
+
+        uint32_t pa[2][4], da[2][4];
+        {  // the score tiles live in this scope only
+            float sa[16], dpa[16];
+            hop::mbar_wait(s.full + st, ph);
+            hop::wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4 * NBK; kk++)
+                hop::elt<T>::template ssn<32, 0, 0>(sa, hop::desc_add(kd, (kk >> 2) * BOX + (kk & 3) * 32), kmaj32(qd, kk), kk > 0);
+#pragma unroll
+            for (int kk = 0; kk < 4 * NBN; kk++)
+                hop::elt<T>::template ssn<32, 0, 0>(dpa, hop::desc_add(kd, S::vbox(kk >> 2) * BOX + (kk & 3) * 32), kmaj32(dod, kk),
+                                                    kk > 0);
+            hop::wgmma_commit();
+            hop::wgmma_wait<0>();
+            hop::reg_fence(sa);
+            hop::reg_fence(dpa);
+            // P^T = mult exp2(S^T sl2 - LSE2), dS^T = scale P^T (dP^T - Delta); unselected keys
+            // and padding rows exactly 0 (not 0 times a non-finite dP of another key's row)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int th = 8 * j + 2 * q4 + e, tok = th / HP, h = th % HP;
+                    const bool ok = tok < ntok && head0 + h < p.H;
+                    const float l2 = lse2[th], dl = delta[th];
+#pragma unroll
+                    for (int hh = 0; hh < 2; hh++) {
+                        const int key = r0 + 8 * hh, i = 4 * j + 2 * hh + e;
+                        const float m = ok ? (float)cnt[tok * 64 + key] : 0.f;
+                        const float pv = m > 0.f ? m * hop::ex2(sa[i] * sl2 - l2) : 0.f;
+                        dpa[i] = m > 0.f ? scale * pv * (dpa[i] - dl) : 0.f;
+                        sa[i] = pv;
+                    }
+                }
+            pack_a<T>(sa, pa);
+            pack_a<T>(dpa, da);
+            hop::bar_sync(1 + C, 128);  // every warp's dQ^T GEMMs of the previous step have read the tile
+            store_ds<T>(sds, dpa, q4, r0);
+            hop::fence_proxy_async();
+            hop::bar_sync(1 + C, 128);  // the tile is whole for the dQ^T GEMMs
+        }
+
+        // ---- dK += dS^T Q, dV += P^T dO (B = the stage's Q / dO boxes read MN-major: 16 rows per k-step)
+        hop::wgmma_fence();
+#pragma unroll
+        for (int i = 0; i < NBK; i++) {
+            const uint64_t qb = hop::desc_sw128(sq + i * RBOX, RBOX, 1024);
+#pragma unroll
+            for (int kk = 0; kk < 2; kk++) hop::elt<T>::template rs64<1>(dkv[i], da[kk], hop::desc_add(qb, kk * 2048), 1);
+        }
+#pragma unroll
+        for (int d = 0; d < NBN; d++) {
+            const uint64_t ob = hop::desc_sw128(sdo + d * RBOX, RBOX, 1024);
+#pragma unroll
+            for (int kk = 0; kk < 2; kk++)
+                hop::elt<T>::template rs64<1>(dkv[S::SEPV ? NBK + d : d], pa[kk], hop::desc_add(ob, kk * 2048), 1);
+        }
+        hop::wgmma_commit();
+
+        // ---- dQ^T[box] = K^T dS^T (M = 64 columns of the box, N = 32 token-heads, K = 64 keys)
+        int qrow[8];  // this thread's 8 token-head columns: dQ accumulator row (-1: padding)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int th = 8 * j + 2 * q4 + e, tok = th / HP, h = th % HP;
+                qrow[2 * j + e] = tok < ntok && head0 + h < p.H ? (b * p.S1 + L.vtok[vs + tok]) * p.N1 + n2 * p.H + head0 + h : -1;
+            }
+#pragma unroll 1
+        for (int box = 0; box < NBK; box++) {
+            const uint64_t ka = hop::desc_sw128(s.k + box * BOX, BOX, 1024);
+            float q[16];
+            hop::wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+                hop::elt<T>::template ssn<32, 1, 0>(q, hop::desc_add(ka, kk * 2048), hop::desc_add(dsd, kk * 32), kk > 0);
+            hop::wgmma_commit();
+            hop::wgmma_wait<0>();
+            hop::reg_fence(q);
+            if (box == 0) {
+#pragma unroll
+                for (int i = 0; i < NDKV; i++) hop::reg_fence(dkv[i]);  // the dK / dV group is done: the stage is free
+                hop::mbar_arrive(s.empty + st);
+            }
+            // det: one vote per box for the common all-finite case (straight-line integer adds)
+            bool fin = true;
+#pragma unroll
+            for (int i = 0; i < 16; i++) fin &= fabsf(q[i]) <= FLT_MAX;
+            const int mode = !det ? 0 : __all_sync(0xffffffffu, fin) ? 1 : 2;
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    if (qrow[2 * j + e] < 0) continue;
+                    const int64_t rowq = (int64_t)qrow[2 * j + e] * W + box * 64 + r0;
+                    const float x0 = q[4 * j + e], x1 = q[4 * j + 2 + e];  // columns r0, r0 + 8
+                    if (mode == 0) {
+                        sfa::red_add_f32(L.dq_f32 + rowq, x0);
+                        sfa::red_add_f32(L.dq_f32 + rowq + 8, x1);
+                    } else if (mode == 1) {
+                        sfa::red_add_u64(L.dq_i64 + rowq, (unsigned long long)__float2ll_rn(x0 * fsq));
+                        sfa::red_add_u64(L.dq_i64 + rowq + 8, (unsigned long long)__float2ll_rn(x1 * fsq));
+                    } else {
+                        sfa::add_fix(L.dq_i64, L.dq_flags, rowq, x0, fsq);
+                        sfa::add_fix(L.dq_i64, L.dq_flags, rowq + 8, x1, fsq);
+                    }
+                }
+        }
+#pragma unroll
+        for (int i = 0; i < NDKV; i++) hop::reg_fence(dkv[i]);
+    }
+
+    // ---- the two consumers' dK / dV partials summed through the stages (free now: every step's
+    // copies were waited on), then warpgroup c adds boxes i with i % 2 == c into the accumulator
+    hop::bar_sync(3, 256);
+    float *red = reinterpret_cast<float *>(s.st);
+#pragma unroll
+    for (int i = 0; i < NDKV; i++)
+        if (i % 2 != C)
+#pragma unroll
+            for (int j4 = 0; j4 < 8; j4++)
+                *reinterpret_cast<float4 *>(red + i * 4096 + (j4 * 128 + t) * 4) =
+                    make_float4(dkv[i][4 * j4], dkv[i][4 * j4 + 1], dkv[i][4 * j4 + 2], dkv[i][4 * j4 + 3]);
+    hop::bar_sync(3, 256);
+    const float fs = det ? *p.fix_scale : 1.f;
+    const int64_t base = ((int64_t)b * p.S2 * p.N2 + n2) * sfa::DQK;
+    const int ka = kb * 64 + r0, kb8 = ka + 8;
+    const int k0 = ka < p.S2 ? ka : -1, k8 = kb8 < p.S2 ? kb8 : -1;
+#pragma unroll
+    for (int i = 0; i < NDKV; i++) {
+        if (i % 2 != C) continue;
+#pragma unroll
+        for (int j4 = 0; j4 < 8; j4++) {
+            const float4 v = *reinterpret_cast<const float4 *>(red + i * 4096 + (j4 * 128 + t) * 4);
+            dkv[i][4 * j4] += v.x;
+            dkv[i][4 * j4 + 1] += v.y;
+            dkv[i][4 * j4 + 2] += v.z;
+            dkv[i][4 * j4 + 3] += v.w;
+        }
+        if (det) sfa::add_box<1>(p, dkv[i], k0, k8, lane, base, i * 64, fs);
+        else sfa::add_box<0>(p, dkv[i], k0, k8, lane, base, i * 64, fs);
+    }
+}
+
+template <typename T, class S, int HP>
+__global__ void __launch_bounds__(384, 1) sfa_bwd_kmaj_kernel(const __grid_constant__ Params p, const __grid_constant__ SmallLists L) {
+    using LY = Lay<S>;
+    constexpr int TT = NR / HP, NBN = S::NBN, NBR = S::NBR, NBK = S::NBK;
+    // CTA (list l, window y of L.ww words, head chunk z): the visits of l whose token lies in the
+    // window (they start at a word's prefix count).  List-fastest grid: the CTAs resident at a
+    // time share one window, so their dQ adds stay in rows that L2 holds.
+    const int64_t l = blockIdx.x;
+    const int64_t wrow = l * L.s1w;
+    const int w0 = (int)blockIdx.y * L.ww, w1 = w0 + L.ww;
+    const int v0 = L.off[l] + (int)L.wpre[wrow + w0];
+    const int v1 = L.off[l] + (w1 < L.s1w ? (int)L.wpre[wrow + w1] : L.len[l]);
+    if (v0 >= v1) return;  // no token of this window selects a key of the block
+    const int kb = (int)(l % L.nkb), n2 = (int)(l / L.nkb % p.N2), b = (int)(l / L.nkb / p.N2);
+    const int hc = (int)blockIdx.z, head0 = hc * NR;
+
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char *sm = hop::align1024(smem_raw);
+    Sm s;
+    s.k = sm + LY::OFF_K;
+    s.st = sm + LY::OFF_ST;
+    s.misc = sm + LY::OFF_MISC;
+    s.ds = sm + LY::OFF_DS;
+    s.full = reinterpret_cast<uint64_t *>(sm + LY::OFF_BAR);
+    s.empty = s.full + NST;
+    s.kbar = s.empty + NST;
+    const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 7), 0), t = threadIdx.x & 127;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < NST; i++) {
+            hop::mbar_init(s.full + i, 128);
+            hop::mbar_init(s.empty + i, 128);
+        }
+        hop::mbar_init(s.kbar, 128);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {  // ------------------------------------------------------------------ producer
+        hop::setmaxnreg_dec<40>();
+        {
+            // the key block: keys kb * 64 + row (rows past S2 zero-filled), K then V boxes
+            const sfa::Gather<T, false, S> gat(p, b, n2, t);
+            int key[4];
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int k = kb * 64 + gat.grp + 16 * r;
+                key[r] = k < p.S2 ? k : -1;
+            }
+            gat.copy(s.k, key, 0, S::NBT);
+            hop::cp_async_arrive_noinc(s.kbar);
+        }
+        const T *qb = static_cast<const T *>(p.q) + b * p.sq[0] + (int64_t)(n2 * p.H + head0) * p.sq[2];
+        const T *qrb = NBR ? static_cast<const T *>(p.qr) + b * p.sqr[0] + (int64_t)(n2 * p.H + head0) * p.sqr[2] : qb;
+        const T *dob = static_cast<const T *>(p.dout) + b * p.sdo[0] + (int64_t)(n2 * p.H + head0) * p.sdo[2];
+        const int nsteps = (v1 - v0 + TT - 1) / TT;
+        for (int it = 0; it < nsteps; it++) {
+            const int st = it & (NST - 1);
+            if (it >= NST) hop::mbar_wait(s.empty + st, ((it / NST) - 1) & 1);
+            unsigned char *sq = s.st + st * LY::SQD, *ms = s.misc + st * MISC;
+            const int vs = v0 + it * TT, ntok = min(TT, v1 - vs);
+            // Q (NBK boxes) and dO (NBN boxes) rows th = tok * HP + h, 8 threads per row (128
+            // contiguous bytes per row and instruction), 16 rows per pass
+#pragma unroll
+            for (int pass = 0; pass < 2; pass++) {
+                const int th = (t >> 3) + 16 * pass, cc = t & 7, tok = th / HP, h = th % HP;
+                const bool ok = tok < ntok && head0 + h < p.H;
+                const int s1 = ok ? L.vtok[vs + tok] : 0;
+                const T *qs = qb + (int64_t)s1 * p.sq[1] + (int64_t)h * p.sq[2] + cc * 8;
+                const T *rs = NBR ? qrb + (int64_t)s1 * p.sqr[1] + (int64_t)h * p.sqr[2] + cc * 8 : qb;
+                const T *ds = dob + (int64_t)s1 * p.sdo[1] + (int64_t)h * p.sdo[2] + cc * 8;
+                const uint32_t so = hop::sw128(th, cc);
+#pragma unroll
+                for (int i = 0; i < NBN; i++) sfa::cp_async16(sq + i * RBOX + so, ok ? qs + i * 64 : qb, ok ? 16 : 0);
+#pragma unroll
+                for (int i = 0; i < NBR; i++) sfa::cp_async16(sq + (NBN + i) * RBOX + so, ok ? rs + i * 64 : qb, ok ? 16 : 0);
+#pragma unroll
+                for (int i = 0; i < NBN; i++) sfa::cp_async16(sq + (NBK + i) * RBOX + so, ok ? ds + i * 64 : qb, ok ? 16 : 0);
+            }
+            // multiplicities [TT][64] (128 bytes per visit), LSE2 and Delta per token-head row
+            for (int x = t; x < TT * 8; x += 128) {
+                const int tok = x >> 3, ok = tok < ntok;
+                sfa::cp_async16(ms + MS_CNT + x * 16, ok ? L.vmult + (int64_t)(vs + tok) * 32 + (x & 7) * 4 : L.vmult, ok ? 16 : 0);
+            }
+            if (t < 2 * NR) {
+                const int th = t & (NR - 1), tok = th / HP, h = th % HP;
+                const bool ok = tok < ntok && head0 + h < p.H;
+                const int64_t r = ok ? ((int64_t)b * p.S1 + L.vtok[vs + tok]) * p.N1 + (int64_t)n2 * p.H + head0 + h : 0;
+                const float *src = (t < NR ? L.lse2 : L.delta) + r;
+                asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(hop::smem_u32(ms + (t < NR ? MS_LSE : MS_DELTA) + th * 4)),
+                             "l"(src), "r"(ok ? 4 : 0)
+                             : "memory");
+            }
+            hop::cp_async_arrive_noinc(s.full + st);
+        }
+        sfa::cp_async_wait<0>();
+        return;
+    }
+
+    // ------------------------------------------------------------------------------- consumers
+    hop::setmaxnreg_inc<232>();
+    hop::mbar_wait(s.kbar, 0);
+    if (wg == 1) consume<T, S, HP, 0>(p, L, s, b, n2, kb, hc, v0, v1);
+    else consume<T, S, HP, 1>(p, L, s, b, n2, kb, hc, v0, v1);
+}
+
+template <typename T, class S, int HP> cudaError_t launch_hp(const Params &p, const SmallLists &L, int nl, cudaStream_t st) {
+    static unsigned long long done = 0;
+    const cudaError_t e = hop::set_smem(sfa_bwd_kmaj_kernel<T, S, HP>, Lay<S>::SMEM, &done);
+    if (e != cudaSuccess) return e;
+    const int windows = (L.s1w + L.ww - 1) / L.ww, chunks = (p.H + NR - 1) / NR;
+    sfa_bwd_kmaj_kernel<T, S, HP><<<dim3((unsigned)nl, (unsigned)windows, (unsigned)chunks), 384, Lay<S>::SMEM, st>>>(p, L);
+    return cudaGetLastError();
+}
+
+template <typename T, class S> cudaError_t launch_shape(const Params &p, const SmallLists &L, int nl, cudaStream_t st) {
+    // fewer than 4 heads per key head run 4-head rows (the padded rows masked)
+    if (p.H <= 4) return launch_hp<T, S, 4>(p, L, nl, st);
+    if (p.H <= 8) return launch_hp<T, S, 8>(p, L, nl, st);
+    if (p.H <= 16) return launch_hp<T, S, 16>(p, L, nl, st);
+    return launch_hp<T, S, 32>(p, L, nl, st);
+}
+
+template <typename T> cudaError_t launch_t(const Params &p, const SmallLists &L, int shape, int nl, cudaStream_t st) {
+    switch (shape) {
+    case sfa::SHAPE_NSA: return launch_shape<T, sfa::Nsa>(p, L, nl, st);
+    case sfa::SHAPE_SEP_128_64: return launch_shape<T, sfa::Sep<2, 1>>(p, L, nl, st);
+    case sfa::SHAPE_SEP_64: return launch_shape<T, sfa::Sep<1, 0>>(p, L, nl, st);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+}  // namespace
+
+// The main kernel of the key-major backward for a shape of spattn_sfa_bwd_kmaj_shape (the lists of
+// L built by sfa_bwd_small.cu's launcher, which calls this).
+extern "C" cudaError_t spattn_sfa_bwd_kmaj_launch(const sfa::Params *p, const sfa::SmallLists *L, int is_bf16, int shape,
+                                                  cudaStream_t st) {
+    const int nl = p->B * p->N2 * L->nkb;
+    return is_bf16 ? launch_t<__nv_bfloat16>(*p, *L, shape, nl, st) : launch_t<__half>(*p, *L, shape, nl, st);
+}
