@@ -40,20 +40,21 @@ constexpr int BOX = sfa::GBOX;  // 64 key rows x 128 bytes
 constexpr int NR = 32;          // token-head rows per step
 constexpr int RBOX = NR * 128;  // a 32-row box: 4 KB
 constexpr int NST = 4;          // stages: two per consumer warpgroup
-// per stage beside Q / dO: the multiplicities [TT][64] (uint16), LSE2 [32], Delta [32]
-constexpr int MS_CNT = 0, MS_LSE = 32 * 128, MS_DELTA = MS_LSE + NR * 4, MISC = MS_DELTA + NR * 4;
+// per stage beside Q / dO: the multiplicities [TT][64] (uint16), LSE2 [32], Delta [32], the
+// visits' tokens [TT] (TT <= 8: rows of 4 heads at least)
+constexpr int MS_CNT = 0, MS_LSE = 8 * 128, MS_DELTA = MS_LSE + NR * 4, MS_TOK = MS_DELTA + NR * 4, MISC = MS_TOK + 8 * 4;
 
 template <class S> struct Lay {
     static constexpr int NDKV = S::NBK + (S::SEPV ? S::NBN : 0);  // dK (+ dV) boxes
     static constexpr int SQD = (S::NBK + S::NBN) * RBOX;          // a stage's Q and dO boxes
-    static constexpr int OFF_K = 0, OFF_ST = S::NBT * BOX, OFF_MISC = OFF_ST + NST * SQD;
-    static constexpr int OFF_DS = OFF_MISC + NST * MISC;  // a dS tile [32][64] per consumer
-    static constexpr int OFF_BAR = OFF_DS + 2 * RBOX;
+    static constexpr int OFF_K = 0, OFF_ST = S::NBT * BOX, OFF_DS = OFF_ST + NST * SQD;  // a dS tile [32][64] per consumer
+    static constexpr int OFF_MISC = OFF_DS + 2 * RBOX;
+    static constexpr int OFF_BAR = OFF_MISC + NST * MISC;
     static constexpr int SMEM = OFF_BAR + 128 + 1024;  // + alignment slack
     static_assert(SMEM <= 232448, "fits in 227 KB");
-    static_assert(OFF_DS % 1024 == 0, "swizzled dS tiles");
-    // the end's exchange of dK / dV partials (64 x 64 fp32 per box) reuses the stages
-    static_assert(NDKV * 64 * 64 * 4 <= NST * (SQD + MISC), "the partials fit the stages");
+    static_assert(OFF_DS % 1024 == 0 && MISC % 16 == 0, "swizzled dS tiles, 16-byte copies");
+    // the end's exchange of dK / dV partials (64 x 64 fp32 per box) reuses the stages, tiles, misc
+    static_assert(NDKV * 64 * 64 * 4 <= OFF_BAR - OFF_ST, "the partials fit the stages");
     static_assert(NDKV <= 5, "accumulators of one warpgroup");
 };
 
@@ -80,14 +81,135 @@ template <typename T> __device__ __forceinline__ void store_ds(unsigned char *sd
             }
 }
 
+// A dQ^T tile (m64n32 accumulator: q[4 j + 2 hh + e] is column r0 + 8 hh of token-head row
+// 8 j + 2 q4 + e) added to the dQ accumulator rows qrow (-1: none), columns col0 + ..; rows of W.
+// fp32: regrouped by two shuffle rounds (lanes 4 and 8 apart hold the neighbouring columns) so
+// that each lane adds 4 consecutive columns of a row per instruction (4 red.v4 instead of 16
+// scalar reds).  Deterministic: int64 fixed point, one vote per tile for the all-finite case.
+__device__ __noinline__ void add_dq_slow(const SmallLists &L, int64_t rowq, float x0, float x1, float fsq) {
+    sfa::add_fix(L.dq_i64, L.dq_flags, rowq, x0, fsq);
+    sfa::add_fix(L.dq_i64, L.dq_flags, rowq + 8, x1, fsq);
+}
+__device__ __forceinline__ void add_dq(const Params &p, const SmallLists &L, const float (&q)[16], const int (&qrow)[8],
+                                       int col0, int W, int lane, int r0, bool det, float fsq) {
+    const int q4 = lane & 3;
+    if (!det) {
+        const int g = lane >> 2, odd = g & 1, hi = (g >> 1) & 1;
+        const int cb = (r0 & ~15) + (g & 4);  // the 4-column group: 16 warp + (g & ~3)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            // round 1 (lanes g, g ^ 1): the even lane gets columns (c, c + 1) of row e = 0, the odd
+            // lane (c - 1, c) of row e = 1
+            float px[4], py[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const float a0 = q[4 * j + 2 * hh], a1 = q[4 * j + 2 * hh + 1];
+                const float r = __shfl_xor_sync(0xffffffffu, odd ? a0 : a1, 4);
+                px[j] = odd ? r : a0;
+                py[j] = odd ? a1 : r;
+            }
+            // round 2 (lanes g, g ^ 2): rows of j = 2 m + hi, 4 columns from cb + 8 hh
+#pragma unroll
+            for (int m = 0; m < 2; m++) {
+                const float sx = hi ? px[2 * m] : px[2 * m + 1], sy = hi ? py[2 * m] : py[2 * m + 1];
+                const float rx = __shfl_xor_sync(0xffffffffu, sx, 8), ry = __shfl_xor_sync(0xffffffffu, sy, 8);
+                const int jj = 2 * m + hi, row = hi ? qrow[2 * (2 * m + 1) + odd] : qrow[2 * (2 * m) + odd];
+                (void)jj;
+                if (row < 0) continue;
+                float *dst = L.dq_f32 + (int64_t)row * W + col0 + cb + 8 * hh;
+                if (hi) sfa::red_add_v4(dst, rx, ry, px[2 * m + 1], py[2 * m + 1]);
+                else sfa::red_add_v4(dst, px[2 * m], py[2 * m], rx, ry);
+            }
+        }
+        return;
+    }
+    bool fin = true;
+#pragma unroll
+    for (int i = 0; i < 16; i++) fin &= fabsf(q[i]) <= FLT_MAX;
+    const bool all = __all_sync(0xffffffffu, fin);
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            if (qrow[2 * j + e] < 0) continue;
+            const int64_t rowq = (int64_t)qrow[2 * j + e] * W + col0 + r0;
+            const float x0 = q[4 * j + e], x1 = q[4 * j + 2 + e];  // columns r0, r0 + 8
+            if (all) {
+                sfa::red_add_u64(L.dq_i64 + rowq, (unsigned long long)__float2ll_rn(x0 * fsq));
+                sfa::red_add_u64(L.dq_i64 + rowq + 8, (unsigned long long)__float2ll_rn(x1 * fsq));
+            } else {
+                add_dq_slow(L, rowq, x0, x1, fsq);
+            }
+        }
+    (void)q4;
+}
+
+// The CTA's summed dK / dV rows red [64 keys][wc] (fp32, shared) added to the accumulator rows
+// [B, S2, N2, 576] of its keys (past S2: none), columns 0 .. wc - 1, by 256 threads: fp32 four
+// columns per red.v4, deterministic int64 fixed point one column per red (a warp's 32 columns
+// contiguous), the flag path for non-finite values out of line.
+__device__ __noinline__ void add_rows_slow(const Params &p, int64_t i, float v, float fs) {
+    sfa::add_fix(p.acc_i64, p.acc_flags, i, v, fs);
+}
+__device__ __forceinline__ void add_rows(const Params &p, const float *red, int wc, int kb, int n2, int b, float fs,
+                                         bool det, int t) {
+    const int64_t base = ((int64_t)b * p.S2 * p.N2 + n2) * sfa::DQK;
+    const int rows = min(64, p.S2 - kb * 64);
+    if (!det) {
+        const int per = wc / 4;  // float4 per row
+#pragma unroll 1
+        for (int x = t; x < rows * per; x += 256) {
+            const int r = x / per, c = (x - r * per) * 4;
+            const float4 v = *reinterpret_cast<const float4 *>(red + r * wc + c);
+            sfa::red_add_v4(p.acc_f32 + base + (int64_t)(kb * 64 + r) * p.N2 * sfa::DQK + c, v.x, v.y, v.z, v.w);
+        }
+        return;
+    }
+#pragma unroll 1
+    for (int x0 = 0; x0 < 64 * wc; x0 += 256) {  // whole warps in every round (the vote)
+        const int x = x0 + t, r = x / wc, c = x - r * wc;
+        const float v = x < rows * wc ? red[x] : 0.f;
+        const int64_t i = base + (int64_t)(kb * 64 + r) * p.N2 * sfa::DQK + c;
+        const bool fin = fabsf(v) <= FLT_MAX;
+        if (__all_sync(0xffffffffu, fin)) {
+            if (x < rows * wc) sfa::red_add_u64(p.acc_i64 + i, (unsigned long long)__float2ll_rn(v * fs));
+        } else if (x < rows * wc) {
+            add_rows_slow(p, i, v, fs);
+        }
+    }
+}
+
 struct Sm {
     unsigned char *k, *st, *misc, *ds;
     uint64_t *full, *empty, *kbar;  // full / empty [NST]
 };
 
-template <typename T, class S, int HP, int C>
+// S^T = K Q^T and dP^T = V dO^T of step `it` (SS m64n32, keys = MMA rows) into sa / dpa, one
+// commit group, once the step's stage is full.
+template <typename T, class S>
+__device__ __forceinline__ void scores(float (&sa)[16], float (&dpa)[16], const Sm &s, uint64_t kd, int it) {
+    const int st = it & (NST - 1);
+    unsigned char *sq = s.st + st * Lay<S>::SQD;
+    const uint64_t qd = hop::desc_sw128(sq, 16, 1024), dod = hop::desc_sw128(sq + S::NBK * RBOX, 16, 1024);
+    hop::mbar_wait(s.full + st, (it / NST) & 1);
+    hop::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4 * S::NBK; kk++)
+        hop::elt<T>::template ssn<32, 0, 0>(sa, hop::desc_add(kd, (kk >> 2) * BOX + (kk & 3) * 32),
+                                            hop::desc_add(qd, (kk >> 2) * RBOX + (kk & 3) * 32), kk > 0);
+#pragma unroll
+    for (int kk = 0; kk < 4 * S::NBN; kk++)
+        hop::elt<T>::template ssn<32, 0, 0>(dpa, hop::desc_add(kd, S::vbox(kk >> 2) * BOX + (kk & 3) * 32),
+                                            hop::desc_add(dod, (kk >> 2) * RBOX + (kk & 3) * 32), kk > 0);
+    hop::wgmma_commit();
+}
+
+// Consumer warpgroup C (0 / 1, a run-time value: one copy of this code for both, which halves the
+// kernel's instruction footprint; ncu on sfas01 showed no_instruction as the first stall reason
+// with a copy per warpgroup).
+template <typename T, class S, int HP>
 __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, const Sm &s, int b, int n2, int kb,
-                                        int hc, int v0, int v1) {
+                                        int hc, int v0, int v1, const int C) {
     using LY = Lay<S>;
     constexpr int TT = NR / HP, NBK = S::NBK, NBN = S::NBN, NDKV = LY::NDKV, W = 64 * NBK;
     const int t = threadIdx.x & 127, warp = t >> 5, lane = t & 31, q4 = lane & 3;
@@ -105,58 +227,50 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
         for (int j = 0; j < 32; j++) dkv[i][j] = 0.f;
 
     const uint64_t kd = hop::desc_sw128(s.k, 16, 1024), dsd = hop::desc_sw128(sds, 16, 1024);
-    auto kmaj32 = [](uint64_t d, int kk) { return hop::desc_add(d, (kk >> 2) * RBOX + (kk & 3) * 32); };
     const int nsteps = (v1 - v0 + TT - 1) / TT;
+    // S^T = K Q^T and dP^T = V dO^T of a step into sa / dpa (written by the wgmma only), issued a
+    // step ahead where registers allow (PIPE): the step's dQ adds run while the tensor pipe
+    // computes the next step's scores.  Not with 5 boxes of dK / dV (D 128 + Dr 64): spills.
+    constexpr bool PIPE = NDKV <= 4;
+    float sa[16], dpa[16];
+    if (PIPE && C < nsteps) scores<T, S>(sa, dpa, s, kd, C);
     for (int it = C; it < nsteps; it += 2) {
         const int st = it & (NST - 1);
-        const uint32_t ph = (it / NST) & 1;
         unsigned char *sq = s.st + st * LY::SQD, *sdo = sq + NBK * RBOX, *ms = s.misc + st * MISC;
         const uint16_t *cnt = reinterpret_cast<const uint16_t *>(ms + MS_CNT);  // [TT][64]
         const float *lse2 = reinterpret_cast<const float *>(ms + MS_LSE), *delta = reinterpret_cast<const float *>(ms + MS_DELTA);
+        const int *stok = reinterpret_cast<const int *>(ms + MS_TOK);
         const int vs = v0 + it * TT, ntok = min(TT, v1 - vs);
-        const uint64_t qd = hop::desc_sw128(sq, 16, 1024), dod = hop::desc_sw128(sdo, 16, 1024);
 
         uint32_t pa[2][4], da[2][4];
-        {  // the score tiles live in this scope only
-            float sa[16], dpa[16];
-            hop::mbar_wait(s.full + st, ph);
-            hop::wgmma_fence();
+        float pv[16], dsv[16];
+        if (!PIPE) scores<T, S>(sa, dpa, s, kd, it);
+        hop::wgmma_wait<0>();
+        hop::reg_fence(sa);
+        hop::reg_fence(dpa);
+        // P^T = mult exp2(S^T sl2 - LSE2), dS^T = scale P^T (dP^T - Delta); unselected keys and
+        // padding rows exactly 0 (not 0 times a non-finite dP of another key's row)
 #pragma unroll
-            for (int kk = 0; kk < 4 * NBK; kk++)
-                hop::elt<T>::template ssn<32, 0, 0>(sa, hop::desc_add(kd, (kk >> 2) * BOX + (kk & 3) * 32), kmaj32(qd, kk), kk > 0);
+        for (int j = 0; j < 4; j++)
 #pragma unroll
-            for (int kk = 0; kk < 4 * NBN; kk++)
-                hop::elt<T>::template ssn<32, 0, 0>(dpa, hop::desc_add(kd, S::vbox(kk >> 2) * BOX + (kk & 3) * 32), kmaj32(dod, kk),
-                                                    kk > 0);
-            hop::wgmma_commit();
-            hop::wgmma_wait<0>();
-            hop::reg_fence(sa);
-            hop::reg_fence(dpa);
-            // P^T = mult exp2(S^T sl2 - LSE2), dS^T = scale P^T (dP^T - Delta); unselected keys
-            // and padding rows exactly 0 (not 0 times a non-finite dP of another key's row)
+            for (int e = 0; e < 2; e++) {
+                const int th = 8 * j + 2 * q4 + e, tok = th / HP, h = th % HP;
+                const bool ok = tok < ntok && head0 + h < p.H;
+                const float l2 = lse2[th], dl = delta[th];
 #pragma unroll
-            for (int j = 0; j < 4; j++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int th = 8 * j + 2 * q4 + e, tok = th / HP, h = th % HP;
-                    const bool ok = tok < ntok && head0 + h < p.H;
-                    const float l2 = lse2[th], dl = delta[th];
-#pragma unroll
-                    for (int hh = 0; hh < 2; hh++) {
-                        const int key = r0 + 8 * hh, i = 4 * j + 2 * hh + e;
-                        const float m = ok ? (float)cnt[tok * 64 + key] : 0.f;
-                        const float pv = m > 0.f ? m * hop::ex2(sa[i] * sl2 - l2) : 0.f;
-                        dpa[i] = m > 0.f ? scale * pv * (dpa[i] - dl) : 0.f;
-                        sa[i] = pv;
-                    }
+                for (int hh = 0; hh < 2; hh++) {
+                    const int key = r0 + 8 * hh, i = 4 * j + 2 * hh + e;
+                    const float m = ok ? (float)cnt[tok * 64 + key] : 0.f;
+                    pv[i] = m > 0.f ? m * hop::ex2(sa[i] * sl2 - l2) : 0.f;
+                    dsv[i] = m > 0.f ? scale * pv[i] * (dpa[i] - dl) : 0.f;
                 }
-            pack_a<T>(sa, pa);
-            pack_a<T>(dpa, da);
-            hop::bar_sync(1 + C, 128);  // every warp's dQ^T GEMMs of the previous step have read the tile
-            store_ds<T>(sds, dpa, q4, r0);
-            hop::fence_proxy_async();
-            hop::bar_sync(1 + C, 128);  // the tile is whole for the dQ^T GEMMs
-        }
+            }
+        pack_a<T>(pv, pa);
+        pack_a<T>(dsv, da);
+        hop::bar_sync(1 + C, 128);  // every warp's dQ^T GEMMs of the previous step have read the tile
+        store_ds<T>(sds, dsv, q4, r0);
+        hop::fence_proxy_async();
+        hop::bar_sync(1 + C, 128);  // the tile is whole for the dQ^T GEMMs
 
         // ---- dK += dS^T Q, dV += P^T dO (B = the stage's Q / dO boxes read MN-major: 16 rows per k-step)
         hop::wgmma_fence();
@@ -182,8 +296,9 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 const int th = 8 * j + 2 * q4 + e, tok = th / HP, h = th % HP;
-                qrow[2 * j + e] = tok < ntok && head0 + h < p.H ? (b * p.S1 + L.vtok[vs + tok]) * p.N1 + n2 * p.H + head0 + h : -1;
+                qrow[2 * j + e] = tok < ntok && head0 + h < p.H ? (b * p.S1 + stok[tok]) * p.N1 + n2 * p.H + head0 + h : -1;
             }
+        const bool more = it + 2 < nsteps;
 #pragma unroll 1
         for (int box = 0; box < NBK; box++) {
             const uint64_t ka = hop::desc_sw128(s.k + box * BOX, BOX, 1024);
@@ -193,71 +308,48 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
             for (int kk = 0; kk < 4; kk++)
                 hop::elt<T>::template ssn<32, 1, 0>(q, hop::desc_add(ka, kk * 2048), hop::desc_add(dsd, kk * 32), kk > 0);
             hop::wgmma_commit();
-            hop::wgmma_wait<0>();
+            if (PIPE && box == NBK - 1 && more) {
+                scores<T, S>(sa, dpa, s, kd, it + 2);  // sa / dpa are free: P and dS are packed and in the tile
+                hop::wgmma_wait<1>();
+            } else {
+                hop::wgmma_wait<0>();
+            }
             hop::reg_fence(q);
             if (box == 0) {
 #pragma unroll
                 for (int i = 0; i < NDKV; i++) hop::reg_fence(dkv[i]);  // the dK / dV group is done: the stage is free
+                hop::reg_fence(pa);
+                hop::reg_fence(da);
                 hop::mbar_arrive(s.empty + st);
             }
-            // det: one vote per box for the common all-finite case (straight-line integer adds)
-            bool fin = true;
-#pragma unroll
-            for (int i = 0; i < 16; i++) fin &= fabsf(q[i]) <= FLT_MAX;
-            const int mode = !det ? 0 : __all_sync(0xffffffffu, fin) ? 1 : 2;
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    if (qrow[2 * j + e] < 0) continue;
-                    const int64_t rowq = (int64_t)qrow[2 * j + e] * W + box * 64 + r0;
-                    const float x0 = q[4 * j + e], x1 = q[4 * j + 2 + e];  // columns r0, r0 + 8
-                    if (mode == 0) {
-                        sfa::red_add_f32(L.dq_f32 + rowq, x0);
-                        sfa::red_add_f32(L.dq_f32 + rowq + 8, x1);
-                    } else if (mode == 1) {
-                        sfa::red_add_u64(L.dq_i64 + rowq, (unsigned long long)__float2ll_rn(x0 * fsq));
-                        sfa::red_add_u64(L.dq_i64 + rowq + 8, (unsigned long long)__float2ll_rn(x1 * fsq));
-                    } else {
-                        sfa::add_fix(L.dq_i64, L.dq_flags, rowq, x0, fsq);
-                        sfa::add_fix(L.dq_i64, L.dq_flags, rowq + 8, x1, fsq);
-                    }
-                }
+            add_dq(p, L, q, qrow, box * 64, W, lane, r0, det, fsq);
         }
 #pragma unroll
         for (int i = 0; i < NDKV; i++) hop::reg_fence(dkv[i]);
     }
+    hop::wgmma_wait<0>();  // none pending (the last step issued no scores); says so to ptxas
 
-    // ---- the two consumers' dK / dV partials summed through the stages (free now: every step's
-    // copies were waited on), then warpgroup c adds boxes i with i % 2 == c into the accumulator
-    hop::bar_sync(3, 256);
+    // ---- the two consumers' dK / dV partials summed in shared memory (row-major [64 keys][NDKV
+    // 64 columns] fp32 over the stages, free now: every step's copies were waited on), then all
+    // 256 consumer threads add the sums into the accumulator rows, coalesced, in one rolled loop
+    // (a register box per add_box call unrolled 4-5 times made the kernel's code too large)
+    constexpr int WC = NDKV * 64;  // columns of a partial row
     float *red = reinterpret_cast<float *>(s.st);
-#pragma unroll
-    for (int i = 0; i < NDKV; i++)
-        if (i % 2 != C)
-#pragma unroll
-            for (int j4 = 0; j4 < 8; j4++)
-                *reinterpret_cast<float4 *>(red + i * 4096 + (j4 * 128 + t) * 4) =
-                    make_float4(dkv[i][4 * j4], dkv[i][4 * j4 + 1], dkv[i][4 * j4 + 2], dkv[i][4 * j4 + 3]);
+    auto at = [&](int v) { return (r0 + 8 * ((v >> 1) & 1)) * WC + 8 * (v >> 2) + 2 * q4 + (v & 1); };
     hop::bar_sync(3, 256);
-    const float fs = det ? *p.fix_scale : 1.f;
-    const int64_t base = ((int64_t)b * p.S2 * p.N2 + n2) * sfa::DQK;
-    const int ka = kb * 64 + r0, kb8 = ka + 8;
-    const int k0 = ka < p.S2 ? ka : -1, k8 = kb8 < p.S2 ? kb8 : -1;
+    if (C == 1)
 #pragma unroll
-    for (int i = 0; i < NDKV; i++) {
-        if (i % 2 != C) continue;
+        for (int i = 0; i < NDKV; i++)
 #pragma unroll
-        for (int j4 = 0; j4 < 8; j4++) {
-            const float4 v = *reinterpret_cast<const float4 *>(red + i * 4096 + (j4 * 128 + t) * 4);
-            dkv[i][4 * j4] += v.x;
-            dkv[i][4 * j4 + 1] += v.y;
-            dkv[i][4 * j4 + 2] += v.z;
-            dkv[i][4 * j4 + 3] += v.w;
-        }
-        if (det) sfa::add_box<1>(p, dkv[i], k0, k8, lane, base, i * 64, fs);
-        else sfa::add_box<0>(p, dkv[i], k0, k8, lane, base, i * 64, fs);
-    }
+            for (int v = 0; v < 32; v++) red[at(v) + 64 * i] = dkv[i][v];
+    hop::bar_sync(3, 256);
+    if (C == 0)
+#pragma unroll
+        for (int i = 0; i < NDKV; i++)
+#pragma unroll
+            for (int v = 0; v < 32; v++) red[at(v) + 64 * i] += dkv[i][v];
+    hop::bar_sync(3, 256);
+    add_rows(p, red, WC, kb, n2, b, det ? *p.fix_scale : 1.f, det, C * 128 + t);
 }
 
 template <typename T, class S, int HP>
@@ -343,6 +435,12 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd_kmaj_kernel(const __grid_const
                 const int tok = x >> 3, ok = tok < ntok;
                 sfa::cp_async16(ms + MS_CNT + x * 16, ok ? L.vmult + (int64_t)(vs + tok) * 32 + (x & 7) * 4 : L.vmult, ok ? 16 : 0);
             }
+            if (t < TT) {
+                const int ok = t < ntok;
+                asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(hop::smem_u32(ms + MS_TOK + t * 4)),
+                             "l"(ok ? L.vtok + vs + t : L.vtok), "r"(ok ? 4 : 0)
+                             : "memory");
+            }
             if (t < 2 * NR) {
                 const int th = t & (NR - 1), tok = th / HP, h = th % HP;
                 const bool ok = tok < ntok && head0 + h < p.H;
@@ -361,8 +459,7 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd_kmaj_kernel(const __grid_const
     // ------------------------------------------------------------------------------- consumers
     hop::setmaxnreg_inc<232>();
     hop::mbar_wait(s.kbar, 0);
-    if (wg == 1) consume<T, S, HP, 0>(p, L, s, b, n2, kb, hc, v0, v1);
-    else consume<T, S, HP, 1>(p, L, s, b, n2, kb, hc, v0, v1);
+    consume<T, S, HP>(p, L, s, b, n2, kb, hc, v0, v1, wg - 1);
 }
 
 template <typename T, class S, int HP> cudaError_t launch_hp(const Params &p, const SmallLists &L, int nl, cudaStream_t st) {

@@ -232,6 +232,26 @@ __global__ void __launch_bounds__(256) mult_kernel(const Params p, SmallLists L)
         for (int kb = lane; kb < L.nkb; kb += 32) vis[kb] = visit(kb);  // blocks not touched: unused
         __syncwarp();
     }
+    if (p.sbs >= 32) {
+        // blocks of 32 keys or more: the warp takes one entry at a time, lane l the key pair
+        // (2 l, 2 l + 1) of each 64-key block the entry covers (one coalesced 128-byte add per
+        // block; with an entry per lane, each lane's 64 serial adds per entry took 372 us on
+        // sfas01, H200)
+        for (int e0 = 0; e0 < p.K; e0 += 32) {
+            const int mine = e0 + lane < p.K ? __ldg(irow + (int64_t)(e0 + lane) * p.sidx[3]) : -1;
+            const int n = min(32, p.K - e0);
+            for (int x = 0; x < n; x++) {
+                int k0, k1;
+                entry_keys(p, __shfl_sync(0xffffffffu, mine, x), lim, k0, k1);
+                for (int kb = k0 >> 6; k0 <= k1 && kb <= (k1 >> 6); kb++) {
+                    const int ka = kb * 64 + 2 * lane;
+                    const uint32_t inc = (ka >= k0 && ka <= k1 ? 1u : 0u) | (ka + 1 >= k0 && ka + 1 <= k1 ? 1u << 16 : 0u);
+                    if (inc) atomicAdd(L.vmult + (int64_t)(table ? vis[kb] : visit(kb)) * 32 + lane, inc);
+                }
+            }
+        }
+        return;
+    }
     for (int e = lane; e < p.K; e += 32) {
         int k0, k1;
         entry_keys(p, __ldg(irow + e * p.sidx[3]), lim, k0, k1);
@@ -243,16 +263,18 @@ __global__ void __launch_bounds__(256) mult_kernel(const Params p, SmallLists L)
 }
 
 // Delta = rowsum(dO O) (fp32) and LSE * log2(e) (+inf for rows without a key) per (b, s1, n1);
-// one warp per row.
+// G = min(32, L.dv / 8) lanes per row (16 bytes of o and dout each per load), 32 / G rows per
+// warp (a warp per row left half the lanes idle at D 128: 69 us on sfas01, H200).
 template <typename T> __global__ void rows_kernel(const Params p, SmallLists L) {
-    const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int lane = threadIdx.x & 31;
-    if (row >= (int64_t)p.B * p.S1 * p.N1) return;
-    const int n1 = (int)(row % p.N1), s1 = (int)(row / p.N1 % p.S1), b = (int)(row / p.N1 / p.S1);
+    const int G = min(32, L.dv / 8), lane = threadIdx.x & 31, gl = lane % G;
+    const int64_t row = (((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5) * (32 / G) + lane / G;
+    const bool live = row < (int64_t)p.B * p.S1 * p.N1;
+    const int64_t rr = live ? row : 0;
+    const int n1 = (int)(rr % p.N1), s1 = (int)(rr / p.N1 % p.S1), b = (int)(rr / p.N1 / p.S1);
     const T *o = static_cast<const T *>(p.o) + b * p.so[0] + (int64_t)s1 * p.so[1] + (int64_t)n1 * p.so[2];
     const T *d = static_cast<const T *>(p.dout) + b * p.sdo[0] + (int64_t)s1 * p.sdo[1] + (int64_t)n1 * p.sdo[2];
     float sum = 0.f;
-    for (int col = lane * 8; col < L.dv; col += 256) {
+    for (int col = gl * 8; live && col < L.dv; col += 8 * G) {
         const uint4 ov = *reinterpret_cast<const uint4 *>(o + col), dv = *reinterpret_cast<const uint4 *>(d + col);
         const uint32_t *oe = reinterpret_cast<const uint32_t *>(&ov), *de = reinterpret_cast<const uint32_t *>(&dv);
 #pragma unroll
@@ -261,11 +283,13 @@ template <typename T> __global__ void rows_kernel(const Params p, SmallLists L) 
             sum += a.x * c.x + a.y * c.y;
         }
     }
-    for (int o2 = 16; o2 > 0; o2 >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o2);
-    if (lane == 0) {
+    for (int o2 = G / 2; o2 > 0; o2 >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o2);
+    if (live && gl == 0) {
         const float lse = p.lse_in[b * p.slse[0] + (int64_t)s1 * p.slse[1] + (int64_t)n1 * p.slse[2]];
         L.delta[row] = sum;
-        L.lse2[row] = lse > -INFINITY ? lse * 1.4426950408889634f : INFINITY;
+        // +inf for a row without keys (P = 0); a NaN LSE stays NaN, so that P and everything it
+        // reaches (dV of the row's keys with a separate V) is NaN, as the spec says
+        L.lse2[row] = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
     }
 }
 
@@ -655,7 +679,8 @@ template <typename T> cudaError_t launch_all(const Params &p, const SmallLists &
     const unsigned g_rows = (unsigned)((rows * 32 + 255) / 256);
     cudaError_t e = cudaMemsetAsync(L.bitmap, 0, (size_t)nl * L.s1w * 4, st);
     if (e != cudaSuccess) return e;
-    rows_kernel<T><<<(unsigned)(((int64_t)p.B * p.S1 * p.N1 * 32 + 255) / 256), 256, 0, st>>>(p, L);
+    const int rpw = 32 / (L.dv / 8 < 32 ? L.dv / 8 : 32);  // rows_kernel's rows per warp
+    rows_kernel<T><<<(unsigned)(((int64_t)p.B * p.S1 * p.N1 + rpw - 1) / rpw * 32 + 255) / 256, 256, 0, st>>>(p, L);
     touch_kernel<<<g_rows, 256, 0, st>>>(p, L);
     count_kernel<<<(unsigned)nl, 256, 0, st>>>(L);
     scan_kernel<<<1, 1024, 0, st>>>(L, nl);
