@@ -83,44 +83,27 @@ template <typename T> __device__ __forceinline__ void store_ds(unsigned char *sd
 
 // A dQ^T tile (m64n32 accumulator: q[4 j + 2 hh + e] is column r0 + 8 hh of token-head row
 // 8 j + 2 q4 + e) added to the dQ accumulator rows qrow (-1: none), columns col0 + ..; rows of W.
-// fp32: regrouped by two shuffle rounds (lanes 4 and 8 apart hold the neighbouring columns) so
-// that each lane adds 4 consecutive columns of a row per instruction (4 red.v4 instead of 16
-// scalar reds).  Deterministic: int64 fixed point, one vote per tile for the all-finite case.
+// fp32: scalar reds (a warp's instruction covers 4 rows x 8 consecutive columns).  Regrouped by
+// two shuffle rounds into 4 red.v4 per lane instead of 16 scalar reds, the same calls took
+// 1.16-1.19x the time (sfas01-04, H200, same call): the shuffles sit on the critical path, the
+// adds' bytes do not.  Deterministic: int64 fixed point, one vote per tile for the all-finite
+// case, the flag path out of line.
 __device__ __noinline__ void add_dq_slow(const SmallLists &L, int64_t rowq, float x0, float x1, float fsq) {
     sfa::add_fix(L.dq_i64, L.dq_flags, rowq, x0, fsq);
     sfa::add_fix(L.dq_i64, L.dq_flags, rowq + 8, x1, fsq);
 }
 __device__ __forceinline__ void add_dq(const Params &p, const SmallLists &L, const float (&q)[16], const int (&qrow)[8],
                                        int col0, int W, int lane, int r0, bool det, float fsq) {
-    const int q4 = lane & 3;
     if (!det) {
-        const int g = lane >> 2, odd = g & 1, hi = (g >> 1) & 1;
-        const int cb = (r0 & ~15) + (g & 4);  // the 4-column group: 16 warp + (g & ~3)
 #pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            // round 1 (lanes g, g ^ 1): the even lane gets columns (c, c + 1) of row e = 0, the odd
-            // lane (c - 1, c) of row e = 1
-            float px[4], py[4];
+        for (int j = 0; j < 4; j++)
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const float a0 = q[4 * j + 2 * hh], a1 = q[4 * j + 2 * hh + 1];
-                const float r = __shfl_xor_sync(0xffffffffu, odd ? a0 : a1, 4);
-                px[j] = odd ? r : a0;
-                py[j] = odd ? a1 : r;
+            for (int e = 0; e < 2; e++) {
+                if (qrow[2 * j + e] < 0) continue;
+                const int64_t rowq = (int64_t)qrow[2 * j + e] * W + col0 + r0;
+                sfa::red_add_f32(L.dq_f32 + rowq, q[4 * j + e]);
+                sfa::red_add_f32(L.dq_f32 + rowq + 8, q[4 * j + 2 + e]);
             }
-            // round 2 (lanes g, g ^ 2): rows of j = 2 m + hi, 4 columns from cb + 8 hh
-#pragma unroll
-            for (int m = 0; m < 2; m++) {
-                const float sx = hi ? px[2 * m] : px[2 * m + 1], sy = hi ? py[2 * m] : py[2 * m + 1];
-                const float rx = __shfl_xor_sync(0xffffffffu, sx, 8), ry = __shfl_xor_sync(0xffffffffu, sy, 8);
-                const int jj = 2 * m + hi, row = hi ? qrow[2 * (2 * m + 1) + odd] : qrow[2 * (2 * m) + odd];
-                (void)jj;
-                if (row < 0) continue;
-                float *dst = L.dq_f32 + (int64_t)row * W + col0 + cb + 8 * hh;
-                if (hi) sfa::red_add_v4(dst, rx, ry, px[2 * m + 1], py[2 * m + 1]);
-                else sfa::red_add_v4(dst, px[2 * m], py[2 * m], rx, ry);
-            }
-        }
         return;
     }
     bool fin = true;
@@ -141,7 +124,6 @@ __device__ __forceinline__ void add_dq(const Params &p, const SmallLists &L, con
                 add_dq_slow(L, rowq, x0, x1, fsq);
             }
         }
-    (void)q4;
 }
 
 // The CTA's summed dK / dV rows red [64 keys][wc] (fp32, shared) added to the accumulator rows
@@ -228,12 +210,9 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
 
     const uint64_t kd = hop::desc_sw128(s.k, 16, 1024), dsd = hop::desc_sw128(sds, 16, 1024);
     const int nsteps = (v1 - v0 + TT - 1) / TT;
-    // S^T = K Q^T and dP^T = V dO^T of a step into sa / dpa (written by the wgmma only), issued a
-    // step ahead where registers allow (PIPE): the step's dQ adds run while the tensor pipe
-    // computes the next step's scores.  Not with 5 boxes of dK / dV (D 128 + Dr 64): spills.
-    constexpr bool PIPE = NDKV <= 4;
+    // Measured and not kept (H200, same call, sfas01-04): the next step's S^T / dP^T issued before
+    // this step's dQ adds, so that the adds run under the tensor work: 1.00-1.04x the time.
     float sa[16], dpa[16];
-    if (PIPE && C < nsteps) scores<T, S>(sa, dpa, s, kd, C);
     for (int it = C; it < nsteps; it += 2) {
         const int st = it & (NST - 1);
         unsigned char *sq = s.st + st * LY::SQD, *sdo = sq + NBK * RBOX, *ms = s.misc + st * MISC;
@@ -244,7 +223,7 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
 
         uint32_t pa[2][4], da[2][4];
         float pv[16], dsv[16];
-        if (!PIPE) scores<T, S>(sa, dpa, s, kd, it);
+        scores<T, S>(sa, dpa, s, kd, it);
         hop::wgmma_wait<0>();
         hop::reg_fence(sa);
         hop::reg_fence(dpa);
@@ -298,7 +277,6 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
                 const int th = 8 * j + 2 * q4 + e, tok = th / HP, h = th % HP;
                 qrow[2 * j + e] = tok < ntok && head0 + h < p.H ? (b * p.S1 + stok[tok]) * p.N1 + n2 * p.H + head0 + h : -1;
             }
-        const bool more = it + 2 < nsteps;
 #pragma unroll 1
         for (int box = 0; box < NBK; box++) {
             const uint64_t ka = hop::desc_sw128(s.k + box * BOX, BOX, 1024);
@@ -308,12 +286,7 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
             for (int kk = 0; kk < 4; kk++)
                 hop::elt<T>::template ssn<32, 1, 0>(q, hop::desc_add(ka, kk * 2048), hop::desc_add(dsd, kk * 32), kk > 0);
             hop::wgmma_commit();
-            if (PIPE && box == NBK - 1 && more) {
-                scores<T, S>(sa, dpa, s, kd, it + 2);  // sa / dpa are free: P and dS are packed and in the tile
-                hop::wgmma_wait<1>();
-            } else {
-                hop::wgmma_wait<0>();
-            }
+            hop::wgmma_wait<0>();
             hop::reg_fence(q);
             if (box == 0) {
 #pragma unroll
@@ -327,7 +300,6 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
 #pragma unroll
         for (int i = 0; i < NDKV; i++) hop::reg_fence(dkv[i]);
     }
-    hop::wgmma_wait<0>();  // none pending (the last step issued no scores); says so to ptxas
 
     // ---- the two consumers' dK / dV partials summed in shared memory (row-major [64 keys][NDKV
     // 64 columns] fp32 over the stages, free now: every step's copies were waited on), then all

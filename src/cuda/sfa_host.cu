@@ -614,12 +614,21 @@ bool small_shape(const spattn_sfa_problem *p, bool det, SmallShape *ss, bool kma
         ss->nl = p->B * p->N2 * ss->nkb;
         const int64_t per_row = ss->nkb < p->K * ((p->sbs + 63) / 64) ? ss->nkb : p->K * ((p->sbs + 63) / 64);
         ss->vmax = p->B * p->N2 * p->S1 * per_row;
-        // a window of about 32 steps of 32 token-head rows on average: e = the share of a
-        // list's tokens that visit it (causal: about half the keys reachable)
+        // The CTA window (ww words of 32 tokens): about `steps` steps of 32 token-head rows on
+        // average (e = the share of a list's tokens that visit it; causal: about half the keys
+        // reachable), at most 8 MiB of fp32 dQ rows of one key head (the resident CTAs run one
+        // window's lists of one (b, n2) at a time; their dQ adds must stay in L2).  Measured
+        // (H200, same call, time against windows of 32 steps): 64 steps 0.90-0.93x on sfas01 /
+        // 02 / 04, 128 steps 0.86-0.91x on sfas01 / 02 (8 MiB windows), but sfas03 1.16-1.18x
+        // slower at 16 MiB (the cap keeps it at 8).  SPATTN_SFA_KMAJ_STEPS: the target (measurements).
         const double reach = p->mode == 3 ? fmax(64.0, (double)p->S2 - 0.5 * (double)p->S1) : (double)p->S2;
         const double e = fmin(1.0, (double)per_row * 64.0 / reach);
         const int64_t hp = H <= 4 ? 4 : H <= 8 ? 8 : H <= 16 ? 16 : 32, tt = 32 / hp;
-        int64_t ww = (int64_t)ceil((double)tt / e);
+        const char *senv = getenv("SPATTN_SFA_KMAJ_STEPS");
+        const double steps = senv && atoi(senv) > 0 ? atoi(senv) : 128.0;
+        int64_t ww = (int64_t)ceil(steps * (double)tt / (32.0 * e));
+        const int64_t cap = (8ll << 20) / (32 * H * (p->D + p->Dr) * 4);
+        ww = ww > cap ? cap : ww;
         ww = ww < 1 ? 1 : ww > 256 ? 256 : ww;
         ss->ww = ww < ss->s1w ? ww : ss->s1w;
         const int64_t W = p->D + p->Dr;

@@ -53,7 +53,8 @@ struct Cfg {
     int pad_any = 0;     // padding scattered anywhere in the row
     int dups = 0;        // duplicate entries in the rows (2: in every 8th token's rows only)
     int empty = 0;       // some rows all -1
-    int sep_v = 0;       // separate v tensor (reference kernels only)
+    int sep_v = 0;       // separate v tensor
+    int kmaj_steps = 0;  // > 0: SPATTN_SFA_KMAJ_STEPS for the call (sfa_bwd_kmaj.cu's windows: several per list)
     int row_pad = 0;     // extra elements at the end of each row of q/k/o/dout (strided views)
 };
 
@@ -1034,6 +1035,8 @@ static int small_tests(bool quick) {
         ns.back().row_pad = 8;
         // the key-major backward's long lists: ~32 steps a window, every stage reused many times
         sep(mk("nsa_h16_s300x1200_k8_many_steps", 1, 300, 1200, 16, 1, 8, 64, 3, BF), 128, 0);
+        sep(mk("nsa_h16_s300x1200_k8_windows", 1, 300, 1200, 16, 1, 8, 64, 3, FP), 128, 0);
+        ns.back().kmaj_steps = 6;
         sep(mk("sep_d128r64_h8x2_s256_k24_sbs16", 1, 256, 700, 16, 2, 24, 16, 3, FP), 128, 64);
         sep(mk("sep_d64_h2_b2_s200_mode0", 2, 200, 500, 4, 2, 10, 64, 0, BF), 64, 0);
         ns.back().dups = 1;
@@ -1051,7 +1054,9 @@ static int small_tests(bool quick) {
     }
     for (auto &c : ns) {
         int before = g_fail;
+        if (c.kmaj_steps) setenv("SPATTN_SFA_KMAJ_STEPS", std::to_string(c.kmaj_steps).c_str(), 1);
         test_case(c, seed++, true, true);
+        unsetenv("SPATTN_SFA_KMAJ_STEPS");
         printf("%-36s %s\n", c.name.c_str(), g_fail == before ? "ok" : "FAILED");
     }
     if (quick) {  // the simple kernels' backward (both modes) under the sanitizers too
