@@ -46,6 +46,10 @@ constexpr int MS_CNT = 0, MS_LSE = 8 * 128, MS_DELTA = MS_LSE + NR * 4, MS_TOK =
 
 template <class S> struct Lay {
     static constexpr int NDKV = S::NBK + (S::SEPV ? S::NBN : 0);  // dK (+ dV) boxes
+    // more than 5 boxes (D 256: 4 + 4) do not fit one warpgroup: SPLIT, both consumers take every
+    // step, warpgroup 0 holds dK, 1 dV (each computes S^T / dP^T itself: no exchange)
+    static constexpr bool SPLIT = NDKV > 5;
+    static constexpr int NREG = SPLIT ? (S::NBK > S::NBN ? S::NBK : S::NBN) : NDKV;  // boxes a consumer holds
     static constexpr int SQD = (S::NBK + S::NBN) * RBOX;          // a stage's Q and dO boxes
     static constexpr int OFF_K = 0, OFF_ST = S::NBT * BOX, OFF_DS = OFF_ST + NST * SQD;  // a dS tile [32][64] per consumer
     static constexpr int OFF_MISC = OFF_DS + 2 * RBOX;
@@ -55,7 +59,7 @@ template <class S> struct Lay {
     static_assert(OFF_DS % 1024 == 0 && MISC % 16 == 0, "swizzled dS tiles, 16-byte copies");
     // the end's exchange of dK / dV partials (64 x 64 fp32 per box) reuses the stages, tiles, misc
     static_assert(NDKV * 64 * 64 * 4 <= OFF_BAR - OFF_ST, "the partials fit the stages");
-    static_assert(NDKV <= 5, "accumulators of one warpgroup");
+    static_assert(NREG <= 5 && (!SPLIT || S::SEPV), "accumulators of one warpgroup");
 };
 
 // A 64 x 32 accumulator (this thread's 16 values: element i = 4 j + 2 hh + e is key r0 + 8 hh,
@@ -193,7 +197,8 @@ template <typename T, class S, int HP>
 __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, const Sm &s, int b, int n2, int kb,
                                         int hc, int v0, int v1, const int C) {
     using LY = Lay<S>;
-    constexpr int TT = NR / HP, NBK = S::NBK, NBN = S::NBN, NDKV = LY::NDKV, W = 64 * NBK;
+    constexpr int TT = NR / HP, NBK = S::NBK, NBN = S::NBN, NDKV = LY::NDKV, NREG = LY::NREG, W = 64 * NBK;
+    constexpr bool SPLIT = LY::SPLIT;
     const int t = threadIdx.x & 127, warp = t >> 5, lane = t & 31, q4 = lane & 3;
     const int r0 = warp * 16 + (lane >> 2);
     const float sl2 = p.scale_log2, scale = p.scale;
@@ -202,9 +207,9 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
     unsigned char *sds = s.ds + C * RBOX;
     const int head0 = hc * NR;
 
-    float dkv[NDKV][32];
+    float dkv[NREG][32];
 #pragma unroll
-    for (int i = 0; i < NDKV; i++)
+    for (int i = 0; i < NREG; i++)
 #pragma unroll
         for (int j = 0; j < 32; j++) dkv[i][j] = 0.f;
 
@@ -213,7 +218,7 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
     // Measured and not kept (H200, same call, sfas01-04): the next step's S^T / dP^T issued before
     // this step's dQ adds, so that the adds run under the tensor work: 1.00-1.04x the time.
     float sa[16], dpa[16];
-    for (int it = C; it < nsteps; it += 2) {
+    for (int it = SPLIT ? 0 : C; it < nsteps; it += SPLIT ? 1 : 2) {
         const int st = it & (NST - 1);
         unsigned char *sq = s.st + st * LY::SQD, *sdo = sq + NBK * RBOX, *ms = s.misc + st * MISC;
         const uint16_t *cnt = reinterpret_cast<const uint16_t *>(ms + MS_CNT);  // [TT][64]
@@ -252,21 +257,40 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
         hop::bar_sync(1 + C, 128);  // the tile is whole for the dQ^T GEMMs
 
         // ---- dK += dS^T Q, dV += P^T dO (B = the stage's Q / dO boxes read MN-major: 16 rows per k-step)
-        hop::wgmma_fence();
-#pragma unroll
-        for (int i = 0; i < NBK; i++) {
-            const uint64_t qb = hop::desc_sw128(sq + i * RBOX, RBOX, 1024);
-#pragma unroll
-            for (int kk = 0; kk < 2; kk++) hop::elt<T>::template rs64<1>(dkv[i], da[kk], hop::desc_add(qb, kk * 2048), 1);
-        }
-#pragma unroll
-        for (int d = 0; d < NBN; d++) {
-            const uint64_t ob = hop::desc_sw128(sdo + d * RBOX, RBOX, 1024);
+        if constexpr (SPLIT) {
+            // warpgroup 0: dK = dS^T Q, 1: dV = P^T dO; operands selected, not branched on (a
+            // wgmma under a branch on C is serialised by ptxas: C7518)
+            uint32_t xa[2][4];
 #pragma unroll
             for (int kk = 0; kk < 2; kk++)
-                hop::elt<T>::template rs64<1>(dkv[S::SEPV ? NBK + d : d], pa[kk], hop::desc_add(ob, kk * 2048), 1);
+#pragma unroll
+                for (int r = 0; r < 4; r++) xa[kk][r] = C ? pa[kk][r] : da[kk][r];
+            unsigned char *xb = C ? sdo : sq;
+            hop::wgmma_fence();
+#pragma unroll
+            for (int i = 0; i < NREG; i++) {
+                const uint64_t bd = hop::desc_sw128(xb + i * RBOX, RBOX, 1024);
+#pragma unroll
+                for (int kk = 0; kk < 2; kk++) hop::elt<T>::template rs64<1>(dkv[i], xa[kk], hop::desc_add(bd, kk * 2048), 1);
+            }
+            hop::wgmma_commit();
+        } else {
+            hop::wgmma_fence();
+#pragma unroll
+            for (int i = 0; i < NBK; i++) {
+                const uint64_t qb = hop::desc_sw128(sq + i * RBOX, RBOX, 1024);
+#pragma unroll
+                for (int kk = 0; kk < 2; kk++) hop::elt<T>::template rs64<1>(dkv[i], da[kk], hop::desc_add(qb, kk * 2048), 1);
+            }
+#pragma unroll
+            for (int d = 0; d < NBN; d++) {
+                const uint64_t ob = hop::desc_sw128(sdo + d * RBOX, RBOX, 1024);
+#pragma unroll
+                for (int kk = 0; kk < 2; kk++)
+                    hop::elt<T>::template rs64<1>(dkv[S::SEPV ? NBK + d : d], pa[kk], hop::desc_add(ob, kk * 2048), 1);
+            }
+            hop::wgmma_commit();
         }
-        hop::wgmma_commit();
 
         // ---- dQ^T[box] = K^T dS^T (M = 64 columns of the box, N = 32 token-heads, K = 64 keys)
         int qrow[8];  // this thread's 8 token-head columns: dQ accumulator row (-1: padding)
@@ -277,8 +301,10 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
                 const int th = 8 * j + 2 * q4 + e, tok = th / HP, h = th % HP;
                 qrow[2 * j + e] = tok < ntok && head0 + h < p.H ? (b * p.S1 + stok[tok]) * p.N1 + n2 * p.H + head0 + h : -1;
             }
+        // SPLIT: the dQ^T boxes halved between the consumers
+        const int box0 = SPLIT ? C * (NBK / 2) : 0, box1 = SPLIT ? (C ? NBK : NBK / 2) : NBK;
 #pragma unroll 1
-        for (int box = 0; box < NBK; box++) {
+        for (int box = box0; box < box1; box++) {
             const uint64_t ka = hop::desc_sw128(s.k + box * BOX, BOX, 1024);
             float q[16];
             hop::wgmma_fence();
@@ -288,9 +314,9 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
             hop::wgmma_commit();
             hop::wgmma_wait<0>();
             hop::reg_fence(q);
-            if (box == 0) {
+            if (box == box0) {
 #pragma unroll
-                for (int i = 0; i < NDKV; i++) hop::reg_fence(dkv[i]);  // the dK / dV group is done: the stage is free
+                for (int i = 0; i < NREG; i++) hop::reg_fence(dkv[i]);  // the dK / dV group is done: the stage is free
                 hop::reg_fence(pa);
                 hop::reg_fence(da);
                 hop::mbar_arrive(s.empty + st);
@@ -298,7 +324,7 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
             add_dq(p, L, q, qrow, box * 64, W, lane, r0, det, fsq);
         }
 #pragma unroll
-        for (int i = 0; i < NDKV; i++) hop::reg_fence(dkv[i]);
+        for (int i = 0; i < NREG; i++) hop::reg_fence(dkv[i]);
     }
 
     // ---- the two consumers' dK / dV partials summed in shared memory (row-major [64 keys][NDKV
@@ -309,13 +335,19 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
     float *red = reinterpret_cast<float *>(s.st);
     auto at = [&](int v) { return (r0 + 8 * ((v >> 1) & 1)) * WC + 8 * (v >> 2) + 2 * q4 + (v & 1); };
     hop::bar_sync(3, 256);
-    if (C == 1)
+    if (SPLIT) {  // warpgroup 0's dK boxes, then 1's dV boxes: no sums
+#pragma unroll
+        for (int i = 0; i < NREG; i++)
+#pragma unroll
+            for (int v = 0; v < 32; v++) red[at(v) + 64 * (i + C * NBK)] = dkv[i][v];
+    } else if (C == 1) {
 #pragma unroll
         for (int i = 0; i < NDKV; i++)
 #pragma unroll
             for (int v = 0; v < 32; v++) red[at(v) + 64 * i] = dkv[i][v];
+    }
     hop::bar_sync(3, 256);
-    if (C == 0)
+    if (!SPLIT && C == 0)
 #pragma unroll
         for (int i = 0; i < NDKV; i++)
 #pragma unroll
@@ -354,7 +386,7 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd_kmaj_kernel(const __grid_const
     if (threadIdx.x == 0) {
         for (int i = 0; i < NST; i++) {
             hop::mbar_init(s.full + i, 128);
-            hop::mbar_init(s.empty + i, 128);
+            hop::mbar_init(s.empty + i, LY::SPLIT ? 256 : 128);
         }
         hop::mbar_init(s.kbar, 128);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -456,6 +488,7 @@ template <typename T> cudaError_t launch_t(const Params &p, const SmallLists &L,
     case sfa::SHAPE_NSA: return launch_shape<T, sfa::Nsa>(p, L, nl, st);
     case sfa::SHAPE_SEP_128_64: return launch_shape<T, sfa::Sep<2, 1>>(p, L, nl, st);
     case sfa::SHAPE_SEP_64: return launch_shape<T, sfa::Sep<1, 0>>(p, L, nl, st);
+    case sfa::SHAPE_SEP_256: return launch_shape<T, sfa::Sep<4, 0>>(p, L, nl, st);
     default: return cudaErrorInvalidValue;
     }
 }

@@ -655,30 +655,35 @@ static void test_fallback() {
     test_case(d, 34, true, true);
 }
 
-static void test_determinism(int N1) {
+static void test_determinism(int N1, int D = 512, int Dr = 64, int sep_v = 0) {
     // N1 = 64: the token-major Hopper backward; 8: the union form (groups of 8 tokens); 3: the
-    // key-major one
-    Cfg c = mk("determinism", 1, 256, 1024, N1, 1, 256, 1, 3, SPATTN_DTYPE_BF16);
+    // key-major one; a separate v (D 128, 256): sfa_bwd_kmaj.cu (sbs 64 blocks)
+    Cfg c = mk("determinism", 1, 256, 1024, N1, 1, sep_v ? 8 : 256, sep_v ? 64 : 1, 3, SPATTN_DTYPE_BF16);
+    c.D = D;
+    c.Dr = Dr;
+    c.sep_v = sep_v;
     Prob P;
     setup(P, c, 11);
     check(run_fwd(P) == SPATTN_STATUS_SUCCESS, "det fwd%s", "");
-    std::vector<unsigned char> a[4];
+    std::vector<unsigned char> a[5];
     int same = 1;
     for (int rep = 0; rep < 20; rep++) {
         poison(P.dq);
         poison(P.dk);
         poison(P.dkr);
         poison(P.dqr);
+        poison(P.dv);
         check(run_bwd(P, 1) == SPATTN_STATUS_SUCCESS, "det bwd%s", "");
         CK(cudaDeviceSynchronize());
-        std::vector<unsigned char> x[4] = {snap(P.dq), snap(P.dqr), snap(P.dk), snap(P.dkr)};
+        std::vector<unsigned char> x[5] = {snap(P.dq), snap(P.dqr), snap(P.dk), snap(P.dkr), snap(P.dv)};
         if (rep == 0)
-            for (int i = 0; i < 4; i++) a[i] = x[i];
+            for (int i = 0; i < 5; i++) a[i] = x[i];
         else
-            for (int i = 0; i < 4; i++) same &= x[i] == a[i];
+            for (int i = 0; i < 5; i++) same &= x[i] == a[i];
     }
     check(same, "deterministic backward bitwise repeatable%s", "");
-    printf("  deterministic backward (N1 = %d): 20 runs bitwise %s\n", N1, same ? "identical" : "DIFFERENT");
+    printf("  deterministic backward (N1 = %d, D %d + %d%s): 20 runs bitwise %s\n", N1, D, Dr, sep_v ? ", separate v" : "",
+           same ? "identical" : "DIFFERENT");
     // the atomic path: usually not bitwise equal, but close
     check(run_bwd(P, 0) == SPATTN_STATUS_SUCCESS, "atomic bwd%s", "");
     CK(cudaDeviceSynchronize());
@@ -997,8 +1002,9 @@ static int small_tests(bool quick) {
     }
     // the small-head forward's separate-V shapes (any H in chunks of 32 heads): D 128 without
     // rope (NSA-style), D 128 + Dr 64, D 64 (one d-tile: warpgroup 1 finalises none), D 256.  The
-    // backward of the first three runs sfa_bwd_kmaj.cu (key-major; heads in chunks of 32, rows of
-    // 4 heads below 4, windows of the lists), D 256 and the shared-V ones the simple kernels.
+    // backward of all four runs sfa_bwd_kmaj.cu (key-major; heads in chunks of 32, rows of
+    // 4 heads below 4, windows of the lists; D 256 with dK on one consumer, dV on the other), the
+    // shared-V ones the simple kernels.
     std::vector<Cfg> ns;
     // sep: a separate v; shv: shared V (V = k's first D columns) at D 128 / 256 with and without
     // rope
@@ -1060,10 +1066,10 @@ static int small_tests(bool quick) {
         printf("%-36s %s\n", c.name.c_str(), g_fail == before ? "ok" : "FAILED");
     }
     if (quick) {  // the simple kernels' backward (both modes) under the sanitizers too
-        Cfg f = mk("fb_quick_sepv_d256_gqa", 1, 10, 40, 4, 2, 12, 2, 3, FP);
-        f.D = 256;
+        Cfg f = mk("fb_quick_shv_d128_gqa", 1, 10, 40, 4, 2, 12, 2, 3, FP);
+        f.D = 128;
         f.Dr = 0;
-        f.sep_v = 1;
+        f.sep_v = 0;
         int before = g_fail;
         test_case(f, seed++, true, true);
         printf("%-36s %s\n", f.name.c_str(), g_fail == before ? "ok" : "FAILED");
@@ -1088,6 +1094,8 @@ static int small_tests(bool quick) {
         test_determinism(64);
         test_determinism(8);
         test_determinism(3);
+        test_determinism(16, 128, 0, 1);
+        test_determinism(16, 256, 0, 1);
         test_p32_retry(64);
         test_p32_retry(8);
         test_sorted_rows();
