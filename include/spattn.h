@@ -29,8 +29,8 @@
  *     some rows of the 128-row query tile attend; bsa backward: q, k, v, dO, O of the 64-row x
  *     128-key tiles, e.g. a NaN q row makes dK / dV of the tile's keys NaN; sfa backward when
  *     it runs key-major (<= 16 heads per key head in shapes the grouped form below does not
- *     take, or 17-32 with deterministic = 0 and rows selecting most keys they reach), per
- *     64-key block: a non-finite q, dO, O or LSE of a
+ *     take, or 17-32 with deterministic = 0 and rows selecting most keys they reach, and the
+ *     separate-V shapes at any head count), per 64-key block: a non-finite q, dO, O or LSE of a
  *     token can make dK / dV of every key of the blocks its row touches NaN, a non-finite k row
  *     the dQ of every token touching its block; sfa forward and backward at 4, 8, 16 or 32 query
  *     heads per key head with D 512 + 64 and shared kv, the grouped form: groups of 64 / H
@@ -397,14 +397,15 @@ SPATTN_API spattn_status spattn_bsa_varlen_workspace_size(const spattn_tensor *q
  * D and Dr: multiples of 8 (Dr may be 0), D <= 1024, Dr <= 256.  q/q_rope (and k/k_rope) may
  * be two strided views of one concatenated [.., D+Dr] buffer or separate buffers.
  * CUDA kernels: fp16/bf16 rows of unit stride, 16-byte aligned, with D 512, Dr 64 and v NULL
- * (DeepSeek MLA) or, forward only, a separate v with D 128 and Dr 0 (NSA-style) or 64, D 64 or
- * D 256 (Dr 0), or v NULL with D 128 or 256 and Dr 0 or 64, run the Hopper kernels; other shapes
- * run simple kernels (fp32 arithmetic on CUDA cores: correct, not fast).
+ * (DeepSeek MLA), or a separate v with D 128 and Dr 0 (NSA-style) or 64, D 64 or D 256 (Dr 0),
+ * or, forward only, v NULL with D 128 or 256 and Dr 0 or 64, run the Hopper kernels (the
+ * separate-V backward key-major when its blocks hold 16 or more keys or 1 in 8 keys is
+ * selected); other shapes run simple kernels (fp32 arithmetic on CUDA cores: correct, not fast).
  * CUDA: the indices are checked on the device and the verdict read back once per call: the call
  * waits for the scan (and the work queued before it on the stream), not for the attention
  * kernels, which run on after it returns, gated on the verdict on the device.  Under stream capture (CUDA graphs) the fp16/bf16 forward and backward of
  * the Hopper kernels are captured without it: at replay a bad index leaves o and lse (backward:
- * dq, dq_rope, dk, dk_rope) unwritten and no status can say so (check indices outside the
+ * dq, dq_rope, dk, dk_rope, dv) unwritten and no status can say so (check indices outside the
  * graph).  Calls that need the verdict before their kernels (the simple kernels' shapes, every
  * _varlen call) return SPATTN_STATUS_NOT_SUPPORTED under capture, before enqueuing anything.
  */

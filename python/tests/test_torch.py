@@ -415,7 +415,7 @@ class TestCudaSuiteShapes(unittest.TestCase):
 
     def test_sfa_nsa_shapes(self):
         # the small-head Hopper forward's separate-V shape (D 128, no rope, GQA, blocks of 64
-        # keys; 48 heads per key head: two chunks of heads); the backward on the simple kernels
+        # keys; 48 heads per key head: two chunks of heads); the backward key-major (sfa_bwd_kmaj.cu)
         t = TestSfaTorch()
         for dt in (torch.bfloat16, torch.float16):
             for (n1, n2) in ((32, 2), (96, 2)):
