@@ -30,6 +30,7 @@
 #include "sfa_adds.cuh"
 #include "sfa_bwd_small.h"
 #include "sfa_gather.cuh"
+#include "sfa_kmaj.cuh"
 
 namespace {
 
@@ -61,29 +62,6 @@ template <class S> struct Lay {
     static_assert(NDKV * 64 * 64 * 4 <= OFF_BAR - OFF_ST, "the partials fit the stages");
     static_assert(NREG <= 5 && (!SPLIT || S::SEPV), "accumulators of one warpgroup");
 };
-
-// A 64 x 32 accumulator (this thread's 16 values: element i = 4 j + 2 hh + e is key r0 + 8 hh,
-// token-head row 8 j + 2 q4 + e) as the A fragments of the two k-steps of an m64 RS wgmma.
-template <typename T> __device__ __forceinline__ void pack_a(const float (&x)[16], uint32_t (&a)[2][4]) {
-#pragma unroll
-    for (int kk = 0; kk < 2; kk++)
-#pragma unroll
-        for (int r = 0; r < 4; r++) a[kk][r] = hop::elt<T>::pack(x[8 * kk + 2 * r], x[8 * kk + 2 * r + 1]);
-}
-// This thread's dS^T values (layout of pack_a) into the dS tile [32 token-head rows][64 keys]
-// (one 128-byte swizzled row per row: the K-major B operand of dQ^T).
-template <typename T> __device__ __forceinline__ void store_ds(unsigned char *sds, const float (&d)[16], int q4, int r0) {
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-#pragma unroll
-        for (int e = 0; e < 2; e++)
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                const int th = 8 * j + 2 * q4 + e, key = r0 + 8 * hh;
-                const uint32_t pk = hop::elt<T>::pack(d[4 * j + 2 * hh + e], 0.f);
-                *reinterpret_cast<uint16_t *>(sds + hop::sw128(th, key >> 3) + (key & 7) * 2) = (uint16_t)pk;
-            }
-}
 
 // A dQ^T tile (m64n32 accumulator: q[4 j + 2 hh + e] is column r0 + 8 hh of token-head row
 // 8 j + 2 q4 + e) added to the dQ accumulator rows qrow (-1: none), columns col0 + ..; rows of W.
@@ -249,10 +227,10 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
                     dsv[i] = m > 0.f ? scale * pv[i] * (dpa[i] - dl) : 0.f;
                 }
             }
-        pack_a<T>(pv, pa);
-        pack_a<T>(dsv, da);
+        sfa::kmaj_pack_a<T>(pv, pa);
+        sfa::kmaj_pack_a<T>(dsv, da);
         hop::bar_sync(1 + C, 128);  // every warp's dQ^T GEMMs of the previous step have read the tile
-        store_ds<T>(sds, dsv, q4, r0);
+        sfa::kmaj_store_ds<T>(sds, dsv, q4, r0);
         hop::fence_proxy_async();
         hop::bar_sync(1 + C, 128);  // the tile is whole for the dQ^T GEMMs
 
@@ -434,26 +412,9 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd_kmaj_kernel(const __grid_const
 #pragma unroll
                 for (int i = 0; i < NBN; i++) sfa::cp_async16(sq + (NBK + i) * RBOX + so, ok ? ds + i * 64 : qb, ok ? 16 : 0);
             }
-            // multiplicities [TT][64] (128 bytes per visit), LSE2 and Delta per token-head row
-            for (int x = t; x < TT * 8; x += 128) {
-                const int tok = x >> 3, ok = tok < ntok;
-                sfa::cp_async16(ms + MS_CNT + x * 16, ok ? L.vmult + (int64_t)(vs + tok) * 32 + (x & 7) * 4 : L.vmult, ok ? 16 : 0);
-            }
-            if (t < TT) {
-                const int ok = t < ntok;
-                asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(hop::smem_u32(ms + MS_TOK + t * 4)),
-                             "l"(ok ? L.vtok + vs + t : L.vtok), "r"(ok ? 4 : 0)
-                             : "memory");
-            }
-            if (t < 2 * NR) {
-                const int th = t & (NR - 1), tok = th / HP, h = th % HP;
-                const bool ok = tok < ntok && head0 + h < p.H;
-                const int64_t r = ok ? ((int64_t)b * p.S1 + L.vtok[vs + tok]) * p.N1 + (int64_t)n2 * p.H + head0 + h : 0;
-                const float *src = (t < NR ? L.lse2 : L.delta) + r;
-                asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(hop::smem_u32(ms + (t < NR ? MS_LSE : MS_DELTA) + th * 4)),
-                             "l"(src), "r"(ok ? 4 : 0)
-                             : "memory");
-            }
+            // multiplicities, LSE2 and Delta per token-head row, the visits' tokens
+            sfa::kmaj_step_rows<HP>(ms, MS_CNT, MS_LSE, MS_DELTA, p, L, b, n2, head0, vs, ntok, t);
+            if (t < TT) sfa::cp_async4(ms + MS_TOK + t * 4, t < ntok ? L.vtok + vs + t : L.vtok, t < ntok);
             hop::cp_async_arrive_noinc(s.full + st);
         }
         sfa::cp_async_wait<0>();

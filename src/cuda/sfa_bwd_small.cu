@@ -37,6 +37,7 @@
 #include "sfa_adds.cuh"
 #include "sfa_bwd_small.h"
 #include "sfa_gather.cuh"
+#include "sfa_kmaj.cuh"
 
 namespace {
 
@@ -294,29 +295,7 @@ template <typename T> __global__ void rows_kernel(const Params p, SmallLists L) 
 }
 
 // ---- main kernel -------------------------------------------------------------------------------
-// A 64 x 32 accumulator (this thread's 16 values: element i = 4 j + 2 hh + e is key r0 + 8 hh,
-// token-head row 8 j + 2 q4 + e) as the A fragments of the two k-steps of an m64 RS wgmma.
-template <typename T> __device__ __forceinline__ void pack_a(const float (&x)[16], uint32_t (&a)[2][4]) {
-#pragma unroll
-    for (int kk = 0; kk < 2; kk++)
-#pragma unroll
-        for (int r = 0; r < 4; r++) a[kk][r] = hop::elt<T>::pack(x[8 * kk + 2 * r], x[8 * kk + 2 * r + 1]);
-}
-// Byte offset of element (key, th) in a dS tile [32 token-head rows th][64 keys] (one 128-byte
-// swizzled row per th: the K-major B operand of dQ^T).
-__device__ __forceinline__ uint32_t ds_at(int th, int key) { return hop::sw128(th, key >> 3) + (key & 7) * 2; }
-// This thread's dS^T values (layout of pack_a) into the dS tile.
-template <typename T> __device__ __forceinline__ void store_ds(unsigned char *sds, const float (&d)[16], int q4, int r0) {
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-#pragma unroll
-        for (int e = 0; e < 2; e++)
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                const uint32_t pk = hop::elt<T>::pack(d[4 * j + 2 * hh + e], 0.f);
-                *reinterpret_cast<uint16_t *>(sds + ds_at(8 * j + 2 * q4 + e, r0 + 8 * hh)) = (uint16_t)pk;
-            }
-}
+using sfa::kmaj_ds_at;
 
 struct Sm {
     unsigned char *k, *st, *ds, *misc;
@@ -407,11 +386,11 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
                             dpa[i] = (sel >> i) & 1u ? scale * sa[i] * (dpa[i] - dl) : 0.f;
                         }
                     }
-                pack_a<T>(sa, pa);
-                pack_a<T>(dpa, da);
+                sfa::kmaj_pack_a<T>(sa, pa);
+                sfa::kmaj_pack_a<T>(dpa, da);
                 hop::bar_sync(NB_DS0, 128);  // every thread of this warpgroup has read phase A
                 // ---- phase B: the dS tile and the P^T fragments
-                store_ds<T>(sds, dpa, q4, r0);
+                sfa::kmaj_store_ds<T>(sds, dpa, q4, r0);
 #pragma unroll
                 for (int kk = 0; kk < 2; kk++)
                     *reinterpret_cast<uint4 *>(s.ds + 4096 + (kk * 128 + t) * 16) = make_uint4(pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);
@@ -454,8 +433,8 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
                     for (int r = 0; r < 4; r++) {
                         const int i = 8 * kk + 2 * r, j = i >> 2, hh = (i >> 1) & 1;
                         const int th = 8 * j + 2 * q4, key = r0 + 8 * hh;
-                        const uint32_t lo = *reinterpret_cast<const uint16_t *>(sds + ds_at(th, key));
-                        const uint32_t hi = *reinterpret_cast<const uint16_t *>(sds + ds_at(th + 1, key));
+                        const uint32_t lo = *reinterpret_cast<const uint16_t *>(sds + kmaj_ds_at(th, key));
+                        const uint32_t hi = *reinterpret_cast<const uint16_t *>(sds + kmaj_ds_at(th + 1, key));
                         da[kk][r] = lo | hi << 16;
                     }
             }
@@ -637,19 +616,7 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd_small_kernel(const __grid_cons
                 for (int i = 0; i < 8; i++) sfa::cp_async16(sq + ST_DO + i * RBOX + so, ok ? ds + i * 64 : qb, ok ? 16 : 0);
             }
             // multiplicities [TT][64] (128 bytes per visit), LSE2 and Delta per token-head row
-            for (int x = t; x < TT * 8; x += 128) {
-                const int tok = x >> 3, ok = tok < ntok;
-                sfa::cp_async16(ms + MS_CNT + x * 16, ok ? L.vmult + (int64_t)(vs + tok) * 32 + (x & 7) * 4 : L.vmult, ok ? 16 : 0);
-            }
-            if (t < 2 * NR) {
-                const int th = t & (NR - 1), tok = th / HP, h = th % HP;
-                const bool ok = tok < ntok && h < p.H;
-                const int64_t r = ok ? ((int64_t)b * p.S1 + L.vtok[vs + tok]) * p.N1 + (int64_t)n2 * p.H + h : 0;
-                const float *src = (t < NR ? L.lse2 : L.delta) + r;
-                asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(hop::smem_u32(ms + (t < NR ? MS_LSE : MS_DELTA) + th * 4)),
-                             "l"(src), "r"(ok ? 4 : 0)
-                             : "memory");
-            }
+            sfa::kmaj_step_rows<HP>(ms, MS_CNT, MS_LSE, MS_DELTA, p, L, b, n2, 0, vs, ntok, t);
             hop::cp_async_arrive_noinc(s.full + st);
         }
         sfa::cp_async_wait<0>();

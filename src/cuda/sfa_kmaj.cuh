@@ -1,0 +1,62 @@
+// Pieces shared by the two key-major sfa backwards (sfa_bwd_small.cu: the Mla shape,
+// sfa_bwd_kmaj.cu: the separate-V shapes): keys are the MMA rows, a step is 32 token-head rows
+// (tokens of HP heads each) of one list of sfa_bwd_small.h.
+#pragma once
+#include "hopper/hopper.cuh"
+#include "sfa_bwd_small.h"
+
+namespace sfa {
+
+// 4-byte async copy (src_bytes 0: zero-fill; src must still be a valid address).
+__device__ __forceinline__ void cp_async4(void *dst, const void *src, bool ok) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(hop::smem_u32(dst)), "l"(src), "r"(ok ? 4 : 0)
+                 : "memory");
+}
+
+// A 64 x 32 accumulator (this thread's 16 values: element i = 4 j + 2 hh + e is key r0 + 8 hh,
+// token-head row 8 j + 2 q4 + e) as the A fragments of the two k-steps of an m64 RS wgmma.
+template <typename T> __device__ __forceinline__ void kmaj_pack_a(const float (&x)[16], uint32_t (&a)[2][4]) {
+#pragma unroll
+    for (int kk = 0; kk < 2; kk++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) a[kk][r] = hop::elt<T>::pack(x[8 * kk + 2 * r], x[8 * kk + 2 * r + 1]);
+}
+
+// Byte offset of element (key, th) in a dS tile [32 token-head rows th][64 keys] (one 128-byte
+// swizzled row per th: the K-major B operand of dQ^T).
+__device__ __forceinline__ uint32_t kmaj_ds_at(int th, int key) { return hop::sw128(th, key >> 3) + (key & 7) * 2; }
+// This thread's dS^T values (layout of kmaj_pack_a) into the dS tile.
+template <typename T>
+__device__ __forceinline__ void kmaj_store_ds(unsigned char *sds, const float (&d)[16], int q4, int r0) {
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++)
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const uint32_t pk = hop::elt<T>::pack(d[4 * j + 2 * hh + e], 0.f);
+                *reinterpret_cast<uint16_t *>(sds + kmaj_ds_at(8 * j + 2 * q4 + e, r0 + 8 * hh)) = (uint16_t)pk;
+            }
+}
+
+// The producer's per-step loads beside Q / dO (thread t of 128): the visits' multiplicities
+// [TT][64] (128 bytes per visit) at ms + cnt_off, and per token-head row th = tok * HP + h
+// (head head0 + h) LSE2 at ms + lse_off and Delta at ms + delta_off (4 bytes each; zero for
+// padding rows).  vs: the step's first visit, ntok its visits.
+template <int HP>
+__device__ __forceinline__ void kmaj_step_rows(unsigned char *ms, int cnt_off, int lse_off, int delta_off, const Params &p,
+                                               const SmallLists &L, int b, int n2, int head0, int vs, int ntok, int t) {
+    constexpr int NR = 32, TT = NR / HP;
+    for (int x = t; x < TT * 8; x += 128) {
+        const int tok = x >> 3, ok = tok < ntok;
+        cp_async16(ms + cnt_off + x * 16, ok ? L.vmult + (int64_t)(vs + tok) * 32 + (x & 7) * 4 : L.vmult, ok ? 16 : 0);
+    }
+    if (t < 2 * NR) {
+        const int th = t & (NR - 1), tok = th / HP, h = th % HP;
+        const bool ok = tok < ntok && head0 + h < p.H;
+        const int64_t r = ok ? ((int64_t)b * p.S1 + L.vtok[vs + tok]) * p.N1 + (int64_t)n2 * p.H + head0 + h : 0;
+        cp_async4(ms + (t < NR ? lse_off : delta_off) + th * 4, (t < NR ? L.lse2 : L.delta) + r, ok);
+    }
+}
+
+}  // namespace sfa
