@@ -16,8 +16,8 @@
 #   python   bash python/device_check.sh (the package's torch tests on CUDA tensors)
 #   varlen   spattn verify --backend cuda on bsa_varlen and sfa_varlen, then spattn bench
 #            --varlen-baselines on the 32-sequence 32K-token cases (issue 14, item 6)
-#   shapes   spattn verify and bench --pass fwd on cases/sfa_shapes.cases (NSA-style and other
-#            separate-V sfa shapes)
+#   shapes   spattn verify, bench --pass fwd and bench --pass bwd (deterministic 1 and 0) on
+#            cases/sfa_shapes.cases (NSA-style and other separate-V sfa shapes)
 #   ab       A/B of a gated kernel form in one call: spattn bench on AB_SUITE (sfa) --pass
 #            AB_PASS (bwd) --case AB_CASE, deterministic 1 and 0, with AB_VAR unset and =1,
 #            interleaved (off, on, off, on), then the ratios (--load off --compare on: ratio =
@@ -172,13 +172,18 @@ if has varlen; then
 fi
 
 if has shapes; then
-  echo "== shapes: cases/sfa_shapes.cases (NSA-style and other separate-V sfa shapes), forward"
-  timeout ${VERIFY_TIMEOUT:-300} "$SP" verify --backend cuda --suite cases/sfa_shapes.cases --pass fwd --quiet \
+  echo "== shapes: cases/sfa_shapes.cases (NSA-style and other separate-V sfa shapes), forward and backward"
+  timeout ${VERIFY_TIMEOUT:-300} "$SP" verify --backend cuda --suite cases/sfa_shapes.cases --quiet \
     --json "$OUT/verify_shapes.json" > "$OUT/verify_shapes.log" 2>&1
   echo "verify shapes exit $?"; grep -E "passed|FAIL" "$OUT/verify_shapes.log" | tail -4
   timeout ${BENCH_TIMEOUT:-200} "$SP" bench --backend cuda --suite cases/sfa_shapes.cases --pass fwd --quiet \
     --repeats ${REPEATS:-10} --json "$OUT/shapes.json" > "$OUT/shapes.log" 2>&1
-  echo "bench shapes exit $?"; head -8 "$OUT/shapes.log"
+  echo "bench shapes fwd exit $?"; head -8 "$OUT/shapes.log"
+  for det in 1 0; do  # the backward in both modes (sfa_bwd_kmaj.cu)
+    timeout ${BENCH_TIMEOUT:-200} "$SP" bench --backend cuda --suite cases/sfa_shapes.cases --pass bwd --quiet \
+      --deterministic $det --repeats ${REPEATS:-10} --json "$OUT/shapes_bwd_det$det.json" > "$OUT/shapes_bwd_det$det.log" 2>&1
+    echo "bench shapes bwd det $det exit $?"; head -8 "$OUT/shapes_bwd_det$det.log"
+  done
   el
 fi
 
