@@ -647,7 +647,7 @@ template <typename T> cudaError_t launch_all(const Params &p, const SmallLists &
     cudaError_t e = cudaMemsetAsync(L.bitmap, 0, (size_t)nl * L.s1w * 4, st);
     if (e != cudaSuccess) return e;
     const int rpw = 32 / (L.dv / 8 < 32 ? L.dv / 8 : 32);  // rows_kernel's rows per warp
-    rows_kernel<T><<<(unsigned)(((int64_t)p.B * p.S1 * p.N1 + rpw - 1) / rpw * 32 + 255) / 256, 256, 0, st>>>(p, L);
+    rows_kernel<T><<<(unsigned)((((int64_t)p.B * p.S1 * p.N1 + rpw - 1) / rpw * 32 + 255) / 256), 256, 0, st>>>(p, L);
     touch_kernel<<<g_rows, 256, 0, st>>>(p, L);
     count_kernel<<<(unsigned)nl, 256, 0, st>>>(L);
     scan_kernel<<<1, 1024, 0, st>>>(L, nl);

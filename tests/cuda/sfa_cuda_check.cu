@@ -1018,6 +1018,8 @@ static int small_tests(bool quick) {
     auto shv = [&](Cfg c, int D, int Dr) { add(c, D, Dr, 0); };
     sep(mk("nsa_quick_h8x2_sbs64", 1, 8, 400, 16, 2, 6, 64, 3, BF), 128, 0);
     sep(mk("sep_quick_d128r64_h16x2_sbs64", 1, 6, 500, 32, 2, 5, 64, 3, FP), 128, 64);
+    // whole key blocks only (S2 % 64 == 0): the control for racecheck's reports on the cases above
+    sep(mk("nsa_quick_h16_s512_whole_blocks", 1, 8, 512, 16, 1, 6, 64, 3, BF), 128, 0);
     if (!quick) {
         sep(mk("nsa_h16x2_sbs64_k16", 1, 40, 1500, 32, 2, 16, 64, 3, BF), 128, 0);
         sep(mk("nsa_h1_b2_mode0_dups_pad", 2, 20, 300, 2, 2, 12, 8, 0, FP), 128, 0);
