@@ -63,51 +63,6 @@ template <class S> struct Lay {
     static_assert(NREG <= 5 && (!SPLIT || S::SEPV), "accumulators of one warpgroup");
 };
 
-// A dQ^T tile (m64n32 accumulator: q[4 j + 2 hh + e] is column r0 + 8 hh of token-head row
-// 8 j + 2 q4 + e) added to the dQ accumulator rows qrow (-1: none), columns col0 + ..; rows of W.
-// fp32: scalar reds (a warp's instruction covers 4 rows x 8 consecutive columns).  Regrouped by
-// two shuffle rounds into 4 red.v4 per lane instead of 16 scalar reds, the same calls took
-// 1.16-1.19x the time (sfas01-04, H200, same call): the shuffles sit on the critical path, the
-// adds' bytes do not.  Deterministic: int64 fixed point, one vote per tile for the all-finite
-// case, the flag path out of line.
-__device__ __noinline__ void add_dq_slow(const SmallLists &L, int64_t rowq, float x0, float x1, float fsq) {
-    sfa::add_fix(L.dq_i64, L.dq_flags, rowq, x0, fsq);
-    sfa::add_fix(L.dq_i64, L.dq_flags, rowq + 8, x1, fsq);
-}
-__device__ __forceinline__ void add_dq(const Params &p, const SmallLists &L, const float (&q)[16], const int (&qrow)[8],
-                                       int col0, int W, int lane, int r0, bool det, float fsq) {
-    if (!det) {
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                if (qrow[2 * j + e] < 0) continue;
-                const int64_t rowq = (int64_t)qrow[2 * j + e] * W + col0 + r0;
-                sfa::red_add_f32(L.dq_f32 + rowq, q[4 * j + e]);
-                sfa::red_add_f32(L.dq_f32 + rowq + 8, q[4 * j + 2 + e]);
-            }
-        return;
-    }
-    bool fin = true;
-#pragma unroll
-    for (int i = 0; i < 16; i++) fin &= fabsf(q[i]) <= FLT_MAX;
-    const bool all = __all_sync(0xffffffffu, fin);
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            if (qrow[2 * j + e] < 0) continue;
-            const int64_t rowq = (int64_t)qrow[2 * j + e] * W + col0 + r0;
-            const float x0 = q[4 * j + e], x1 = q[4 * j + 2 + e];  // columns r0, r0 + 8
-            if (all) {
-                sfa::red_add_u64(L.dq_i64 + rowq, (unsigned long long)__float2ll_rn(x0 * fsq));
-                sfa::red_add_u64(L.dq_i64 + rowq + 8, (unsigned long long)__float2ll_rn(x1 * fsq));
-            } else {
-                add_dq_slow(L, rowq, x0, x1, fsq);
-            }
-        }
-}
-
 // The CTA's summed dK / dV rows red [64 keys][wc] (fp32, shared) added to the accumulator rows
 // [B, S2, N2, 576] of its keys (past S2: none), columns 0 .. wc - 1, by 256 threads: fp32 four
 // columns per red.v4, deterministic int64 fixed point one column per red (a warp's 32 columns
@@ -283,15 +238,8 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
         const int box0 = SPLIT ? C * (NBK / 2) : 0, box1 = SPLIT ? (C ? NBK : NBK / 2) : NBK;
 #pragma unroll 1
         for (int box = box0; box < box1; box++) {
-            const uint64_t ka = hop::desc_sw128(s.k + box * BOX, BOX, 1024);
             float q[16];
-            hop::wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++)
-                hop::elt<T>::template ssn<32, 1, 0>(q, hop::desc_add(ka, kk * 2048), hop::desc_add(dsd, kk * 32), kk > 0);
-            hop::wgmma_commit();
-            hop::wgmma_wait<0>();
-            hop::reg_fence(q);
+            sfa::kmaj_dq_tile<T>(q, s.k + box * BOX, dsd);
             if (box == box0) {
 #pragma unroll
                 for (int i = 0; i < NREG; i++) hop::reg_fence(dkv[i]);  // the dK / dV group is done: the stage is free
@@ -299,7 +247,7 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
                 hop::reg_fence(da);
                 hop::mbar_arrive(s.empty + st);
             }
-            add_dq(p, L, q, qrow, box * 64, W, lane, r0, det, fsq);
+            sfa::kmaj_add_dq(L, q, qrow, box * 64, W, r0, det, fsq);
         }
 #pragma unroll
         for (int i = 0; i < NREG; i++) hop::reg_fence(dkv[i]);

@@ -473,45 +473,15 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
 #pragma unroll 1
         for (int y = 0; y < NDQ; y++) {
             const int box = DQ0 + y;
-            const uint64_t ka = hop::desc_sw128(s.k + box * BOX, BOX, 1024);
             float q[16];
-            hop::wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++)
-                hop::elt<T>::template ssn<32, 1, 0>(q, hop::desc_add(ka, kk * 2048), hop::desc_add(dsd, kk * 32), kk > 0);
-            hop::wgmma_commit();
-            hop::wgmma_wait<0>();
-            hop::reg_fence(q);
+            sfa::kmaj_dq_tile<T>(q, s.k + box * BOX, dsd);
             if (y == 0) {
                 hop::reg_fence(dkv[0]);  // the dKV group has completed too: the stage is free
                 hop::mbar_arrive(s.empty + st);
             }
             if constexpr (C == 0)
                 if (y == NDQ - 1) hop::mbar_arrive(s.rfree);  // R's last reader of the step is done
-            // det: one vote per box for the common all-finite case (straight-line integer adds;
-            // the flag logic of add_fix per element only when some value is not finite)
-            bool fin = true;
-#pragma unroll
-            for (int i = 0; i < 16; i++) fin &= fabsf(q[i]) <= FLT_MAX;
-            const int mode = !det ? 0 : __all_sync(0xffffffffu, fin) ? 1 : 2;
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    if (qrow[2 * j + e] < 0) continue;
-                    const int64_t rowq = (int64_t)qrow[2 * j + e] * sfa::DQK + box * 64 + r0;
-                    const float x0 = q[4 * j + e], x1 = q[4 * j + 2 + e];  // columns r0, r0 + 8
-                    if (mode == 0) {
-                        sfa::red_add_f32(L.dq_f32 + rowq, x0);
-                        sfa::red_add_f32(L.dq_f32 + rowq + 8, x1);
-                    } else if (mode == 1) {
-                        sfa::red_add_u64(L.dq_i64 + rowq, (unsigned long long)__float2ll_rn(x0 * fsq));
-                        sfa::red_add_u64(L.dq_i64 + rowq + 8, (unsigned long long)__float2ll_rn(x1 * fsq));
-                    } else {
-                        sfa::add_fix(L.dq_i64, L.dq_flags, rowq, x0, fsq);
-                        sfa::add_fix(L.dq_i64, L.dq_flags, rowq + 8, x1, fsq);
-                    }
-                }
+            sfa::kmaj_add_dq(L, q, qrow, box * 64, sfa::DQK, r0, det, fsq);
         }
 #pragma unroll
         for (int i = 0; i < NDKV; i++) hop::reg_fence(dkv[i]);

@@ -603,64 +603,62 @@ struct SmallShape {
 };
 // kmaj: a shape of kmaj_shape (sfa_bwd_kmaj.cu: any H, in chunks of 32 heads; no token-major
 // kernel beside it), else the Mla shape (sfa_bwd_small.cu, H <= 32).
+// sfa_bwd_kmaj.cu's CTA window (SmallShape::ww, words of 32 tokens) for a list's share e of
+// tokens that visit it: about `steps` steps of 32 token-head rows on average, at most 8 MiB of fp32
+// dQ rows of one key head (the resident CTAs run one window's lists of one (b, n2) at a time;
+// their dQ adds must stay in L2), at most s1w.  Measured (H200, same call, time against windows
+// of 32 steps): 64 steps 0.90-0.93x on sfas01 / 02 / 04, 128 steps 0.86-0.91x on sfas01 / 02
+// (8 MiB windows), but sfas03 1.16-1.18x slower at 16 MiB (the cap keeps it at 8).
+// SPATTN_SFA_KMAJ_STEPS: the target (measurements; default 128).
+int64_t kmaj_window(const spattn_sfa_problem *p, double e, int64_t s1w) {
+    const int64_t H = p->N1 / p->N2, hp = H <= 4 ? 4 : H <= 8 ? 8 : H <= 16 ? 16 : 32, tt = 32 / hp;
+    const char *senv = getenv("SPATTN_SFA_KMAJ_STEPS");
+    const double steps = senv && atoi(senv) > 0 ? atoi(senv) : 128.0;
+    int64_t ww = (int64_t)ceil(steps * (double)tt / (32.0 * fmin(1.0, e)));
+    const int64_t cap = (8ll << 20) / (32 * H * (p->D + p->Dr) * 4);
+    ww = ww > cap ? cap : ww;
+    ww = ww < 1 ? 1 : ww > 256 ? 256 : ww;
+    return ww < s1w ? ww : s1w;
+}
 bool small_shape(const spattn_sfa_problem *p, bool det, SmallShape *ss, bool kmaj = false) {
     const int64_t H = p->N1 / p->N2;
     if ((!kmaj && H > 32) || p->K > 65535) return false;
     // fewer than 1 in 8 keys selected: a visited block's 64 keys are computed for a few; with
     // blocks of 16 or more keys a visit uses at least a quarter of them
     if (p->S2 > 8 * p->K * p->sbs && !(kmaj && p->sbs >= 16)) return false;
-    if (kmaj) {
-        ss->nkb = (p->S2 + 63) / 64;
-        ss->s1w = (p->S1 + 31) / 32;
-        ss->nl = p->B * p->N2 * ss->nkb;
-        const int64_t per_row = ss->nkb < p->K * ((p->sbs + 63) / 64) ? ss->nkb : p->K * ((p->sbs + 63) / 64);
-        ss->vmax = p->B * p->N2 * p->S1 * per_row;
-        // The CTA window (ww words of 32 tokens): about `steps` steps of 32 token-head rows on
-        // average (e = the share of a list's tokens that visit it; causal: about half the keys
-        // reachable), at most 8 MiB of fp32 dQ rows of one key head (the resident CTAs run one
-        // window's lists of one (b, n2) at a time; their dQ adds must stay in L2).  Measured
-        // (H200, same call, time against windows of 32 steps): 64 steps 0.90-0.93x on sfas01 /
-        // 02 / 04, 128 steps 0.86-0.91x on sfas01 / 02 (8 MiB windows), but sfas03 1.16-1.18x
-        // slower at 16 MiB (the cap keeps it at 8).  SPATTN_SFA_KMAJ_STEPS: the target (measurements).
-        const double reach = p->mode == 3 ? fmax(64.0, (double)p->S2 - 0.5 * (double)p->S1) : (double)p->S2;
-        const double e = fmin(1.0, (double)per_row * 64.0 / reach);
-        const int64_t hp = H <= 4 ? 4 : H <= 8 ? 8 : H <= 16 ? 16 : 32, tt = 32 / hp;
-        const char *senv = getenv("SPATTN_SFA_KMAJ_STEPS");
-        const double steps = senv && atoi(senv) > 0 ? atoi(senv) : 128.0;
-        int64_t ww = (int64_t)ceil(steps * (double)tt / (32.0 * e));
-        const int64_t cap = (8ll << 20) / (32 * H * (p->D + p->Dr) * 4);
-        ww = ww > cap ? cap : ww;
-        ww = ww < 1 ? 1 : ww > 256 ? 256 : ww;
-        ss->ww = ww < ss->s1w ? ww : ss->s1w;
-        const int64_t W = p->D + p->Dr;
-        if (ss->nl >= (1LL << 31) || ss->vmax >= (1LL << 31) || p->B * p->S1 * p->N1 >= (1LL << 31) ||
-            (ss->s1w + ss->ww - 1) / ss->ww > 65535 || (H + 31) / 32 > 65535)
-            return false;
-        const double nq = (double)p->B * p->S1 * p->N1;
-        const double bytes = nq * (W * 9 + 8) + (double)ss->nl * ss->s1w * 8 + (double)ss->nl * 8 + (double)ss->vmax * 132;
-        return bytes <= 4.0 * (1ull << 30);
+    if (!kmaj) {
+        // 17-32 heads: token-major fills half of each 64-row MMA and pays one dK row of adds per
+        // selected key, key-major computes whole 64-key blocks.  Token-major wins below ~0.55 of
+        // the reachable keys selected with int64 adds, ~0.8 with fp32 adds (H200, 2026-12-01,
+        // det / fast: sfa03 at 0.29: key-major 37 / 43, token-major 73 / 132 TFLOP/s; sfa11, dense:
+        // key-major 113 / 138, token-major ~72 / ~132 from its pair rate).  Since the token-major
+        // deterministic mode adds packed int32 (2026-12-04: about the fp32 adds' cost, sfa07 11.5 ms
+        // vs 10.6) and key-major's stays int64 (113 at its best), deterministic calls take
+        // token-major at H > 16; the fp32 test therefore takes every shape the deterministic one
+        // does (bwd_ws_total).
+        const double reach = p->mode == 3 ? fmax(1.0, (double)p->S2 - 0.5 * (double)p->S1) : (double)p->S2;
+        if (H > 16 && (det || (double)p->K * p->sbs < 0.8 * reach)) return false;
     }
-    // 17-32 heads: token-major fills half of each 64-row MMA and pays one dK row of adds per
-    // selected key, key-major computes whole 64-key blocks.  Token-major wins below ~0.55 of the
-    // reachable keys selected with int64 adds, ~0.8 with fp32 adds (H200, 2026-12-01, det / fast:
-    // sfa03 at 0.29: key-major 37 / 43, token-major 73 / 132 TFLOP/s; sfa11, dense: key-major
-    // 113 / 138, token-major ~72 / ~132 from its pair rate).  Since the token-major deterministic
-    // mode adds packed int32 (2026-12-04: about the fp32 adds' cost, sfa07 11.5 ms vs 10.6) and
-    // key-major's stays int64 (113 at its best), deterministic calls take token-major at H > 16;
-    // the fp32 test therefore takes every shape the deterministic one does (bwd_ws_total).
-    const double reach = p->mode == 3 ? fmax(1.0, (double)p->S2 - 0.5 * (double)p->S1) : (double)p->S2;
-    if (H > 16 && (det || (double)p->K * p->sbs < 0.8 * reach)) return false;
     ss->nkb = (p->S2 + 63) / 64;
     ss->s1w = (p->S1 + 31) / 32;
     ss->nl = p->B * p->N2 * ss->nkb;
     const int64_t per_row = ss->nkb < p->K * ((p->sbs + 63) / 64) ? ss->nkb : p->K * ((p->sbs + 63) / 64);
     ss->vmax = p->B * p->N2 * p->S1 * per_row;
-    const int64_t hp = H <= 1 ? 1 : H <= 2 ? 2 : H <= 4 ? 4 : H <= 8 ? 8 : H <= 16 ? 16 : 32;
-    // int32 list counts and dQ row numbers (B S1 N1) in the kernel
-    if (ss->nl >= (1LL << 31) || ss->vmax >= (1LL << 31) || p->B * p->S1 * p->N1 >= (1LL << 31) || (p->S1 + 32 * (32 / hp) - 1) / (32 * (32 / hp)) > 65535)
+    int64_t windows;  // the main kernel's grid y extent
+    if (kmaj) {
+        const double reach = p->mode == 3 ? fmax(64.0, (double)p->S2 - 0.5 * (double)p->S1) : (double)p->S2;
+        ss->ww = kmaj_window(p, (double)per_row * 64.0 / reach, ss->s1w);
+        windows = (ss->s1w + ss->ww - 1) / ss->ww;
+        if ((H + 31) / 32 > 65535) return false;  // grid z: chunks of 32 heads
+    } else {
+        const int64_t hp = H <= 1 ? 1 : H <= 2 ? 2 : H <= 4 ? 4 : H <= 8 ? 8 : H <= 16 ? 16 : 32;
+        windows = (p->S1 + 32 * (32 / hp) - 1) / (32 * (32 / hp));
+    }
+    // int32 list counts and dQ row numbers (B S1 N1) in the kernels
+    if (ss->nl >= (1LL << 31) || ss->vmax >= (1LL << 31) || p->B * p->S1 * p->N1 >= (1LL << 31) || windows > 65535)
         return false;
-    const double nq = (double)p->B * p->S1 * p->N1;
-    const double bytes = nq * (sfa::DQK * 9 + 8) + (double)ss->nl * ss->s1w * 8 + (double)ss->nl * 8 + (double)ss->vmax * 132;
+    const double nq = (double)p->B * p->S1 * p->N1, W = kmaj ? (double)(p->D + p->Dr) : (double)sfa::DQK;
+    const double bytes = nq * (W * 9 + 8) + (double)ss->nl * ss->s1w * 8 + (double)ss->nl * 8 + (double)ss->vmax * 132;
     return bytes <= 4.0 * (1ull << 30);
 }
 // Its buffers after the common ones: dQ accumulator, LSE2 + Delta, bitmap, word prefixes, list

@@ -2,7 +2,10 @@
 // sfa_bwd_kmaj.cu: the separate-V shapes): keys are the MMA rows, a step is 32 token-head rows
 // (tokens of HP heads each) of one list of sfa_bwd_small.h.
 #pragma once
+#include <float.h>
+
 #include "hopper/hopper.cuh"
+#include "sfa_adds.cuh"
 #include "sfa_bwd_small.h"
 
 namespace sfa {
@@ -57,6 +60,53 @@ __device__ __forceinline__ void kmaj_step_rows(unsigned char *ms, int cnt_off, i
         const int64_t r = ok ? ((int64_t)b * p.S1 + L.vtok[vs + tok]) * p.N1 + (int64_t)n2 * p.H + head0 + h : 0;
         cp_async4(ms + (t < NR ? lse_off : delta_off) + th * 4, (t < NR ? L.lse2 : L.delta) + r, ok);
     }
+}
+
+// dQ^T[box] = K^T dS^T of one 64-column box of the key block (M = 64 columns, N = 32 token-head
+// rows, K = 64 keys: A = the box read MN-major, B = the step's dS tile at dsd), waited for.
+template <typename T> __device__ __forceinline__ void kmaj_dq_tile(float (&q)[16], const unsigned char *kbox, uint64_t dsd) {
+    const uint64_t ka = hop::desc_sw128(kbox, GBOX, 1024);
+    hop::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+        hop::elt<T>::template ssn<32, 1, 0>(q, hop::desc_add(ka, kk * 2048), hop::desc_add(dsd, kk * 32), kk > 0);
+    hop::wgmma_commit();
+    hop::wgmma_wait<0>();
+    hop::reg_fence(q);
+}
+
+// A dQ^T tile (q[4 j + 2 hh + e] is column r0 + 8 hh of token-head row 8 j + 2 q4 + e) added to the
+// dQ accumulator rows qrow (-1: none), columns col0 + .., rows of W: fp32 reds (a warp's
+// instruction covers 4 rows x 8 consecutive columns), or int64 fixed point with one vote per
+// tile for the all-finite case (straight-line integer adds), the flag path only when some value is not
+// finite.
+// Measured in sfa_bwd_kmaj.cu (H200, sfas01-04, same call): regrouping the fp32 values by two
+// shuffle rounds into 4 red.v4 per lane instead of 16 scalar reds took 1.16-1.19x the time (the
+// shuffles sit on the critical path, the adds' bytes do not).
+__device__ __forceinline__ void kmaj_add_dq(const SmallLists &L, const float (&q)[16], const int (&qrow)[8], int col0, int W,
+                                            int r0, bool det, float fsq) {
+    bool fin = true;
+#pragma unroll
+    for (int i = 0; i < 16; i++) fin &= fabsf(q[i]) <= FLT_MAX;
+    const int mode = !det ? 0 : __all_sync(0xffffffffu, fin) ? 1 : 2;
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            if (qrow[2 * j + e] < 0) continue;
+            const int64_t rowq = (int64_t)qrow[2 * j + e] * W + col0 + r0;
+            const float x0 = q[4 * j + e], x1 = q[4 * j + 2 + e];  // columns r0, r0 + 8
+            if (mode == 0) {
+                red_add_f32(L.dq_f32 + rowq, x0);
+                red_add_f32(L.dq_f32 + rowq + 8, x1);
+            } else if (mode == 1) {
+                red_add_u64(L.dq_i64 + rowq, (unsigned long long)__float2ll_rn(x0 * fsq));
+                red_add_u64(L.dq_i64 + rowq + 8, (unsigned long long)__float2ll_rn(x1 * fsq));
+            } else {
+                add_fix(L.dq_i64, L.dq_flags, rowq, x0, fsq);
+                add_fix(L.dq_i64, L.dq_flags, rowq + 8, x1, fsq);
+            }
+        }
 }
 
 }  // namespace sfa
