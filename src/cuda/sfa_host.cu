@@ -675,6 +675,41 @@ size_t small_parts(const spattn_sfa_problem *p, const SmallShape &ss, size_t off
     }
     return t;
 }
+// The key-major backward's buffers of small_parts at sw (offsets soff) as its lists (stats: the
+// fixed-point stats of fix_scale_kernel; dv: the columns of o / dout).
+sfa::SmallLists small_lists(unsigned char *sw, const size_t soff[9], const SmallShape &ss, size_t nq, bool det,
+                            const unsigned *stats, int dv) {
+    sfa::SmallLists L;
+    L.dq_i64 = det ? (unsigned long long *)(sw + soff[0]) : nullptr;
+    L.dq_f32 = det ? nullptr : (float *)(sw + soff[0]);
+    L.dq_flags = (uint32_t *)(sw + soff[8]);
+    L.fix_scale_q = (const float *)(stats + 7);
+    L.lse2 = (float *)(sw + soff[1]);
+    L.delta = L.lse2 + nq;
+    L.bitmap = (uint32_t *)(sw + soff[2]);
+    L.wpre = (uint32_t *)(sw + soff[3]);
+    L.len = (int *)(sw + soff[4]);
+    L.off = (int *)(sw + soff[5]);
+    L.vtok = (int *)(sw + soff[6]);
+    L.vmult = (uint32_t *)(sw + soff[7]);
+    L.nkb = (int)ss.nkb;
+    L.s1w = (int)ss.s1w;
+    L.dv = dv;
+    L.ww = (int)ss.ww;
+    return L;
+}
+// The maxima of the key-major form's a-priori fixed-point bound (fix_scale_kernel's stats[0..3]);
+// stats[1] bounds |k| (dQ) and |v| (dP): the larger of the two serves both.
+template <typename T> void kmaj_maxabs(const spattn_sfa_problem *p, unsigned *stats, cudaStream_t st) {
+    spattn_launch_maxabs<T>(p->q, stats + 0, st);
+    if (p->Dr) spattn_launch_maxabs<T>(p->q_rope, stats + 0, st);
+    spattn_launch_maxabs<T>(p->k, stats + 1, st);
+    if (p->Dr) spattn_launch_maxabs<T>(p->k_rope, stats + 1, st);
+    if (!p->shared_kv) spattn_launch_maxabs<T>(p->v, stats + 1, st);
+    spattn_launch_maxabs<T>(p->o, stats + 2, st);
+    spattn_launch_maxabs<T>(p->dout, stats + 3, st);
+}
+
 // The token-major backward's index rows sorted ascending (-1 last), when its accumulator is far
 // larger than L2 (H200: 50 MB; dK / dV adds are 4-byte red ops into [rows][576]): the CTAs of a
 // wave start together and move at about the same rate, so with sorted rows the keys they add
@@ -906,14 +941,7 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
     if (e == cudaSuccess && small) e = cudaMemsetAsync(sw + soff[0], 0, nq * W * (det ? 8 : 4), st);
     if (e == cudaSuccess && small && det) e = cudaMemsetAsync(sw + soff[8], 0, nq * W, st);
     if (e == cudaSuccess && det && small) {  // int64 fixed point's a-priori bound (the key-major form)
-        // stats[1] bounds |k| (dQ) and |v| (dP): the larger of the two serves both
-        spattn_launch_maxabs<T>(p->q, stats + 0, st);
-        if (p->Dr) spattn_launch_maxabs<T>(p->q_rope, stats + 0, st);
-        spattn_launch_maxabs<T>(p->k, stats + 1, st);
-        if (p->Dr) spattn_launch_maxabs<T>(p->k_rope, stats + 1, st);
-        if (!p->shared_kv) spattn_launch_maxabs<T>(p->v, stats + 1, st);
-        spattn_launch_maxabs<T>(p->o, stats + 2, st);
-        spattn_launch_maxabs<T>(p->dout, stats + 3, st);
+        kmaj_maxabs<T>(p, stats, st);
         launch_hist(p, hist, stats, st);
         fix_scale_kernel<<<1, 1, 0, st>>>(stats, p->scale, (int)p->D, (int)(p->N1 / p->N2));
         e = cudaGetLastError();
@@ -929,23 +957,7 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
         const int bf16 = p->dtype == SPATTN_DTYPE_BF16;
         if (small) {
             // H <= 32, dense enough selections: key-major (sfa_bwd_small.cu)
-            sfa::SmallLists L;
-            L.dq_i64 = det ? (unsigned long long *)(sw + soff[0]) : nullptr;
-            L.dq_f32 = det ? nullptr : (float *)(sw + soff[0]);
-            L.dq_flags = (uint32_t *)(sw + soff[8]);
-            L.fix_scale_q = (const float *)(stats + 7);
-            L.lse2 = (float *)(sw + soff[1]);
-            L.delta = L.lse2 + nq;
-            L.bitmap = (uint32_t *)(sw + soff[2]);
-            L.wpre = (uint32_t *)(sw + soff[3]);
-            L.len = (int *)(sw + soff[4]);
-            L.off = (int *)(sw + soff[5]);
-            L.vtok = (int *)(sw + soff[6]);
-            L.vmult = (uint32_t *)(sw + soff[7]);
-            L.nkb = (int)ss.nkb;
-            L.s1w = (int)ss.s1w;
-            L.dv = (int)p->D;
-            L.ww = (int)ss.ww;
+            const sfa::SmallLists L = small_lists(sw, soff, ss, nq, det, stats, (int)p->D);
             e = spattn_sfa_bwd_small_launch(kp, &L, bf16, shape, st);
             if (e == cudaSuccess) {
                 const spattn_tensor *dq = p->dq, *dqr = p->Dr ? p->dq_rope : p->dq;  // Dr 0: no column goes there
