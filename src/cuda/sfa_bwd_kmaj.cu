@@ -321,18 +321,7 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd_kmaj_kernel(const __grid_const
 
     if (wg == 0) {  // ------------------------------------------------------------------ producer
         hop::setmaxnreg_dec<40>();
-        {
-            // the key block: keys kb * 64 + row (rows past S2 zero-filled), K then V boxes
-            const sfa::Gather<T, false, S> gat(p, b, n2, t);
-            int key[4];
-#pragma unroll
-            for (int r = 0; r < 4; r++) {
-                const int k = kb * 64 + gat.grp + 16 * r;
-                key[r] = k < p.S2 ? k : -1;
-            }
-            gat.copy(s.k, key, 0, S::NBT);
-            hop::cp_async_arrive_noinc(s.kbar);
-        }
+        sfa::kmaj_load_block<T, S>(s.k, s.kbar, p, b, n2, kb, t);
         const T *qb = static_cast<const T *>(p.q) + b * p.sq[0] + (int64_t)(n2 * p.H + head0) * p.sq[2];
         const T *qrb = NBR ? static_cast<const T *>(p.qr) + b * p.sqr[0] + (int64_t)(n2 * p.H + head0) * p.sqr[2] : qb;
         const T *dob = static_cast<const T *>(p.dout) + b * p.sdo[0] + (int64_t)(n2 * p.H + head0) * p.sdo[2];

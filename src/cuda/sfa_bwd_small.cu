@@ -545,18 +545,7 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd_small_kernel(const __grid_cons
 
     if (wg == 0) {  // ------------------------------------------------------------------ producer
         hop::setmaxnreg_dec<40>();
-        {
-            // the key block: keys kb * 64 + row (rows past S2 zero-filled)
-            const sfa::Gather<T> gat(p, b, n2, t);
-            int key[4];
-#pragma unroll
-            for (int r = 0; r < 4; r++) {
-                const int k = kb * 64 + gat.grp + 16 * r;
-                key[r] = k < p.S2 ? k : -1;
-            }
-            gat.copy(s.k, key, 0, sfa::GNBOX);
-            hop::cp_async_arrive_noinc(kbar);
-        }
+        sfa::kmaj_load_block<T, sfa::Mla>(s.k, kbar, p, b, n2, kb, t);
         const T *qb = static_cast<const T *>(p.q) + b * p.sq[0] + (int64_t)n2 * p.H * p.sq[2];
         const T *qrb = static_cast<const T *>(p.qr) + b * p.sqr[0] + (int64_t)n2 * p.H * p.sqr[2];
         const T *dob = static_cast<const T *>(p.dout) + b * p.sdo[0] + (int64_t)n2 * p.H * p.sdo[2];

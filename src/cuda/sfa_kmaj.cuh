@@ -7,6 +7,7 @@
 #include "hopper/hopper.cuh"
 #include "sfa_adds.cuh"
 #include "sfa_bwd_small.h"
+#include "sfa_gather.cuh"
 
 namespace sfa {
 
@@ -40,6 +41,22 @@ __device__ __forceinline__ void kmaj_store_ds(unsigned char *sds, const float (&
                 const uint32_t pk = hop::elt<T>::pack(d[4 * j + 2 * hh + e], 0.f);
                 *reinterpret_cast<uint16_t *>(sds + kmaj_ds_at(8 * j + 2 * q4 + e, r0 + 8 * hh)) = (uint16_t)pk;
             }
+}
+
+// The CTA's key block (producer thread t of 128): keys kb * 64 + row of (b, n2), rows past S2
+// zero-filled, all S::NBT boxes (K, rope, then V when separate), completing on kbar.
+template <typename T, class S>
+__device__ __forceinline__ void kmaj_load_block(unsigned char *dst, uint64_t *kbar, const Params &p, int b, int n2, int kb,
+                                                int t) {
+    const Gather<T, false, S> gat(p, b, n2, t);
+    int key[4];
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        const int k = kb * 64 + gat.grp + 16 * r;
+        key[r] = k < p.S2 ? k : -1;
+    }
+    gat.copy(dst, key, 0, S::NBT);
+    hop::cp_async_arrive_noinc(kbar);
 }
 
 // The producer's per-step loads beside Q / dO (thread t of 128): the visits' multiplicities
