@@ -387,6 +387,10 @@ template <typename T> cudaError_t launch_t(const Params &p, const SmallLists &L,
     case sfa::SHAPE_SEP_128_64: return launch_shape<T, sfa::Sep<2, 1>>(p, L, nl, st);
     case sfa::SHAPE_SEP_64: return launch_shape<T, sfa::Sep<1, 0>>(p, L, nl, st);
     case sfa::SHAPE_SEP_256: return launch_shape<T, sfa::Sep<4, 0>>(p, L, nl, st);
+    case sfa::SHAPE_SHV_128_64: return launch_shape<T, sfa::Shv<2, 1>>(p, L, nl, st);
+    case sfa::SHAPE_SHV_128: return launch_shape<T, sfa::Shv<2, 0>>(p, L, nl, st);
+    case sfa::SHAPE_SHV_256_64: return launch_shape<T, sfa::Shv<4, 1>>(p, L, nl, st);
+    case sfa::SHAPE_SHV_256: return launch_shape<T, sfa::Shv<4, 0>>(p, L, nl, st);
     default: return cudaErrorInvalidValue;
     }
 }

@@ -385,13 +385,13 @@ int fwd_shape(const spattn_sfa_problem *p) {
 }
 
 // The backward's shapes besides fast_shape's (Mla): the key-major kernel of sfa_bwd_kmaj.cu takes
-// fp16/bf16 with a separate v of D 128 (SHAPE_NSA), D 128 + Dr 64, D 64 or D 256, rows of unit stride,
+// fp16/bf16 with a separate v of D 128 (SHAPE_NSA), D 128 + Dr 64, D 64 or D 256, or V = k's first D
+// columns with D 128 / 256 and Dr 0 / 64 (dV folded into dK), rows of unit stride,
 // 16-byte aligned (the dq / dq_rope outputs too: the conversion stores pairs); -1: none (the call
 // runs the simple kernels).  Whether the call's selection suits it: small_shape.
 int kmaj_shape(const spattn_sfa_problem *p) {
-    const int shape = p->shared_kv ? -1 : fwd_shape(p);
-    if (shape != sfa::SHAPE_NSA && shape != sfa::SHAPE_SEP_128_64 && shape != sfa::SHAPE_SEP_64 && shape != sfa::SHAPE_SEP_256)
-        return -1;
+    const int shape = fwd_shape(p);
+    if (shape < 0 || shape == sfa::SHAPE_MLA) return -1;  // every other forward shape
     const spattn_tensor *ts[] = {p->dout, p->dq, p->dq_rope};
     for (int i = 0; i < 3; ++i)
         if (!rows_aligned(ts[i])) return -1;

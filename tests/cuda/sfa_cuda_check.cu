@@ -1004,7 +1004,7 @@ static int small_tests(bool quick) {
     // rope (NSA-style), D 128 + Dr 64, D 64 (one d-tile: warpgroup 1 finalises none), D 256.  The
     // backward of all four runs sfa_bwd_kmaj.cu (key-major; heads in chunks of 32, rows of
     // 4 heads below 4, windows of the lists; D 256 with dK on one consumer, dV on the other), the
-    // shared-V ones the simple kernels.
+    // shared-V ones too (dV folded into dK).
     std::vector<Cfg> ns;
     // sep: a separate v; shv: shared V (V = k's first D columns) at D 128 / 256 with and without
     // rope
@@ -1068,10 +1068,10 @@ static int small_tests(bool quick) {
         printf("%-36s %s\n", c.name.c_str(), g_fail == before ? "ok" : "FAILED");
     }
     if (quick) {  // the simple kernels' backward (both modes) under the sanitizers too
-        Cfg f = mk("fb_quick_shv_d128_gqa", 1, 10, 40, 4, 2, 12, 2, 3, FP);
-        f.D = 128;
+        Cfg f = mk("fb_quick_sepv_fp32_d64_gqa", 1, 10, 40, 4, 2, 12, 2, 3, SPATTN_DTYPE_F32);
+        f.D = 64;
         f.Dr = 0;
-        f.sep_v = 0;
+        f.sep_v = 1;
         int before = g_fail;
         test_case(f, seed++, true, true);
         printf("%-36s %s\n", f.name.c_str(), g_fail == before ? "ok" : "FAILED");
