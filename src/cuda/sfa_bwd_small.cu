@@ -73,13 +73,14 @@ enum { NB_DS0 = 1 /* and 2 */ };
 // readers of the previous step meet at a named barrier before it overwrites R.
 
 // ---- list building ---------------------------------------------------------------------------
-// The key range [k0, k1] that index entry `bi` selects within the causal limit (k1 < k0: none).
-__device__ __forceinline__ void entry_keys(const Params &p, int bi, int lim, int &k0, int &k1) {
+// The key range [k0, k1] that index entry `bi` selects among nkeys keys within the causal limit
+// (k1 < k0: none).
+__device__ __forceinline__ void entry_keys(const Params &p, int bi, int lim, int nkeys, int &k0, int &k1) {
     k0 = 0;
     k1 = -1;
     if (bi < 0 || bi >= p.nblk) return;
     const long long a = (long long)bi << p.log2sbs;
-    const long long kmax = min((long long)p.S2 - 1, (long long)lim);
+    const long long kmax = min((long long)nkeys - 1, (long long)lim);
     if (a > kmax) return;
     k0 = (int)a;
     k1 = (int)min(a + p.sbs - 1, kmax);
@@ -87,9 +88,12 @@ __device__ __forceinline__ void entry_keys(const Params &p, int bi, int lim, int
 
 __device__ __forceinline__ int lim_of(const Params &p, int s1) { return p.mode == 3 ? p.S2 - p.S1 + s1 : p.S2 - 1; }
 
-// The index row (b, s1, n2) of this warp (one warp per row); false past the last row.
+// The index row (b, s1, n2) of this warp (one warp per row); false past the last row.  Varlen
+// calls (p.vl.tok set; B 1, s1 the packed token): the token's keys (tk = {sequence, first key
+// row, keys, causal limit}); false for a token past cu_seqlens_q[B].
 struct IdxRow {
-    int b, s1, n2, lim;
+    int b, s1, n2, lim, nkeys;
+    int4 tk;
     const int32_t *irow;
 };
 __device__ __forceinline__ bool warp_row(const Params &p, IdxRow &r) {
@@ -100,7 +104,26 @@ __device__ __forceinline__ bool warp_row(const Params &p, IdxRow &r) {
     r.b = (int)(row / p.N2 / p.S1);
     r.irow = p.idx + r.b * p.sidx[0] + (int64_t)r.s1 * p.sidx[1] + r.n2 * p.sidx[2];
     r.lim = lim_of(p, r.s1);
+    r.nkeys = p.S2;
+    r.tk = make_int4(0, 0, 0, 0);
+    if (p.vl.tok) {
+        r.tk = __ldg(p.vl.tok + r.s1);
+        if (r.tk.x < 0) return false;
+        r.lim = r.tk.w;
+        r.nkeys = r.tk.z;
+    }
     return true;
+}
+// The key-side row of the row's key k (dense: k; varlen packed keys: the sequence's first row +
+// k; pages: through the block table, -1 for a page id outside the pool, which the device check
+// refuses before anything is written: nothing is read for it here).  The lists, the kernels and
+// the dK / dV accumulator of a varlen call are over key-side rows (sfa_bwd_kmaj.cu only).
+__device__ __forceinline__ int key_row(const Params &p, const IdxRow &r, int k) {
+    if (!p.vl.tok) return k;
+    if (!p.vl.table) return r.tk.y + k;
+    const int ps = p.vl.page_size, sl = k / ps;
+    const int pg = __ldg(p.vl.table + (int64_t)r.tk.x * p.vl.tab_s0 + (int64_t)sl * p.vl.tab_s1);
+    return (unsigned)pg < (unsigned)p.vl.num_pages ? pg * ps + (k - sl * ps) : -1;
 }
 
 // One warp per index row (b, s1, n2): sets bit s1 in the bitmap of every key block it touches.
@@ -116,10 +139,24 @@ __global__ void __launch_bounds__(256) touch_kernel(const Params p, SmallLists L
     const int32_t *irow = r.irow;
     uint32_t *bm = L.bitmap + ((int64_t)(b * p.N2 + n2) * L.nkb) * L.s1w + (s1 >> 5);
     const uint32_t bit = 1u << (s1 & 31);
+    if (p.vl.tok) {  // key-side rows: runs of keys in one page (packed keys: the whole range)
+        for (int e = lane; e < p.K; e += 32) {
+            int k0, k1;
+            entry_keys(p, __ldg(irow + e * p.sidx[3]), lim, r.nkeys, k0, k1);
+            for (int k = k0; k <= k1;) {
+                const int end = p.vl.table ? min(k1, (k / p.vl.page_size + 1) * p.vl.page_size - 1) : k1;
+                const int row = key_row(p, r, k);
+                if (row >= 0)
+                    for (int kb = row >> 6; kb <= (row + end - k) >> 6; kb++) atomicOr(bm + (int64_t)kb * L.s1w, bit);
+                k = end + 1;
+            }
+        }
+        return;
+    }
     if (L.nkb > TOUCH_MASK) {
         for (int e = lane; e < p.K; e += 32) {
             int k0, k1;
-            entry_keys(p, __ldg(irow + e * p.sidx[3]), lim, k0, k1);
+            entry_keys(p, __ldg(irow + e * p.sidx[3]), lim, r.nkeys, k0, k1);
             for (int kb = k0 >> 6; k0 <= k1 && kb <= (k1 >> 6); kb++) atomicOr(bm + (int64_t)kb * L.s1w, bit);
         }
         return;
@@ -129,7 +166,7 @@ __global__ void __launch_bounds__(256) touch_kernel(const Params p, SmallLists L
     __syncwarp();
     for (int e = lane; e < p.K; e += 32) {
         int k0, k1;
-        entry_keys(p, __ldg(irow + e * p.sidx[3]), lim, k0, k1);
+        entry_keys(p, __ldg(irow + e * p.sidx[3]), lim, r.nkeys, k0, k1);
         for (int kb = k0 >> 6; k0 <= k1 && kb <= (k1 >> 6); kb++) atomicOr(mask + (kb >> 5), 1u << (kb & 31));
     }
     __syncwarp();
@@ -227,6 +264,21 @@ __global__ void __launch_bounds__(256) mult_kernel(const Params p, SmallLists L)
         const int64_t l = l0 + kb, wi = l * L.s1w + (s1 >> 5);
         return L.off[l] + (int)L.wpre[wi] + __popc(L.bitmap[wi] & below);
     };
+    if (p.vl.tok) {  // key-side rows: a warp per entry, a lane per key (rows of an entry need not share a block)
+        for (int e0 = 0; e0 < p.K; e0 += 32) {
+            const int mine = e0 + lane < p.K ? __ldg(irow + (int64_t)(e0 + lane) * p.sidx[3]) : -1;
+            const int n = min(32, p.K - e0);
+            for (int x = 0; x < n; x++) {
+                int k0, k1;
+                entry_keys(p, __shfl_sync(0xffffffffu, mine, x), lim, r.nkeys, k0, k1);
+                for (int k = k0 + lane; k <= k1; k += 32) {
+                    const int row = key_row(p, r, k);
+                    if (row >= 0) atomicAdd(L.vmult + (int64_t)visit(row >> 6) * 32 + ((row & 63) >> 1), 1u << ((row & 1) * 16));
+                }
+            }
+        }
+        return;
+    }
     const bool table = L.nkb <= TOUCH_MASK && L.nkb <= p.K;
     int *vis = vis_all[threadIdx.x >> 5];
     if (table) {
@@ -243,7 +295,7 @@ __global__ void __launch_bounds__(256) mult_kernel(const Params p, SmallLists L)
             const int n = min(32, p.K - e0);
             for (int x = 0; x < n; x++) {
                 int k0, k1;
-                entry_keys(p, __shfl_sync(0xffffffffu, mine, x), lim, k0, k1);
+                entry_keys(p, __shfl_sync(0xffffffffu, mine, x), lim, r.nkeys, k0, k1);
                 for (int kb = k0 >> 6; k0 <= k1 && kb <= (k1 >> 6); kb++) {
                     const int ka = kb * 64 + 2 * lane;
                     const uint32_t inc = (ka >= k0 && ka <= k1 ? 1u : 0u) | (ka + 1 >= k0 && ka + 1 <= k1 ? 1u << 16 : 0u);
@@ -255,7 +307,7 @@ __global__ void __launch_bounds__(256) mult_kernel(const Params p, SmallLists L)
     }
     for (int e = lane; e < p.K; e += 32) {
         int k0, k1;
-        entry_keys(p, __ldg(irow + e * p.sidx[3]), lim, k0, k1);
+        entry_keys(p, __ldg(irow + e * p.sidx[3]), lim, r.nkeys, k0, k1);
         for (int k = k0; k <= k1; k++) {
             const int v = table ? vis[k >> 6] : visit(k >> 6);
             atomicAdd(L.vmult + (int64_t)v * 32 + ((k & 63) >> 1), 1u << ((k & 1) * 16));

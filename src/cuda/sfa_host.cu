@@ -214,7 +214,8 @@ template <typename T> __device__ __forceinline__ void conv_store2(T *dst, int64_
 template <typename T>
 __global__ void convert_dq_kernel(const void *acc, const uint8_t *flags, int det, const float *inv_scale, T *dq, T *dqr, int64_t B,
                                   int64_t S1, int64_t N1, int64_t sd0, int64_t sd1, int64_t sd2, int64_t sr0,
-                                  int64_t sr1, int64_t sr2, const unsigned long long *gate, int W = sfa::DQK, int D = sfa::D) {
+                                  int64_t sr1, int64_t sr2, const unsigned long long *gate, int W = sfa::DQK, int D = sfa::D,
+                                  const int4 *vtok = nullptr) {
     if (sfa::gate_word(gate) != ~0ull) return;  // under capture: the index check's word
     const int64_t rows = B * S1 * N1, nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
     const bool narrow = rows < (1LL << 31);
@@ -223,6 +224,7 @@ __global__ void convert_dq_kernel(const void *acc, const uint8_t *flags, int det
     for (int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows; r += nw) {
         int64_t b, s, n;
         conv_row(r, S1, N1, narrow, b, s, n);
+        if (vtok && vtok[s].x < 0) continue;  // varlen: a token past cu_seqlens_q[B] is not written
 #pragma unroll 3
         for (int k = 0; k < W / 64; k++) {
             const int col = 2 * (lane + 32 * k);
@@ -1762,13 +1764,18 @@ void vl_view(const spattn_sfa_problem *p, bool fast, VlView *w) {
 // The Hopper kernels' shapes (fwd_shape, fast_shape) on the views; with pages, a page is
 // page_size rows of k (and of k_rope, v) apart.
 // Backward: the same on the backward's tensors (dk / dk_rope are converted with their own strides).
-bool vl_fast(const spattn_sfa_problem *p, const VlView &w, int backward = 0) {
+// Pages a Hopper kernel can read as rows: each key-side tensor's page stride page_size rows.
+bool vl_fast_layout(const spattn_sfa_problem *p) {
     const spattn_seqs *s = p->seqs;
     if (s->table) {
         const spattn_tensor *ks[3] = {p->k, p->k_rope, p->v};
         for (int i = 0; i < 3; i++)
             if (ks[i] && ks[i]->strides[0] != s->page_size * ks[i]->strides[1]) return false;
     }
+    return true;
+}
+bool vl_fast(const spattn_sfa_problem *p, const VlView &w, int backward = 0) {
+    if (!vl_fast_layout(p)) return false;
     return backward ? fast_shape(&w.p, 1) : fwd_shape(&w.p) >= 0;
 }
 
@@ -1945,12 +1952,17 @@ size_t vl_ref_bwd_parts(const spattn_sfa_problem *p, const VlView &w, size_t off
     return align256((size_t)p->seqs->Tq * sizeof(int4)) + ref_parts(&w.p, 1, off, vl_krows(p), vl_hist_bins(p));
 }
 
+bool vl_kmaj_shape(const spattn_sfa_problem *p, const VlView &w, SmallShape *ss);
+size_t vl_kmaj_parts(const spattn_sfa_problem *p, const VlView &w, const SmallShape &ss, size_t off[5], size_t soff[9]);
 size_t vl_bwd_workspace(const spattn_sfa_problem *p) {
     VlView w;
     vl_view(p, true, &w);
     size_t off[RB_N + 1];
     UnionCfg u;
     if (vl_fast(p, w, 1)) return vl_bwd_parts(p, w, off, &u);
+    SmallShape ss;
+    size_t ko[5], ks[9];
+    if (vl_fast_layout(p) && vl_kmaj_shape(p, w, &ss)) return vl_kmaj_parts(p, w, ss, ko, ks);
     vl_view(p, false, &w);
     return vl_ref_bwd_parts(p, w, off);
 }
@@ -2050,6 +2062,135 @@ spattn_status vl_bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, co
     return SPATTN_STATUS_SUCCESS;
 }
 
+// ---- the varlen backward of the separate-V shapes: sfa_bwd_kmaj.cu over key-side rows ----------
+// The lists of sfa_bwd_small.cu over (n2, 64-row block of the key side: packed Tkv rows, or
+// num_pages * page_size page rows), the packed tokens as one batch (vl_view), each index entry's
+// sequence-local keys turned into key-side rows through the token's vl.tok entry (and the block
+// table).  A block may hold keys of two sequences (or pages of two): the multiplicities mask what
+// a token did not select.  Sizes: as small_shape's with S2 = the key-side rows for the lists and
+// max_seqlen_kv for a token's reach.
+bool vl_kmaj_shape(const spattn_sfa_problem *p, const VlView &w, SmallShape *ss) {
+    const spattn_seqs *s = p->seqs;
+    if (kmaj_shape(&w.p) < 0 || p->K > 65535) return false;
+    const int64_t krows = vl_krows(p), H = p->N1 / p->N2, maxkv = s->max_kv;
+    if (maxkv > 8 * p->K * p->sbs && p->sbs < 16) return false;  // sparse small blocks: the simple kernels
+    ss->nkb = (krows + 63) / 64;
+    ss->s1w = (s->Tq + 31) / 32;
+    ss->nl = p->N2 * ss->nkb;
+    // blocks an entry's keys reach: packed rows are contiguous, at most ceil(sbs / 64) + 1
+    // blocks; pages: each page run of the entry in at most ceil(ps / 64) + 1 blocks
+    const int64_t ps = s->table ? s->page_size : 0;
+    int64_t per_entry = ps ? ((p->sbs + ps - 1) / ps + 1) * ((ps + 63) / 64 + 1) : (p->sbs + 63) / 64 + 1;
+    per_entry = per_entry < p->sbs ? per_entry : p->sbs;
+    const int64_t per_row = ss->nkb < p->K * per_entry ? ss->nkb : p->K * per_entry;
+    ss->vmax = p->N2 * s->Tq * per_row;
+    const double reach = p->mode == 3 ? fmax(64.0, 0.5 * (double)maxkv) : (double)maxkv;
+    ss->ww = kmaj_window(p, (double)(p->K * ((p->sbs + 63) / 64)) * 64.0 / reach, ss->s1w);
+    if (ss->nl >= (1LL << 31) || ss->vmax >= (1LL << 31) || s->Tq * p->N1 >= (1LL << 31) || krows >= (1LL << 31) ||
+        (ss->s1w + ss->ww - 1) / ss->ww > 65535 || (H + 31) / 32 > 65535)
+        return false;
+    const double nq = (double)s->Tq * p->N1;
+    const double bytes = nq * ((p->D + p->Dr) * 9 + 8) + (double)ss->nl * ss->s1w * 8 + (double)ss->nl * 8 + (double)ss->vmax * 132;
+    return bytes <= 4.0 * (1ull << 30);
+}
+// Its workspace: [tokens Tq int4][acc rows x 576 x 8][hist bins x 4][stats 256][flags rows x 576]
+// then small_parts' buffers (of the view with S1 = Tq).
+size_t vl_kmaj_parts(const spattn_sfa_problem *p, const VlView &w, const SmallShape &ss, size_t off[5], size_t soff[9]) {
+    const int64_t rows = vl_krows(p) * p->N2;
+    const size_t sz[5] = {(size_t)p->seqs->Tq * sizeof(int4), (size_t)rows * sfa::DQK * 8, (size_t)vl_hist_bins(p) * 4, 256,
+                          (size_t)rows * sfa::DQK};
+    size_t t = 0;
+    for (int i = 0; i < 5; i++) {
+        off[i] = t;
+        t += align256(sz[i]);
+    }
+    return t + small_parts(&w.p, ss, soff, p->D + p->Dr);
+}
+
+template <typename T>
+spattn_status vl_kmaj_bwd(const spattn_sfa_problem *p, const spattn_exec *ex, const VlView &w, const SmallShape &ss) {
+    const spattn_seqs *s = p->seqs;
+    size_t off[5], soff[9];
+    const size_t need = vl_kmaj_parts(p, w, ss, off, soff);
+    spattn_status r;
+    cuda_scratch ws;
+    if ((r = ws.get(ex, need, "sfa cuda")) != SPATTN_STATUS_SUCCESS) return r;
+    cudaStream_t st = ws.st;
+    unsigned char *base = (unsigned char *)ws.base;
+    int4 *tok = reinterpret_cast<int4 *>(base + off[0]);
+    unsigned char *acc = base + off[1], *sw = base + off[4] + align256((size_t)vl_krows(p) * p->N2 * sfa::DQK);
+    unsigned *hist = reinterpret_cast<unsigned *>(base + off[2]), *stats = reinterpret_cast<unsigned *>(base + off[3]);
+    uint8_t *flags = base + off[4];
+    const bool det = ex->deterministic != 0;
+    const int64_t krows = vl_krows(p), rows = krows * p->N2, W = p->D + p->Dr;
+    const size_t nq = (size_t)s->Tq * p->N1;
+    // the layout and the index values, verdict first: nothing is written for a refused call
+    if ((r = vl_check_now(p, st, tok)) != SPATTN_STATUS_SUCCESS) return r;
+    cudaError_t e = cudaMemsetAsync(base + off[1], 0, det ? off[4] + rows * sfa::DQK - off[1] : (size_t)rows * sfa::DQK * 4, st);
+    if (e == cudaSuccess) e = cudaMemsetAsync(sw + soff[0], 0, nq * W * (det ? 8 : 4), st);
+    if (e == cudaSuccess && det) e = cudaMemsetAsync(sw + soff[8], 0, nq * W, st);
+    if (e == cudaSuccess && det) {  // int64 fixed point's a-priori bound, as bwd_impl's key-major form
+        kmaj_maxabs<T>(&w.p, stats, st);
+        const VlArgs a = vl_args(p);
+        vl_hist_kernel<<<grid_for(a.Tq * a.N2 * a.K, 256), 256, 0, st>>>(a, tok, p->nblk, hist, stats);
+        fix_scale_kernel<<<1, 1, 0, st>>>(stats, p->scale, (int)p->D, (int)(p->N1 / p->N2));
+        e = cudaGetLastError();
+    }
+    const int shape = kmaj_shape(&w.p), bf16 = p->dtype == SPATTN_DTYPE_BF16;
+    if (e == cudaSuccess) {
+        sfa::Params kp;
+        fill_params(&w.p, &kp);
+        kp.out_o = nullptr;
+        kp.lse_in = (const float *)w.p.lse->data;
+        set_vl(&kp, tok, s);
+        kp.S2 = (int)krows;  // the kernel's keys are key-side rows (the lists' kernels read each token's own)
+        if (det) {
+            kp.acc_i64 = (unsigned long long *)acc;
+            kp.acc_flags = (uint32_t *)flags;
+            kp.fix_scale = (const float *)(stats + 5);
+        } else {
+            kp.acc_f32 = (float *)acc;
+        }
+        const sfa::SmallLists L = small_lists(sw, soff, ss, nq, det, stats, (int)p->D);
+        e = spattn_sfa_bwd_small_launch(&kp, &L, bf16, shape, st);
+        if (e == cudaSuccess) {
+            const spattn_tensor *dq = w.p.dq, *dqr = p->Dr ? w.p.dq_rope : w.p.dq;
+            convert_dq_kernel<T><<<grid_for((int64_t)nq * 32, 256), 256, 0, st>>>(
+                sw + soff[0], sw + soff[8], det, (const float *)(stats + 8), (T *)dq->data, (T *)dqr->data, 1, s->Tq, p->N1,
+                dq->strides[0], dq->strides[1], dq->strides[2], dqr->strides[0], dqr->strides[1], dqr->strides[2], nullptr,
+                (int)W, (int)p->D, tok);
+            e = cudaGetLastError();
+        }
+    }
+    if (e == cudaSuccess) {
+        // accumulator rows = the key side's rows (as vl_bwd_impl): packed [Tkv, N2, D] as
+        // [1, Tkv, N2, D]; pages [num_pages, page_size, N2, D] as they are
+        const bool pg = s->table != nullptr;
+        const spattn_tensor *dk = p->dk, *dkr = p->Dr ? p->dk_rope : p->dk;
+        const int64_t B = pg ? s->num_pages : 1, S = pg ? s->page_size : s->Tkv;
+        int64_t sd[4], sr[4];
+        DkCols dc;
+        dc.D = (int)p->D;
+        dc.wk = (int)W;
+        dc.wv = p->shared_kv ? 0 : (int)p->D;
+        for (int i = 0; i < 4; i++) {
+            sd[i] = pg ? dk->strides[i] : i == 0 ? 0 : dk->strides[i - 1];
+            sr[i] = pg ? dkr->strides[i] : i == 0 ? 0 : dkr->strides[i - 1];
+            if (dc.wv) dc.sv[i] = pg ? p->dv->strides[i] : i == 0 ? 0 : p->dv->strides[i - 1];
+        }
+        if (dc.wv) dc.dv = p->dv->data;
+        convert_dk_kernel<T><<<grid_for(rows * 32, 256), 256, 0, st>>>(
+            acc, flags, det ? 1 : 0, (const float *)(stats + 6), (T *)dk->data, (T *)dkr->data, B, S, p->N2, sd[0], sd[1],
+            sd[2], sd[3], sr[0], sr[1], sr[2], sr[3], nullptr, nullptr, dc);
+        e = cudaGetLastError();
+    }
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "sfa cuda varlen backward (key-major): %s", cudaGetErrorString(e));
+    }
+    return SPATTN_STATUS_SUCCESS;
+}
+
 // Shapes without a Hopper kernel: the checks and their verdict first (as vl_bwd_impl), then the
 // simple kernels over the views (fp32 scratch, deterministic or fp32 atomics as the dense
 // ref_bwd), dq / dq_rope stored for the tokens before cu_seqlens_q[B], every key-side row of dk /
@@ -2092,6 +2233,12 @@ spattn_status vl_bwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
     if (stream_capturing((cudaStream_t)ex->stream)) return capture_refusal("the varlen sfa backward");
     VlView w;
     vl_view(p, true, &w);
+    SmallShape ss;
+    if (!vl_fast(p, w, 1) && vl_fast_layout(p) && vl_kmaj_shape(p, w, &ss)) {  // a separate-V shape: key-major
+        spattn_status r = vl_limits(p, w, true);
+        if (r != SPATTN_STATUS_SUCCESS) return r;
+        return p->dtype == SPATTN_DTYPE_BF16 ? vl_kmaj_bwd<__nv_bfloat16>(p, ex, w, ss) : vl_kmaj_bwd<__half>(p, ex, w, ss);
+    }
     if (!vl_fast(p, w, 1)) return vl_ref_bwd(p, ex);
     spattn_status r = vl_limits(p, w, true);
     if (r != SPATTN_STATUS_SUCCESS) return r;
