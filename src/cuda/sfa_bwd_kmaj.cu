@@ -98,13 +98,6 @@ __device__ __forceinline__ void add_rows(const Params &p, const float *red, int 
     }
 }
 
-// The consumer warpgroup's own named barrier, its id a compile-time constant (a run-time id makes
-// ptxas reserve all 16 barriers: "used 16 barriers").
-__device__ __forceinline__ void wg_sync(int C) {
-    if (C) asm volatile("bar.sync 2, 128;\n" ::: "memory");
-    else asm volatile("bar.sync 1, 128;\n" ::: "memory");
-}
-
 struct Sm {
     unsigned char *k, *st, *misc, *ds;
     uint64_t *full, *empty, *kbar;  // full / empty [NST]
@@ -118,7 +111,6 @@ __device__ __forceinline__ void scores(float (&sa)[16], float (&dpa)[16], const 
     unsigned char *sq = s.st + st * Lay<S>::SQD;
     const uint64_t qd = hop::desc_sw128(sq, 16, 1024), dod = hop::desc_sw128(sq + S::NBK * RBOX, 16, 1024);
     hop::mbar_wait(s.full + st, (it / NST) & 1);
-    hop::fence_proxy_async();  // the stage's cp.async writes (generic proxy) before the wgmma reads (async proxy)
     hop::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4 * S::NBK; kk++)
@@ -192,10 +184,10 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
             }
         sfa::kmaj_pack_a<T>(pv, pa);
         sfa::kmaj_pack_a<T>(dsv, da);
-        wg_sync(C);  // every warp's dQ^T GEMMs of the previous step have read the tile
+        hop::bar_sync(1 + C, 128);  // every warp's dQ^T GEMMs of the previous step have read the tile
         sfa::kmaj_store_ds<T>(sds, dsv, q4, r0);
         hop::fence_proxy_async();
-        wg_sync(C);  // the tile is whole for the dQ^T GEMMs
+        hop::bar_sync(1 + C, 128);  // the tile is whole for the dQ^T GEMMs
 
         // ---- dK += dS^T Q, dV += P^T dO (B = the stage's Q / dO boxes read MN-major: 16 rows per k-step)
         if constexpr (SPLIT) {
@@ -369,7 +361,6 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd_kmaj_kernel(const __grid_const
     // ------------------------------------------------------------------------------- consumers
     hop::setmaxnreg_inc<232>();
     hop::mbar_wait(s.kbar, 0);
-    hop::fence_proxy_async();  // the key block's cp.async writes before the wgmma reads
     consume<T, S, HP>(p, L, s, b, n2, kb, hc, v0, v1, wg - 1);
 }
 
