@@ -372,10 +372,14 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd90_kernel(const __grid_constant
                     const int *kl = p.ukey + (ugi * p.ucap + jb) * BK + gat.grp;
 #pragma unroll
                     for (int r = 0; r < 4; r++) key[r] = __ldg(kl + 16 * r);
-                } else {  // 64 contiguous keys
+                } else {  // 64 contiguous keys; those no token of the group selects zero-filled
+                          // (a NaN row times dS = 0 would be NaN in dQ)
                     const int k0 = __ldg(p.ublk + ugi * p.ucap + jb) * BK + gat.grp;
+                    unsigned long long u = 0ull;
+                    for (int tt = 0; tt < p.ug; tt++) u |= __ldg(p.umask + (ugi * p.ucap + jb) * p.ug + tt);
 #pragma unroll
-                    for (int r = 0; r < 4; r++) key[r] = k0 + 16 * r < (VL ? p.vl.rows : p.S2) ? k0 + 16 * r : -1;
+                    for (int r = 0; r < 4; r++)
+                        key[r] = k0 + 16 * r < (VL ? p.vl.rows : p.S2) && ((u >> (gat.grp + 16 * r)) & 1) ? k0 + 16 * r : -1;
                 }
             } else {
                 gat.keys(p, irow, si3, jb, lim, key);

@@ -321,7 +321,7 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd_kmaj_kernel(const __grid_const
 
     if (wg == 0) {  // ------------------------------------------------------------------ producer
         hop::setmaxnreg_dec<40>();
-        sfa::kmaj_load_block<T, S>(s.k, s.kbar, p, b, n2, kb, t);
+        sfa::kmaj_load_block<T, S>(s.k, s.kbar, p, b, n2, kb, __ldg(L.kused + l), t);
         const T *qb = static_cast<const T *>(p.q) + b * p.sq[0] + (int64_t)(n2 * p.H + head0) * p.sq[2];
         const T *qrb = NBR ? static_cast<const T *>(p.qr) + b * p.sqr[0] + (int64_t)(n2 * p.H + head0) * p.sqr[2] : qb;
         const T *dob = static_cast<const T *>(p.dout) + b * p.sdo[0] + (int64_t)(n2 * p.H + head0) * p.sdo[2];

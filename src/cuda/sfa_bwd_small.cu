@@ -315,6 +315,31 @@ __global__ void __launch_bounds__(256) mult_kernel(const Params p, SmallLists L)
     }
 }
 
+// One CTA (256 threads) per list: the keys some visit selects (kused; the kernels zero-fill the
+// other rows of the block).  Warp w ORs the multiplicity rows of visits w, w + 8, ... (lane l:
+// keys 2 l and 2 l + 1) and stops once all 64 keys are seen: with blocks of 64 keys selected
+// whole that is the first visit, so the pass reads a fraction of vmult.
+__global__ void __launch_bounds__(256) used_kernel(SmallLists L) {
+    const int64_t l = blockIdx.x;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, v1 = L.off[l + 1];
+    __shared__ unsigned long long all;
+    if (threadIdx.x == 0) all = 0ull;
+    __syncthreads();
+    uint32_t m = 0u;
+    for (int v = L.off[l] + w; v < v1; v += 8) {
+        m |= __ldg(L.vmult + (int64_t)v * 32 + lane);
+        if (__all_sync(0xffffffffu, (m & 0xffffu) && (m >> 16))) break;
+    }
+    const uint32_t ev = __ballot_sync(0xffffffffu, m & 0xffffu), od = __ballot_sync(0xffffffffu, m >> 16);
+    if (lane == 0) {
+        unsigned long long u = 0ull;  // bit 2 i: even key 2 i (ev bit i), bit 2 i + 1: od bit i
+        for (int i = 0; i < 32; i++) u |= (unsigned long long)((ev >> i) & 1) << (2 * i) | (unsigned long long)((od >> i) & 1) << (2 * i + 1);
+        atomicOr(&all, u);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) L.kused[l] = all;
+}
+
 // Delta = rowsum(dO O) (fp32) and LSE * log2(e) (+inf for rows without a key) per (b, s1, n1);
 // G = min(32, L.dv / 8) lanes per row (16 bytes of o and dout each per load), 32 / G rows per
 // warp (a warp per row left half the lanes idle at D 128: 69 us on sfas01, H200).
@@ -597,7 +622,7 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd_small_kernel(const __grid_cons
 
     if (wg == 0) {  // ------------------------------------------------------------------ producer
         hop::setmaxnreg_dec<40>();
-        sfa::kmaj_load_block<T, sfa::Mla>(s.k, kbar, p, b, n2, kb, t);
+        sfa::kmaj_load_block<T, sfa::Mla>(s.k, kbar, p, b, n2, kb, __ldg(L.kused + l), t);
         const T *qb = static_cast<const T *>(p.q) + b * p.sq[0] + (int64_t)n2 * p.H * p.sq[2];
         const T *qrb = static_cast<const T *>(p.qr) + b * p.sqr[0] + (int64_t)n2 * p.H * p.sqr[2];
         const T *dob = static_cast<const T *>(p.dout) + b * p.sdo[0] + (int64_t)n2 * p.H * p.sdo[2];
@@ -666,6 +691,7 @@ template <typename T> cudaError_t launch_all(const Params &p, const SmallLists &
     fill_kernel<<<(unsigned)((nwords + 255) / 256), 256, 0, st>>>(L, nwords);
     zero_mult_kernel<<<132 * 8, 256, 0, st>>>(L, nl);
     mult_kernel<<<g_rows, 256, 0, st>>>(p, L);
+    used_kernel<<<(unsigned)nl, 256, 0, st>>>(L);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     if (shape != sfa::SHAPE_MLA) return spattn_sfa_bwd_kmaj_launch(&p, &L, bf16, shape, st);
     const int H = p.H;

@@ -14,6 +14,9 @@ struct SmallLists {
     int *len, *off;       // [nl] list lengths, [nl + 1] offsets into the visits
     int *vtok;            // [visits] token s1 of each visit, lists in increasing s1
     uint32_t *vmult;      // [visits][32]: uint16 multiplicity of each of the block's 64 keys
+    unsigned long long *kused;  // [nl]: bit k = some visit selects key k of the block (the kernels
+                                // load the other rows as zeros: a NaN there, e.g. a page slot no
+                                // sequence uses, times dS = 0 would be NaN in dQ)
     float *lse2, *delta;  // [B, S1, N1]: LSE * log2(e) (+inf: no key), rowsum(dO O)
     unsigned long long *dq_i64;  // [B, S1, N1, D + Dr] dQ accumulator: int64 fixed point (deterministic)
     uint32_t *dq_flags;          // its non-finite flags, a byte per element (sfa_adds.cuh)

@@ -142,14 +142,20 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
                         k0[r] = __ldg(kl + 16 * r);
                         k1[r] = odd ? __ldg(kl + BK + 16 * r) : -1;
                     }
-                } else {  // 64 contiguous keys per block
+                } else {  // 64 contiguous keys per block; keys no token of the group selects
+                          // zero-filled (a NaN row times P = 0 would be NaN in O)
                     const int kb0 = __ldg(ulst + 2 * i), kb1 = 2 * i + 1 < ucnt ? __ldg(ulst + 2 * i + 1) : -1;
+                    unsigned long long u0 = 0ull, u1 = 0ull;
+                    for (int tt = 0; tt < p.ug; tt++) {
+                        u0 |= __ldg(umsk + (int64_t)(2 * i) * p.ug + tt);
+                        if (kb1 >= 0) u1 |= __ldg(umsk + (int64_t)(2 * i + 1) * p.ug + tt);
+                    }
 #pragma unroll
                     for (int r = 0; r < 4; r++) {
                         const int j = gat.grp + 16 * r, a = kb0 * BK + j, bb = kb1 * BK + j;
                         const int kend = VL ? p.vl.rows : p.S2;
-                        k0[r] = a < kend ? a : -1;
-                        k1[r] = kb1 >= 0 && bb < kend ? bb : -1;
+                        k0[r] = a < kend && ((u0 >> j) & 1) ? a : -1;
+                        k1[r] = kb1 >= 0 && bb < kend && ((u1 >> j) & 1) ? bb : -1;
                     }
                 }
             } else {

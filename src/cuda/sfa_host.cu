@@ -660,18 +660,19 @@ bool small_shape(const spattn_sfa_problem *p, bool det, SmallShape *ss, bool kma
     if (ss->nl >= (1LL << 31) || ss->vmax >= (1LL << 31) || p->B * p->S1 * p->N1 >= (1LL << 31) || windows > 65535)
         return false;
     const double nq = (double)p->B * p->S1 * p->N1, W = kmaj ? (double)(p->D + p->Dr) : (double)sfa::DQK;
-    const double bytes = nq * (W * 9 + 8) + (double)ss->nl * ss->s1w * 8 + (double)ss->nl * 8 + (double)ss->vmax * 132;
+    const double bytes = nq * (W * 9 + 8) + (double)ss->nl * ss->s1w * 8 + (double)ss->nl * 16 + (double)ss->vmax * 132;
     return bytes <= 4.0 * (1ull << 30);
 }
 // Its buffers after the common ones: dQ accumulator, LSE2 + Delta, bitmap, word prefixes, list
-// lengths and offsets, visit tokens, visit multiplicities, the dQ accumulator's non-finite flags.
-// W: the dQ accumulator's row (D + Dr).
-size_t small_parts(const spattn_sfa_problem *p, const SmallShape &ss, size_t off[9], int64_t W = sfa::DQK) {
+// lengths and offsets, visit tokens, visit multiplicities, the dQ accumulator's non-finite flags,
+// the lists' selected-key masks.  W: the dQ accumulator's row (D + Dr).
+constexpr int SMALL_PARTS = 10;
+size_t small_parts(const spattn_sfa_problem *p, const SmallShape &ss, size_t off[SMALL_PARTS], int64_t W = sfa::DQK) {
     const size_t nq = (size_t)p->B * p->S1 * p->N1, words = (size_t)ss.nl * ss.s1w;
-    const size_t sz[9] = {nq * W * 8, nq * 8, words * 4, words * 4, (size_t)ss.nl * 4, ((size_t)ss.nl + 1) * 4,
-                          (size_t)ss.vmax * 4, (size_t)ss.vmax * 128, nq * W};
+    const size_t sz[SMALL_PARTS] = {nq * W * 8, nq * 8, words * 4, words * 4, (size_t)ss.nl * 4, ((size_t)ss.nl + 1) * 4,
+                                    (size_t)ss.vmax * 4, (size_t)ss.vmax * 128, nq * W, (size_t)ss.nl * 8};
     size_t t = 0;
-    for (int i = 0; i < 9; i++) {
+    for (int i = 0; i < SMALL_PARTS; i++) {
         off[i] = t;
         t += align256(sz[i]);
     }
@@ -679,7 +680,7 @@ size_t small_parts(const spattn_sfa_problem *p, const SmallShape &ss, size_t off
 }
 // The key-major backward's buffers of small_parts at sw (offsets soff) as its lists (stats: the
 // fixed-point stats of fix_scale_kernel; dv: the columns of o / dout).
-sfa::SmallLists small_lists(unsigned char *sw, const size_t soff[9], const SmallShape &ss, size_t nq, bool det,
+sfa::SmallLists small_lists(unsigned char *sw, const size_t soff[SMALL_PARTS], const SmallShape &ss, size_t nq, bool det,
                             const unsigned *stats, int dv) {
     sfa::SmallLists L;
     L.dq_i64 = det ? (unsigned long long *)(sw + soff[0]) : nullptr;
@@ -694,6 +695,7 @@ sfa::SmallLists small_lists(unsigned char *sw, const size_t soff[9], const Small
     L.off = (int *)(sw + soff[5]);
     L.vtok = (int *)(sw + soff[6]);
     L.vmult = (uint32_t *)(sw + soff[7]);
+    L.kused = (unsigned long long *)(sw + soff[9]);
     L.nkb = (int)ss.nkb;
     L.s1w = (int)ss.s1w;
     L.dv = dv;
@@ -784,7 +786,7 @@ cudaError_t sort_idx(const spattn_sfa_problem *p, sfa::Params *kp, int32_t *buf,
     return cudaGetLastError();
 }
 size_t bwd_ws_total(const spattn_sfa_problem *p) {
-    size_t a, h, off[9];
+    size_t a, h, off[SMALL_PARTS];
     const size_t need = bwd_ws_parts(p, &a, &h);
     if (!fast_shape(p, 1)) {  // a kmaj_shape: key-major only (the deterministic test takes the same shapes)
         SmallShape ss;
@@ -917,7 +919,7 @@ cudaError_t bwd_kernels(const sfa::Params *q, bool un, int bf16, cudaStream_t st
 template <typename T>
 spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::Params *kp, int shape) {
     cudaStream_t st = (cudaStream_t)ex->stream;
-    size_t acc_b, hist_b, soff[9];
+    size_t acc_b, hist_b, soff[SMALL_PARTS];
     const size_t common = bwd_ws_parts(p, &acc_b, &hist_b);
     const bool kmaj = shape != sfa::SHAPE_MLA;
     const int64_t W = kmaj ? p->D + p->Dr : sfa::DQK;  // the dQ accumulator's row
@@ -1953,7 +1955,7 @@ size_t vl_ref_bwd_parts(const spattn_sfa_problem *p, const VlView &w, size_t off
 }
 
 bool vl_kmaj_shape(const spattn_sfa_problem *p, const VlView &w, SmallShape *ss);
-size_t vl_kmaj_parts(const spattn_sfa_problem *p, const VlView &w, const SmallShape &ss, size_t off[5], size_t soff[9]);
+size_t vl_kmaj_parts(const spattn_sfa_problem *p, const VlView &w, const SmallShape &ss, size_t off[5], size_t soff[SMALL_PARTS]);
 size_t vl_bwd_workspace(const spattn_sfa_problem *p) {
     VlView w;
     vl_view(p, true, &w);
@@ -1961,7 +1963,7 @@ size_t vl_bwd_workspace(const spattn_sfa_problem *p) {
     UnionCfg u;
     if (vl_fast(p, w, 1)) return vl_bwd_parts(p, w, off, &u);
     SmallShape ss;
-    size_t ko[5], ks[9];
+    size_t ko[5], ks[SMALL_PARTS];
     if (vl_fast_layout(p) && vl_kmaj_shape(p, w, &ss)) return vl_kmaj_parts(p, w, ss, ko, ks);
     vl_view(p, false, &w);
     return vl_ref_bwd_parts(p, w, off);
@@ -2090,12 +2092,12 @@ bool vl_kmaj_shape(const spattn_sfa_problem *p, const VlView &w, SmallShape *ss)
         (ss->s1w + ss->ww - 1) / ss->ww > 65535 || (H + 31) / 32 > 65535)
         return false;
     const double nq = (double)s->Tq * p->N1;
-    const double bytes = nq * ((p->D + p->Dr) * 9 + 8) + (double)ss->nl * ss->s1w * 8 + (double)ss->nl * 8 + (double)ss->vmax * 132;
+    const double bytes = nq * ((p->D + p->Dr) * 9 + 8) + (double)ss->nl * ss->s1w * 8 + (double)ss->nl * 16 + (double)ss->vmax * 132;
     return bytes <= 4.0 * (1ull << 30);
 }
 // Its workspace: [tokens Tq int4][acc rows x 576 x 8][hist bins x 4][stats 256][flags rows x 576]
 // then small_parts' buffers (of the view with S1 = Tq).
-size_t vl_kmaj_parts(const spattn_sfa_problem *p, const VlView &w, const SmallShape &ss, size_t off[5], size_t soff[9]) {
+size_t vl_kmaj_parts(const spattn_sfa_problem *p, const VlView &w, const SmallShape &ss, size_t off[5], size_t soff[SMALL_PARTS]) {
     const int64_t rows = vl_krows(p) * p->N2;
     const size_t sz[5] = {(size_t)p->seqs->Tq * sizeof(int4), (size_t)rows * sfa::DQK * 8, (size_t)vl_hist_bins(p) * 4, 256,
                           (size_t)rows * sfa::DQK};
@@ -2110,7 +2112,7 @@ size_t vl_kmaj_parts(const spattn_sfa_problem *p, const VlView &w, const SmallSh
 template <typename T>
 spattn_status vl_kmaj_bwd(const spattn_sfa_problem *p, const spattn_exec *ex, const VlView &w, const SmallShape &ss) {
     const spattn_seqs *s = p->seqs;
-    size_t off[5], soff[9];
+    size_t off[5], soff[SMALL_PARTS];
     const size_t need = vl_kmaj_parts(p, w, ss, off, soff);
     spattn_status r;
     cuda_scratch ws;

@@ -43,17 +43,18 @@ __device__ __forceinline__ void kmaj_store_ds(unsigned char *sds, const float (&
             }
 }
 
-// The CTA's key block (producer thread t of 128): keys kb * 64 + row of (b, n2), rows past S2
-// zero-filled, all S::NBT boxes (K, rope, then V when separate), completing on kbar.
+// The CTA's key block (producer thread t of 128): keys kb * 64 + row of (b, n2), all S::NBT boxes
+// (K, rope, then V when separate), completing on kbar; rows past S2 and rows no visit of the
+// list selects (bit clear in `used`) zero-filled.
 template <typename T, class S>
 __device__ __forceinline__ void kmaj_load_block(unsigned char *dst, uint64_t *kbar, const Params &p, int b, int n2, int kb,
-                                                int t) {
+                                                uint64_t used, int t) {
     const Gather<T, false, S> gat(p, b, n2, t);
     int key[4];
 #pragma unroll
     for (int r = 0; r < 4; r++) {
         const int k = kb * 64 + gat.grp + 16 * r;
-        key[r] = k < p.S2 ? k : -1;
+        key[r] = k < p.S2 && ((used >> (gat.grp + 16 * r)) & 1) ? k : -1;
     }
     gat.copy(dst, key, 0, S::NBT);
     hop::cp_async_arrive_noinc(kbar);

@@ -56,6 +56,8 @@ struct Cfg {
     int sep_v = 0;       // separate v tensor
     int kmaj_steps = 0;  // > 0: SPATTN_SFA_KMAJ_STEPS for the call (sfa_bwd_kmaj.cu's windows: several per list)
     int row_pad = 0;     // extra elements at the end of each row of q/k/o/dout (strided views)
+    int nan_rest = 0;    // k / k_rope / v rows in no selected block of any row are NaN (never read:
+                         // the key-major backward loads whole 64-key blocks and must zero them)
 };
 
 // Index rows per cases/README.md, plus the test variations.
@@ -298,6 +300,22 @@ static void setup(Prob &P, const Cfg &c, uint64_t seed) {
     P.hdo.resize(P.nq * c.D);
     for (auto &x : P.hdo) x = round_dt(r.n(), dt);
     P.hidx = gen_idx(c, r);
+    if (c.nan_rest) {
+        std::vector<char> sel((size_t)c.B * c.S2 * c.N2, 0);
+        for (int b = 0; b < c.B; b++)
+            for (int i = 0; i < c.S1; i++)
+                for (int n = 0; n < c.N2; n++)
+                    for (int j = 0; j < c.K; j++) {
+                        const int32_t e = P.hidx[(((size_t)b * c.S1 + i) * c.N2 + n) * c.K + j];
+                        for (int64_t k = (int64_t)e * c.sbs; e >= 0 && k < std::min<int64_t>((int64_t)(e + 1) * c.sbs, c.S2); k++)
+                            sel[((size_t)b * c.S2 + k) * c.N2 + n] = 1;
+                    }
+        for (size_t row = 0; row < sel.size(); row++)
+            if (!sel[row]) {
+                for (int d = 0; d < DQ; d++) P.hk[row * DQ + d] = NAN;
+                for (int d = 0; c.sep_v && d < c.D; d++) P.hv[row * c.D + d] = NAN;
+            }
+    }
     const size_t es = esz(dt);
     if (c.concat) {
         P.qrs = DQ + c.row_pad;
@@ -508,6 +526,9 @@ static void test_case(const Cfg &c, uint64_t seed, bool fast = true, bool rerun 
             report(t1, "LSE", eco(fetch_f32((float *)P.lse.p, P.nq), R.lse, c.dt, true));
         }
         std::vector<unsigned char> dq1, dk1;
+        // nan_rest: the union backward's groups in contiguous blocks (the form that loads keys
+        // no token selects; compacted groups hold only the union's keys)
+        if (c.nan_rest) setenv("SPATTN_SFA_UNION_COMPACT", "0", 1);
         for (int det = 1; det >= 0; det--) {
             poison(P.dq);
             poison(P.dqr);
@@ -539,6 +560,7 @@ static void test_case(const Cfg &c, uint64_t seed, bool fast = true, bool rerun 
             }
             if (c.sep_v) report(t2, "dV", eco(fetch(P.dv, P.nk, c.D, c.D, c.dt), R.dv, c.dt, false));
         }
+        unsetenv("SPATTN_SFA_UNION_COMPACT");
     }
     // CUDA reference kernels vs fp64
     spattn_exec ex;
@@ -924,6 +946,11 @@ static int small_tests(bool quick) {
     cs.push_back(mk("h4_n2_pad_any_dups_concat", 2, 40, 100, 8, 2, 48, 1, 3, FP));
     cs.back().pad_any = 1;
     cs.back().dups = 1;
+    // NaN in the key rows no entry selects (Mla key-major: whole 64-key blocks loaded)
+    cs.push_back(mk("h16_quick_nan_rest", 1, 12, 330, 16, 1, 48, 1, 3, BF));
+    cs.back().nan_rest = 1;
+    cs.push_back(mk("h32_quick_nan_rest_union_bwd", 1, 12, 330, 32, 1, 48, 1, 3, FP));
+    cs.back().nan_rest = 1;
     // the 64-head kernels in the sanitizers' quick set too
     cs.push_back(mk("h64_quick_mode0", 1, 4, 300, 64, 1, 200, 1, 0, BF));
     cs.back().pad_any = 1;
@@ -1020,6 +1047,10 @@ static int small_tests(bool quick) {
     sep(mk("sep_quick_d128r64_h16x2_sbs64", 1, 6, 500, 32, 2, 5, 64, 3, FP), 128, 64);
     // whole key blocks only (S2 % 64 == 0): the control for racecheck's reports on the cases above
     sep(mk("nsa_quick_h16_s512_whole_blocks", 1, 8, 512, 16, 1, 6, 64, 3, BF), 128, 0);
+    // NaN in every key / value row no entry selects (a page slot no sequence uses, in a varlen
+    // call): the key-major kernels load whole 64-key blocks and must not multiply them in
+    sep(mk("nsa_quick_nan_rest_sbs4", 1, 8, 700, 16, 2, 24, 4, 3, FP), 128, 64);
+    ns.back().nan_rest = 1;
     if (!quick) {
         sep(mk("nsa_h16x2_sbs64_k16", 1, 40, 1500, 32, 2, 16, 64, 3, BF), 128, 0);
         sep(mk("nsa_h1_b2_mode0_dups_pad", 2, 20, 300, 2, 2, 12, 8, 0, FP), 128, 0);
