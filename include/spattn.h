@@ -398,8 +398,8 @@ SPATTN_API spattn_status spattn_bsa_varlen_workspace_size(const spattn_tensor *q
  * be two strided views of one concatenated [.., D+Dr] buffer or separate buffers.
  * CUDA kernels: fp16/bf16 rows of unit stride, 16-byte aligned, with D 512, Dr 64 and v NULL
  * (DeepSeek MLA), or a separate v with D 128 and Dr 0 (NSA-style) or 64, D 64 or D 256 (Dr 0),
- * or, forward only, v NULL with D 128 or 256 and Dr 0 or 64, run the Hopper kernels (the
- * separate-V backward key-major when its blocks hold 16 or more keys or 1 in 8 keys is
+ * or v NULL with D 128 or 256 and Dr 0 or 64, run the Hopper kernels (the backward of the
+ * shapes other than MLA key-major, when its blocks hold 16 or more keys or 1 in 8 keys is
  * selected); other shapes run simple kernels (fp32 arithmetic on CUDA cores: correct, not fast).
  * CUDA: the indices are checked on the device and the verdict read back once per call: the call
  * waits for the scan (and the work queued before it on the stream), not for the attention
@@ -487,9 +487,12 @@ SPATTN_API spattn_status spattn_sfa_workspace_size(const spattn_tensor *q, const
  * tokens and key head, 4 bytes plus up to ceil(max_seqlen_kv / 64) + 2 blocks of 4 + 8 x 64 / H
  * + 256 bytes).  CUDA: the Hopper kernels for fp16/bf16, D 512, Dr 64, shared key/value, pages
  * page_size rows apart (at 4, 8, 16 or 32 query heads per key head the grouped form of
- * spattn_sfa_fwd / spattn_sfa_bwd over each sequence's tokens, else per token), and in the
- * forward also the other Hopper shapes of spattn_sfa_fwd; other shapes
- * on the simple kernels (fp32 arithmetic on CUDA cores: correct, not fast).  The CUDA backward is
+ * spattn_sfa_fwd / spattn_sfa_bwd over each sequence's tokens, else per token), and the other
+ * Hopper shapes of spattn_sfa_fwd (backward: key-major over the key-side rows when the blocks
+ * hold 16 or more keys or 1 in 8 of max_seqlen_kv keys is selected; its workspace: 16 bytes per
+ * query token, 9 x 576 bytes per key-side row and key head, 9 (D + Dr) + 8 bytes per query token
+ * and head, and lists of up to 132 bytes per (token, key head, 64 key-side rows) visited); other
+ * shapes on the simple kernels (fp32 arithmetic on CUDA cores: correct, not fast).  The CUDA backward is
  * bitwise reproducible with deterministic = 1 on both (fixed-point dK / dV: packed int32 with
  * exact bounds on the Hopper kernel, as spattn_sfa_bwd's token-major form; int64 on the simple
  * kernels).

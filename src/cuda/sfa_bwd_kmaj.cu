@@ -202,7 +202,10 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
             hop::wgmma_fence();
 #pragma unroll
             for (int i = 0; i < NREG; i++) {
-                const uint64_t bd = hop::desc_sw128(xb + i * RBOX, RBOX, 1024);
+                // with rope (NBK = NBN + 1) warpgroup 1's last box has no dO box: it re-reads
+                // box 0 into an accumulator the end does not write (no branch around wgmma)
+                const int bi = NBK != NBN && C && i >= NBN ? 0 : i;
+                const uint64_t bd = hop::desc_sw128(xb + bi * RBOX, RBOX, 1024);
 #pragma unroll
                 for (int kk = 0; kk < 2; kk++) hop::elt<T>::template rs64<1>(dkv[i], xa[kk], hop::desc_add(bd, kk * 2048), 1);
             }
@@ -264,8 +267,9 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
     if (SPLIT) {  // warpgroup 0's dK boxes, then 1's dV boxes: no sums
 #pragma unroll
         for (int i = 0; i < NREG; i++)
+            if (i < (C ? NBN : NBK))
 #pragma unroll
-            for (int v = 0; v < 32; v++) red[at(v) + 64 * (i + C * NBK)] = dkv[i][v];
+                for (int v = 0; v < 32; v++) red[at(v) + 64 * (i + C * NBK)] = dkv[i][v];
     } else if (C == 1) {
 #pragma unroll
         for (int i = 0; i < NDKV; i++)
@@ -391,6 +395,9 @@ template <typename T> cudaError_t launch_t(const Params &p, const SmallLists &L,
     case sfa::SHAPE_SHV_128: return launch_shape<T, sfa::Shv<2, 0>>(p, L, nl, st);
     case sfa::SHAPE_SHV_256_64: return launch_shape<T, sfa::Shv<4, 1>>(p, L, nl, st);
     case sfa::SHAPE_SHV_256: return launch_shape<T, sfa::Shv<4, 0>>(p, L, nl, st);
+    case sfa::SHAPE_SEP_64_64: return launch_shape<T, sfa::Sep<1, 1>>(p, L, nl, st);
+    case sfa::SHAPE_SEP_192: return launch_shape<T, sfa::Sep<3, 0>>(p, L, nl, st);
+    case sfa::SHAPE_SEP_192_64: return launch_shape<T, sfa::Sep<3, 1>>(p, L, nl, st);
     default: return cudaErrorInvalidValue;
     }
 }

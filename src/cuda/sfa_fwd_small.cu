@@ -507,6 +507,9 @@ template <bool VL> cudaError_t launch_shape(const sfa::Params *p, int is_bf16, i
     case sfa::SHAPE_SHV_128: return launch_t<VL, sfa::Shv<2, 0>>(p, is_bf16, st);
     case sfa::SHAPE_SHV_256_64: return launch_t<VL, sfa::Shv<4, 1>>(p, is_bf16, st);
     case sfa::SHAPE_SHV_256: return launch_t<VL, sfa::Shv<4, 0>>(p, is_bf16, st);
+    case sfa::SHAPE_SEP_64_64: return launch_t<VL, sfa::Sep<1, 1>>(p, is_bf16, st);
+    case sfa::SHAPE_SEP_192: return launch_t<VL, sfa::Sep<3, 0>>(p, is_bf16, st);
+    case sfa::SHAPE_SEP_192_64: return launch_t<VL, sfa::Sep<3, 1>>(p, is_bf16, st);
     default: return cudaErrorInvalidValue;
     }
 }

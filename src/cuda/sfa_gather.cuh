@@ -16,7 +16,7 @@ constexpr int GBOX = GBK * 128;     // one box of a block
 // (D = 64 NBN), NBR of k_rope (Dr = 64 NBR), then, when V is a separate tensor, NBN boxes of v
 // (else V is k's first D columns).  Mla: the DeepSeek shape every fast kernel takes; the
 // small-head forward also takes separate-V shapes (Sep): Nsa (D 128, no rope: NSA-style
-// selection), and D 128 + Dr 64 (NSA's d_k 192 / d_v 128), D 64, D 256.
+// selection), and D 128 + Dr 64 (NSA's d_k 192 / d_v 128), D 64 (Dr 0 or 64), D 192 (Dr 0 or 64), D 256.
 template <int NBN_, int NBR_, bool SEPV_> struct Shape {
     static constexpr int NBN = NBN_, NBR = NBR_, NBK = NBN + NBR;  // NBK: the score's columns
     static constexpr bool SEPV = SEPV_;
@@ -43,7 +43,10 @@ enum FwdShape {
     SHAPE_SHV_128_64,
     SHAPE_SHV_128,
     SHAPE_SHV_256_64,
-    SHAPE_SHV_256
+    SHAPE_SHV_256,
+    SHAPE_SEP_64_64,
+    SHAPE_SEP_192,
+    SHAPE_SEP_192_64
 };
 static_assert(Mla::NBK == GNBOX, "the Mla shape is the fast kernels' D + Dr");
 

@@ -359,8 +359,8 @@ bool fast_shape(const spattn_sfa_problem *p, int backward) {
 
 // The Hopper forward kernels' shapes (sfa::FwdShape): SHAPE_MLA (fast_shape: both kernels, by H)
 // or, on the small-head kernel for any H, fp16/bf16 with rows of unit stride, 16-byte aligned: a
-// separate v with D 128 (SHAPE_NSA), D 128 + Dr 64, D 64, D 256, or V = k's first D columns with
-// D 128 / 256 and Dr 0 / 64; -1: the simple kernels.
+// separate v with D 64, 128 (SHAPE_NSA: Dr 0) or 192 and Dr 0 or 64, or D 256 and Dr 0, or V = k's first D
+// columns with D 128 / 256 and Dr 0 / 64; -1: the simple kernels.
 int fwd_shape(const spattn_sfa_problem *p) {
     if (fast_shape(p, 0)) return sfa::SHAPE_MLA;
     if (p->dtype == SPATTN_DTYPE_F32 || p->D % 64 || p->Dr % 64) return -1;
@@ -371,6 +371,9 @@ int fwd_shape(const spattn_sfa_problem *p) {
                 : nbr == 1 && nbn == 2 ? sfa::SHAPE_SEP_128_64
                 : nbr == 0 && nbn == 1 ? sfa::SHAPE_SEP_64
                 : nbr == 0 && nbn == 4 ? sfa::SHAPE_SEP_256
+                : nbr == 1 && nbn == 1 ? sfa::SHAPE_SEP_64_64
+                : nbr == 0 && nbn == 3 ? sfa::SHAPE_SEP_192
+                : nbr == 1 && nbn == 3 ? sfa::SHAPE_SEP_192_64
                                        : -1;
     } else {
         shape = nbr == 1 && nbn == 2   ? sfa::SHAPE_SHV_128_64
@@ -387,7 +390,7 @@ int fwd_shape(const spattn_sfa_problem *p) {
 }
 
 // The backward's shapes besides fast_shape's (Mla): the key-major kernel of sfa_bwd_kmaj.cu takes
-// fp16/bf16 with a separate v of D 128 (SHAPE_NSA), D 128 + Dr 64, D 64 or D 256, or V = k's first D
+// fp16/bf16 with every shape of fwd_shape but Mla: a separate v of D 64 / 128 / 192 (Dr 0 / 64) or 256, or V = k's first D
 // columns with D 128 / 256 and Dr 0 / 64 (dV folded into dK), rows of unit stride,
 // 16-byte aligned (the dq / dq_rope outputs too: the conversion stores pairs); -1: none (the call
 // runs the simple kernels).  Whether the call's selection suits it: small_shape.

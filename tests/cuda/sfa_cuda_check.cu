@@ -1051,7 +1051,15 @@ static int small_tests(bool quick) {
     // call): the key-major kernels load whole 64-key blocks and must not multiply them in
     sep(mk("nsa_quick_nan_rest_sbs4", 1, 8, 700, 16, 2, 24, 4, 3, FP), 128, 64);
     ns.back().nan_rest = 1;
+    // D 192 (three value boxes: an odd count of output d-tiles; the backward SPLIT with dK and dV
+    // on the two consumers)
+    sep(mk("sep_quick_d192_h8x2_sbs32", 1, 8, 450, 16, 2, 8, 32, 3, BF), 192, 0);
     if (!quick) {
+        // D 192 + Dr 64 (SPLIT with 4 dK boxes and 3 dV boxes), D 64 + Dr 64, D 192 in chunks
+        sep(mk("sep_d192r64_h16_sbs64_m0", 1, 20, 700, 16, 1, 6, 64, 0, FP), 192, 64);
+        sep(mk("sep_d64r64_h4x3_sbs8_b2", 2, 12, 300, 12, 3, 20, 8, 3, BF), 64, 64);
+        sep(mk("sep_d192_h40_chunks_dups", 1, 10, 600, 40, 1, 12, 16, 3, BF), 192, 0);
+        ns.back().dups = 1;
         sep(mk("nsa_h16x2_sbs64_k16", 1, 40, 1500, 32, 2, 16, 64, 3, BF), 128, 0);
         sep(mk("nsa_h1_b2_mode0_dups_pad", 2, 20, 300, 2, 2, 12, 8, 0, FP), 128, 0);
         ns.back().dups = 1;

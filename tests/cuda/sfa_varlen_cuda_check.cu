@@ -1022,6 +1022,7 @@ int main(int argc, char **argv) {
     cases.push_back({"nsa_packed_h48x2_sbs16_m0", 96, 2, 128, 0, 12, 16, 0, FP, 0, 1, {9, 0, 20}, {300, 5, 150}});
     cases.back().lse_t = 1;
     cases.push_back({"sep_d256_packed_h8", 8, 1, 256, 0, 20, 4, 3, BF, 0, 1, {5, 12, 0}, {80, 200, 3}});
+    cases.push_back({"sep_d192r64_paged32_h16x2_sbs32", 32, 2, 192, 64, 10, 32, 3, FP, 32, 1, {9, 0, 30, 4}, {200, 3, 330, 0}});
     // shared V at other widths
     cases.push_back({"shv_d128r64_paged16_h16", 16, 1, 128, 64, 24, 8, 3, BF, 16, 0, {6, 0, 11, 2}, {70, 5, 130, 0}});
     cases.push_back({"shv_d256_packed_h40_m0", 40, 1, 256, 0, 20, 4, 0, FP, 0, 0, {5, 12, 0}, {80, 200, 3}});
