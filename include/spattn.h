@@ -397,8 +397,7 @@ SPATTN_API spattn_status spattn_bsa_varlen_workspace_size(const spattn_tensor *q
  * D and Dr: multiples of 8 (Dr may be 0), D <= 1024, Dr <= 256.  q/q_rope (and k/k_rope) may
  * be two strided views of one concatenated [.., D+Dr] buffer or separate buffers.
  * CUDA kernels: fp16/bf16 rows of unit stride, 16-byte aligned, with D 512, Dr 64 and v NULL
- * (DeepSeek MLA), or a separate v with D 64, 128 or 192 and Dr 0 or 64 (D 128, Dr 0: NSA-style),
- * or D 256 (Dr 0),
+ * (DeepSeek MLA), or a separate v with D 128 and Dr 0 (NSA-style) or 64, D 64 or D 256 (Dr 0),
  * or v NULL with D 128 or 256 and Dr 0 or 64, run the Hopper kernels (the backward of the
  * shapes other than MLA key-major, when its blocks hold 16 or more keys or 1 in 8 keys is
  * selected); other shapes run simple kernels (fp32 arithmetic on CUDA cores: correct, not fast).

@@ -44,7 +44,7 @@ enum FwdShape {
     SHAPE_SHV_128,
     SHAPE_SHV_256_64,
     SHAPE_SHV_256,
-    SHAPE_SEP_64_64,
+    SHAPE_SEP_64_64,  // from here on gated in fwd_shape (not yet run on a GPU)
     SHAPE_SEP_192,
     SHAPE_SEP_192_64
 };

@@ -383,6 +383,13 @@ int fwd_shape(const spattn_sfa_problem *p) {
                                        : -1;
     }
     if (shape < 0) return -1;
+    // D 64 + Dr 64 and D 192 (thirty-first session): compiled, not yet run on a GPU, so gated:
+    // SPATTN_SFA_UNRUN_SHAPES=1 routes them to the Hopper kernels (sfa_cuda_check sets it), else
+    // the simple kernels take them.  Ungate after their first device run.
+    if (shape >= sfa::SHAPE_SEP_64_64) {
+        const char *g = getenv("SPATTN_SFA_UNRUN_SHAPES");
+        if (!(g && g[0] == '1')) return -1;
+    }
     const spattn_tensor *ts[] = {p->q, p->q_rope, p->k, p->k_rope, p->v, p->o};
     for (int i = 0; i < 6; ++i)
         if (!rows_aligned(ts[i])) return -1;
