@@ -249,6 +249,21 @@ __global__ void zero_mult_kernel(SmallLists L, int nl) {
         m[i] = make_uint4(0, 0, 0, 0);
 }
 
+// The warp's index row entry by entry (each lane loads one of 32, then they are shuffled out in
+// order): f(k0, k1) for the key range of every entry, called by all 32 lanes.
+template <class F>
+__device__ __forceinline__ void warp_entries(const Params &p, const int32_t *irow, int lim, int nkeys, int lane, F f) {
+    for (int e0 = 0; e0 < p.K; e0 += 32) {
+        const int mine = e0 + lane < p.K ? __ldg(irow + (int64_t)(e0 + lane) * p.sidx[3]) : -1;
+        const int n = min(32, p.K - e0);
+        for (int x = 0; x < n; x++) {
+            int k0, k1;
+            entry_keys(p, __shfl_sync(0xffffffffu, mine, x), lim, nkeys, k0, k1);
+            f(k0, k1);
+        }
+    }
+}
+
 // One warp per index row: each selected key's multiplicity in its visit (+1 per selection).
 // With few key blocks (at most TOUCH_MASK, and no more than K), the row's visit index of every
 // block is looked up once into a shared table instead of three loads per index entry.
@@ -265,18 +280,12 @@ __global__ void __launch_bounds__(256) mult_kernel(const Params p, SmallLists L)
         return L.off[l] + (int)L.wpre[wi] + __popc(L.bitmap[wi] & below);
     };
     if (p.vl.tok) {  // key-side rows: a warp per entry, a lane per key (rows of an entry need not share a block)
-        for (int e0 = 0; e0 < p.K; e0 += 32) {
-            const int mine = e0 + lane < p.K ? __ldg(irow + (int64_t)(e0 + lane) * p.sidx[3]) : -1;
-            const int n = min(32, p.K - e0);
-            for (int x = 0; x < n; x++) {
-                int k0, k1;
-                entry_keys(p, __shfl_sync(0xffffffffu, mine, x), lim, r.nkeys, k0, k1);
-                for (int k = k0 + lane; k <= k1; k += 32) {
-                    const int row = key_row(p, r, k);
-                    if (row >= 0) atomicAdd(L.vmult + (int64_t)visit(row >> 6) * 32 + ((row & 63) >> 1), 1u << ((row & 1) * 16));
-                }
+        warp_entries(p, irow, lim, r.nkeys, lane, [&](int k0, int k1) {
+            for (int k = k0 + lane; k <= k1; k += 32) {
+                const int row = key_row(p, r, k);
+                if (row >= 0) atomicAdd(L.vmult + (int64_t)visit(row >> 6) * 32 + ((row & 63) >> 1), 1u << ((row & 1) * 16));
             }
-        }
+        });
         return;
     }
     const bool table = L.nkb <= TOUCH_MASK && L.nkb <= p.K;
@@ -290,19 +299,13 @@ __global__ void __launch_bounds__(256) mult_kernel(const Params p, SmallLists L)
         // (2 l, 2 l + 1) of each 64-key block the entry covers (one coalesced 128-byte add per
         // block; with an entry per lane, each lane's 64 serial adds per entry took 372 us on
         // sfas01, H200)
-        for (int e0 = 0; e0 < p.K; e0 += 32) {
-            const int mine = e0 + lane < p.K ? __ldg(irow + (int64_t)(e0 + lane) * p.sidx[3]) : -1;
-            const int n = min(32, p.K - e0);
-            for (int x = 0; x < n; x++) {
-                int k0, k1;
-                entry_keys(p, __shfl_sync(0xffffffffu, mine, x), lim, r.nkeys, k0, k1);
-                for (int kb = k0 >> 6; k0 <= k1 && kb <= (k1 >> 6); kb++) {
-                    const int ka = kb * 64 + 2 * lane;
-                    const uint32_t inc = (ka >= k0 && ka <= k1 ? 1u : 0u) | (ka + 1 >= k0 && ka + 1 <= k1 ? 1u << 16 : 0u);
-                    if (inc) atomicAdd(L.vmult + (int64_t)(table ? vis[kb] : visit(kb)) * 32 + lane, inc);
-                }
+        warp_entries(p, irow, lim, r.nkeys, lane, [&](int k0, int k1) {
+            for (int kb = k0 >> 6; k0 <= k1 && kb <= (k1 >> 6); kb++) {
+                const int ka = kb * 64 + 2 * lane;
+                const uint32_t inc = (ka >= k0 && ka <= k1 ? 1u : 0u) | (ka + 1 >= k0 && ka + 1 <= k1 ? 1u << 16 : 0u);
+                if (inc) atomicAdd(L.vmult + (int64_t)(table ? vis[kb] : visit(kb)) * 32 + lane, inc);
             }
-        }
+        });
         return;
     }
     for (int e = lane; e < p.K; e += 32) {
