@@ -632,6 +632,14 @@ int64_t kmaj_window(const spattn_sfa_problem *p, double e, int64_t s1w) {
     ww = ww < 1 ? 1 : ww > 256 ? 256 : ww;
     return ww < s1w ? ww : s1w;
 }
+// The key-major forms' limits: int32 list counts and dQ row numbers (nq query rows) in the
+// kernels, the main kernel's grid.y (windows), and small_parts' buffers (dQ accumulator rows W
+// wide) within 4 GiB.
+bool small_fits(const SmallShape &ss, int64_t nq, int64_t windows, int64_t W) {
+    if (ss.nl >= (1LL << 31) || ss.vmax >= (1LL << 31) || nq >= (1LL << 31) || windows > 65535) return false;
+    const double bytes = (double)nq * (W * 9 + 8) + (double)ss.nl * ss.s1w * 8 + (double)ss.nl * 16 + (double)ss.vmax * 132;
+    return bytes <= 4.0 * (1ull << 30);
+}
 bool small_shape(const spattn_sfa_problem *p, bool det, SmallShape *ss, bool kmaj = false) {
     const int64_t H = p->N1 / p->N2;
     if ((!kmaj && H > 32) || p->K > 65535) return false;
@@ -666,12 +674,7 @@ bool small_shape(const spattn_sfa_problem *p, bool det, SmallShape *ss, bool kma
         const int64_t hp = H <= 1 ? 1 : H <= 2 ? 2 : H <= 4 ? 4 : H <= 8 ? 8 : H <= 16 ? 16 : 32;
         windows = (p->S1 + 32 * (32 / hp) - 1) / (32 * (32 / hp));
     }
-    // int32 list counts and dQ row numbers (B S1 N1) in the kernels
-    if (ss->nl >= (1LL << 31) || ss->vmax >= (1LL << 31) || p->B * p->S1 * p->N1 >= (1LL << 31) || windows > 65535)
-        return false;
-    const double nq = (double)p->B * p->S1 * p->N1, W = kmaj ? (double)(p->D + p->Dr) : (double)sfa::DQK;
-    const double bytes = nq * (W * 9 + 8) + (double)ss->nl * ss->s1w * 8 + (double)ss->nl * 16 + (double)ss->vmax * 132;
-    return bytes <= 4.0 * (1ull << 30);
+    return small_fits(*ss, p->B * p->S1 * p->N1, windows, kmaj ? p->D + p->Dr : sfa::DQK);
 }
 // Its buffers after the common ones: dQ accumulator, LSE2 + Delta, bitmap, word prefixes, list
 // lengths and offsets, visit tokens, visit multiplicities, the dQ accumulator's non-finite flags,
@@ -2098,12 +2101,8 @@ bool vl_kmaj_shape(const spattn_sfa_problem *p, const VlView &w, SmallShape *ss)
     ss->vmax = p->N2 * s->Tq * per_row;
     const double reach = p->mode == 3 ? fmax(64.0, 0.5 * (double)maxkv) : (double)maxkv;
     ss->ww = kmaj_window(p, (double)(p->K * ((p->sbs + 63) / 64)) * 64.0 / reach, ss->s1w);
-    if (ss->nl >= (1LL << 31) || ss->vmax >= (1LL << 31) || s->Tq * p->N1 >= (1LL << 31) || krows >= (1LL << 31) ||
-        (ss->s1w + ss->ww - 1) / ss->ww > 65535 || (H + 31) / 32 > 65535)
-        return false;
-    const double nq = (double)s->Tq * p->N1;
-    const double bytes = nq * ((p->D + p->Dr) * 9 + 8) + (double)ss->nl * ss->s1w * 8 + (double)ss->nl * 16 + (double)ss->vmax * 132;
-    return bytes <= 4.0 * (1ull << 30);
+    if (krows >= (1LL << 31) || (H + 31) / 32 > 65535) return false;
+    return small_fits(*ss, s->Tq * p->N1, (ss->s1w + ss->ww - 1) / ss->ww, p->D + p->Dr);
 }
 // Its workspace: [tokens Tq int4][acc rows x 576 x 8][hist bins x 4][stats 256][flags rows x 576]
 // then small_parts' buffers (of the view with S1 = Tq).
@@ -2245,13 +2244,13 @@ spattn_status vl_bwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
     if (stream_capturing((cudaStream_t)ex->stream)) return capture_refusal("the varlen sfa backward");
     VlView w;
     vl_view(p, true, &w);
-    SmallShape ss;
-    if (!vl_fast(p, w, 1) && vl_fast_layout(p) && vl_kmaj_shape(p, w, &ss)) {  // a separate-V shape: key-major
+    if (!vl_fast(p, w, 1)) {  // the other Hopper shapes: key-major, else the simple kernels
+        SmallShape ss;
+        if (!vl_fast_layout(p) || !vl_kmaj_shape(p, w, &ss)) return vl_ref_bwd(p, ex);
         spattn_status r = vl_limits(p, w, true);
         if (r != SPATTN_STATUS_SUCCESS) return r;
         return p->dtype == SPATTN_DTYPE_BF16 ? vl_kmaj_bwd<__nv_bfloat16>(p, ex, w, ss) : vl_kmaj_bwd<__half>(p, ex, w, ss);
     }
-    if (!vl_fast(p, w, 1)) return vl_ref_bwd(p, ex);
     spattn_status r = vl_limits(p, w, true);
     if (r != SPATTN_STATUS_SUCCESS) return r;
     return p->dtype == SPATTN_DTYPE_BF16 ? vl_bwd_impl<__nv_bfloat16>(p, ex, w) : vl_bwd_impl<__half>(p, ex, w);
