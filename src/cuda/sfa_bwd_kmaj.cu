@@ -21,9 +21,12 @@
 //   dK[box] += dS^T Q[box], dV[box] += P^T dO[box] (RS: P^T, dS^T packed from the accumulators);
 //   dQ^T[box] = K^T dS^T (A = the key box read MN-major, B = the step's dS tile in shared memory),
 //   added to the dQ accumulator rows of the step's token-heads.
-// Accumulators: dQ [B, S1, N1, D + Dr], dK / dV rows of sfa_host.cu's [B, S2, N2, 576] (dK in
-// columns 0 .. D + Dr - 1, dV after them); int64 fixed point (deterministic, bitwise
-// reproducible) or fp32 (deterministic = 0).
+// Accumulators: dQ [B, S1, N1, 64 NBK], dK / dV rows of sfa_host.cu's [B, S2, N2, 576] (dK in
+// columns 0 .. 64 NBK - 1, dV after them: in 64-column boxes); int64 fixed point (deterministic,
+// bitwise reproducible) or fp32 (deterministic = 0).
+// D not a multiple of 64 (Params::dn < 64 NBN): the last value box of K, V, Q and dO is
+// zero-filled past D, so the box's columns past D add zeros to dQ / dK / dV (the conversions
+// skip them) and every other column is exact.
 #include <math.h>
 
 #include "hopper/hopper.cuh"
@@ -346,12 +349,20 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd_kmaj_kernel(const __grid_const
                 const T *rs = NBR ? qrb + (int64_t)s1 * p.sqr[1] + (int64_t)h * p.sqr[2] + cc * 8 : qb;
                 const T *ds = dob + (int64_t)s1 * p.sdo[1] + (int64_t)h * p.sdo[2] + cc * 8;
                 const uint32_t so = hop::sw128(th, cc);
+                // the last value box's chunks past D (Params::dn) zero-filled
+                const bool okl = ok && (NBN - 1) * 64 + cc * 8 < p.dn;
 #pragma unroll
-                for (int i = 0; i < NBN; i++) sfa::cp_async16(sq + i * RBOX + so, ok ? qs + i * 64 : qb, ok ? 16 : 0);
+                for (int i = 0; i < NBN; i++) {
+                    const bool oki = i < NBN - 1 ? ok : okl;
+                    sfa::cp_async16(sq + i * RBOX + so, oki ? qs + i * 64 : qb, oki ? 16 : 0);
+                }
 #pragma unroll
                 for (int i = 0; i < NBR; i++) sfa::cp_async16(sq + (NBN + i) * RBOX + so, ok ? rs + i * 64 : qb, ok ? 16 : 0);
 #pragma unroll
-                for (int i = 0; i < NBN; i++) sfa::cp_async16(sq + (NBK + i) * RBOX + so, ok ? ds + i * 64 : qb, ok ? 16 : 0);
+                for (int i = 0; i < NBN; i++) {
+                    const bool oki = i < NBN - 1 ? ok : okl;
+                    sfa::cp_async16(sq + (NBK + i) * RBOX + so, oki ? ds + i * 64 : qb, oki ? 16 : 0);
+                }
             }
             // multiplicities, LSE2 and Delta per token-head row, the visits' tokens
             sfa::kmaj_step_rows<HP>(ms, MS_CNT, MS_LSE, MS_DELTA, p, L, b, n2, head0, vs, ntok, t);

@@ -28,8 +28,9 @@
 // selection): the same kernel with blocks of the K boxes then the V boxes, the K half released
 // after S^T, the output's d-tiles split between the warpgroups at the end; any H (grid.z: chunks
 // of N <= 32 heads).  S = sfa::Mla is the DeepSeek shape above; sfa::Shv the same layout (V = the
-// first D columns of the gathered block) at D 128 / 256 with or without rope, any H (gated until
-// their first device run, sfa_host.cu's fwd_shape).
+// first D columns of the gathered block) at D 128 / 256 with or without rope, any H.  D not a
+// multiple of 64 runs the shape of D rounded up (Params::dn: the last value box partial, its
+// columns past D zero in K, V and Q, so S and P V are exact; O's columns past D not stored).
 #include <math.h>
 
 #include "cta_trace.cuh"
@@ -455,7 +456,7 @@ __global__ void __launch_bounds__(384, SmallCfg<N, S>::CTAS) sfa_fwd_small_kerne
     T *ob = static_cast<T *>(p.out_o) + b * p.so[0] + (int64_t)s1 * p.so[1] + (int64_t)head0 * p.so[2] + c * HA * 64;
     for (int x = t; x < nh * CH; x += 128) {
         const int row = x / CH, ch = x % CH;
-        if (gate == ~0ull)
+        if (gate == ~0ull && (!S::PADV || c * HA * 64 + ch * 8 < p.dn))  // columns past D: padding
             __stcs(reinterpret_cast<int4 *>(ob + (int64_t)row * p.so[2] + ch * 8),
                    *reinterpret_cast<const int4 *>(os + row * ROWB + (c * HA * 64 + ch * 8) * 2));  // streamed
     }

@@ -210,12 +210,13 @@ template <typename T> __device__ __forceinline__ void conv_store2(T *dst, int64_
 }
 
 // The key-major backward's dQ accumulator [B, S1, N1, W] into dq (columns < D) / dq_rope (unit
-// last strides); W = D + Dr, a multiple of 64.
+// last strides, from column DP); W = DP + Dr, DP = D rounded up to 64 (the kernel's boxes:
+// columns D .. DP - 1 are padding, not stored).
 template <typename T>
 __global__ void convert_dq_kernel(const void *acc, const uint8_t *flags, int det, const float *inv_scale, T *dq, T *dqr, int64_t B,
                                   int64_t S1, int64_t N1, int64_t sd0, int64_t sd1, int64_t sd2, int64_t sr0,
                                   int64_t sr1, int64_t sr2, const unsigned long long *gate, int W = sfa::DQK, int D = sfa::D,
-                                  const int4 *vtok = nullptr) {
+                                  int DP = sfa::D, const int4 *vtok = nullptr) {
     if (sfa::gate_word(gate) != ~0ull) return;  // under capture: the index check's word
     const int64_t rows = B * S1 * N1, nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
     const bool narrow = rows < (1LL << 31);
@@ -231,15 +232,17 @@ __global__ void convert_dq_kernel(const void *acc, const uint8_t *flags, int det
             float v0, v1;
             conv_pair(acc, flags, det, inv, r * W + col, v0, v1);
             if (col < D) conv_store2(dq + b * sd0 + s * sd1 + n * sd2 + col, 1, v0, v1);
-            else conv_store2(dqr + b * sr0 + s * sr1 + n * sr2 + (col - D), 1, v0, v1);
+            else if (col >= DP) conv_store2(dqr + b * sr0 + s * sr1 + n * sr2 + (col - DP), 1, v0, v1);
         }
     }
 }
 
-// The columns of a dK accumulator row (576 wide) and where they go: [0, D) dk, [D, wk) dk_rope,
-// [wk, wk + wv) dv (sfa_bwd_kmaj.cu's separate V; wv 0: V is k's first D columns, dV folded in).
+// The columns of a dK accumulator row (576 wide) and where they go: [0, D) dk, [dp, wk) dk_rope,
+// [wk, wk + D) dv (sfa_bwd_kmaj.cu's separate V, wv = dp columns; wv 0: V is k's first D
+// columns, dV folded in).  dp: D rounded up to 64 (the kernel's boxes; the columns between are
+// padding, not stored).
 struct DkCols {
-    int D = sfa::D, wk = sfa::DQK, wv = 0;
+    int D = sfa::D, dp = sfa::D, wk = sfa::DQK, wv = 0;
     void *dv = nullptr;
     int64_t sv[4] = {0, 0, 0, 0};
 };
@@ -265,8 +268,9 @@ __global__ void convert_dk_kernel(const void *acc, const uint8_t *flags, int det
             float v0, v1;
             conv_pair(acc, flags, det, inv, r * sfa::DQK + col, v0, v1, det != 2 || rb < (1ull << 31));
             if (col < dc.D) conv_store2(dk + b * sd0 + s * sd1 + n * sd2 + col * sd3, sd3, v0, v1);
-            else if (col < dc.wk) conv_store2(dkr + b * sr0 + s * sr1 + n * sr2 + (col - dc.D) * sr3, sr3, v0, v1);
-            else
+            else if (col < dc.dp) continue;
+            else if (col < dc.wk) conv_store2(dkr + b * sr0 + s * sr1 + n * sr2 + (col - dc.dp) * sr3, sr3, v0, v1);
+            else if (col - dc.wk < dc.D)
                 conv_store2(static_cast<T *>(dc.dv) + b * dc.sv[0] + s * dc.sv[1] + n * dc.sv[2] + (col - dc.wk) * dc.sv[3],
                             dc.sv[3], v0, v1);
         }
@@ -357,14 +361,20 @@ bool fast_shape(const spattn_sfa_problem *p, int backward) {
     return true;
 }
 
+// The kernels' value width: D rounded up to whole 64-column boxes (Params::dn holds D itself)
+int64_t dpad64(int64_t D) { return (D + 63) / 64 * 64; }
+// The key-major backward's dQ accumulator row: the value boxes, then the rope
+int64_t kmaj_w(const spattn_sfa_problem *p) { return dpad64(p->D) + p->Dr; }
+
 // The Hopper forward kernels' shapes (sfa::FwdShape): SHAPE_MLA (fast_shape: both kernels, by H)
 // or, on the small-head kernel for any H, fp16/bf16 with rows of unit stride, 16-byte aligned: a
 // separate v with D 64, 128 (SHAPE_NSA: Dr 0) or 192 and Dr 0 or 64, or D 256 and Dr 0, or V = k's first D
-// columns with D 128 / 256 and Dr 0 / 64; -1: the simple kernels.
+// columns with D 128 / 256 and Dr 0 / 64; -1: the simple kernels.  D is taken rounded up to a
+// multiple of 64 (any D the API takes, a multiple of 8: the last value box partial, Params::dn).
 int fwd_shape(const spattn_sfa_problem *p) {
     if (fast_shape(p, 0)) return sfa::SHAPE_MLA;
-    if (p->dtype == SPATTN_DTYPE_F32 || p->D % 64 || p->Dr % 64) return -1;
-    const int64_t nbn = p->D / 64, nbr = p->Dr / 64;
+    if (p->dtype == SPATTN_DTYPE_F32 || p->D % 8 || p->Dr % 64) return -1;
+    const int64_t nbn = (p->D + 63) / 64, nbr = p->Dr / 64;
     int shape = -1;
     if (!p->shared_kv) {
         shape = nbr == 0 && nbn == 2   ? sfa::SHAPE_NSA
@@ -383,10 +393,11 @@ int fwd_shape(const spattn_sfa_problem *p) {
                                        : -1;
     }
     if (shape < 0) return -1;
-    // D 64 + Dr 64 and D 192 (thirty-first session): compiled, not yet run on a GPU, so gated:
-    // SPATTN_SFA_UNRUN_SHAPES=1 routes them to the Hopper kernels (sfa_cuda_check sets it), else
-    // the simple kernels take them.  Ungate after their first device run.
-    if (shape >= sfa::SHAPE_SEP_64_64) {
+    // D 64 + Dr 64 and D 192 (thirty-first session), D not a multiple of 64 (thirty-second):
+    // compiled, not yet run on a GPU, so gated: SPATTN_SFA_UNRUN_SHAPES=1 routes them to the
+    // Hopper kernels (sfa_cuda_check sets it), else the simple kernels take them.  Ungate after
+    // their first device run.
+    if (shape >= sfa::SHAPE_SEP_64_64 || p->D % 64) {
         const char *g = getenv("SPATTN_SFA_UNRUN_SHAPES");
         if (!(g && g[0] == '1')) return -1;
     }
@@ -592,6 +603,7 @@ void fill_params(const spattn_sfa_problem *p, sfa::Params *k) {
     k->mode = p->mode;
     k->scale = p->scale;
     k->scale_log2 = p->scale * 1.4426950408889634f;
+    k->dn = (int)p->D;
 }
 
 size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
@@ -627,7 +639,7 @@ int64_t kmaj_window(const spattn_sfa_problem *p, double e, int64_t s1w) {
     const char *senv = getenv("SPATTN_SFA_KMAJ_STEPS");
     const double steps = senv && atoi(senv) > 0 ? atoi(senv) : 128.0;
     int64_t ww = (int64_t)ceil(steps * (double)tt / (32.0 * fmin(1.0, e)));
-    const int64_t cap = (8ll << 20) / (32 * H * (p->D + p->Dr) * 4);
+    const int64_t cap = (8ll << 20) / (32 * H * kmaj_w(p) * 4);
     ww = ww > cap ? cap : ww;
     ww = ww < 1 ? 1 : ww > 256 ? 256 : ww;
     return ww < s1w ? ww : s1w;
@@ -674,11 +686,11 @@ bool small_shape(const spattn_sfa_problem *p, bool det, SmallShape *ss, bool kma
         const int64_t hp = H <= 1 ? 1 : H <= 2 ? 2 : H <= 4 ? 4 : H <= 8 ? 8 : H <= 16 ? 16 : 32;
         windows = (p->S1 + 32 * (32 / hp) - 1) / (32 * (32 / hp));
     }
-    return small_fits(*ss, p->B * p->S1 * p->N1, windows, kmaj ? p->D + p->Dr : sfa::DQK);
+    return small_fits(*ss, p->B * p->S1 * p->N1, windows, kmaj ? kmaj_w(p) : sfa::DQK);
 }
 // Its buffers after the common ones: dQ accumulator, LSE2 + Delta, bitmap, word prefixes, list
 // lengths and offsets, visit tokens, visit multiplicities, the dQ accumulator's non-finite flags,
-// the lists' selected-key masks.  W: the dQ accumulator's row (D + Dr).
+// the lists' selected-key masks.  W: the dQ accumulator's row (kmaj_w).
 constexpr int SMALL_PARTS = 10;
 size_t small_parts(const spattn_sfa_problem *p, const SmallShape &ss, size_t off[SMALL_PARTS], int64_t W = sfa::DQK) {
     const size_t nq = (size_t)p->B * p->S1 * p->N1, words = (size_t)ss.nl * ss.s1w;
@@ -803,7 +815,7 @@ size_t bwd_ws_total(const spattn_sfa_problem *p) {
     const size_t need = bwd_ws_parts(p, &a, &h);
     if (!fast_shape(p, 1)) {  // a kmaj_shape: key-major only (the deterministic test takes the same shapes)
         SmallShape ss;
-        return need + (small_shape(p, true, &ss, true) ? small_parts(p, ss, off, p->D + p->Dr) : 0);
+        return need + (small_shape(p, true, &ss, true) ? small_parts(p, ss, off, kmaj_w(p)) : 0);
     }
     // the union form where it applies (bwd_impl takes it first), else key-major when the fp32
     // test takes it (a superset of the deterministic one's shapes; same buffers)
@@ -935,7 +947,7 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
     size_t acc_b, hist_b, soff[SMALL_PARTS];
     const size_t common = bwd_ws_parts(p, &acc_b, &hist_b);
     const bool kmaj = shape != sfa::SHAPE_MLA;
-    const int64_t W = kmaj ? p->D + p->Dr : sfa::DQK;  // the dQ accumulator's row
+    const int64_t W = kmaj ? kmaj_w(p) : sfa::DQK;  // the dQ accumulator's row
     // H = 4 .. 32 heads per key head: the union form (groups of 64 / H tokens as 64-row tiles)
     // where it applies, else key-major when the rows are dense enough, else token-major
     const UnionCfg u = kmaj ? UnionCfg() : union_cfg(p, sfa::SHAPE_MLA, true);
@@ -981,7 +993,7 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
                 convert_dq_kernel<T><<<grid_for((int64_t)nq * 32, 256), 256, 0, st>>>(
                     sw + soff[0], sw + soff[8], det, (const float *)(stats + 8), (T *)dq->data, (T *)dqr->data, p->B, p->S1, p->N1,
                     dq->strides[0], dq->strides[1], dq->strides[2], dqr->strides[0], dqr->strides[1], dqr->strides[2], kp->gate,
-                    (int)W, (int)p->D);
+                    (int)W, (int)p->D, kmaj ? (int)dpad64(p->D) : (int)p->D);
                 e = cudaGetLastError();
             }
         } else {
@@ -1011,8 +1023,9 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
         DkCols dc;
         if (kmaj) {
             dc.D = (int)p->D;
-            dc.wk = (int)(p->D + p->Dr);
-            dc.wv = p->shared_kv ? 0 : (int)p->D;
+            dc.dp = (int)dpad64(p->D);
+            dc.wk = (int)W;
+            dc.wv = p->shared_kv ? 0 : dc.dp;
             if (dc.wv) {
                 dc.dv = p->dv->data;
                 for (int i = 0; i < 4; i++) dc.sv[i] = p->dv->strides[i];
@@ -1292,10 +1305,19 @@ spattn_status ref_grid_ok(const spattn_sfa_problem *p) {
     return SPATTN_STATUS_SUCCESS;
 }
 
+// Tests: SPATTN_SFA_REQUIRE_HOPPER=1 refuses a call the simple kernels would take (NOT_SUPPORTED,
+// before anything is written), so that a check of a Hopper kernel's shape cannot pass on them.
+spattn_status simple_refused(const char *what) {
+    const char *g = getenv("SPATTN_SFA_REQUIRE_HOPPER");
+    if (!(g && g[0] == '1')) return SPATTN_STATUS_SUCCESS;
+    return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED, "sfa cuda %s: SPATTN_SFA_REQUIRE_HOPPER=1 and the call would run the simple kernels", what);
+}
+
 // Shapes without a Hopper kernel: the reference kernels (fp32 arithmetic), then the outputs
 // converted into the caller's tensors.  The indices are checked first (nothing written for bad
 // input).
 spattn_status ref_fwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
+    if (simple_refused("forward") != SPATTN_STATUS_SUCCESS) return SPATTN_STATUS_NOT_SUPPORTED;
     spattn_status s = ref_grid_ok(p);
     if (s == SPATTN_STATUS_SUCCESS) s = spattn_cuda_sfa_check_indices(p, ex);
     if (s != SPATTN_STATUS_SUCCESS) return s;
@@ -1395,6 +1417,7 @@ spattn_status ref_bwd_any(const spattn_sfa_problem *p, const spattn_exec *ex, ch
 }
 
 spattn_status ref_bwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
+    if (simple_refused("backward") != SPATTN_STATUS_SUCCESS) return SPATTN_STATUS_NOT_SUPPORTED;
     spattn_status s = ref_grid_ok(p);
     if (s != SPATTN_STATUS_SUCCESS) return s;
     size_t off[RB_N + 1];
@@ -1863,6 +1886,7 @@ spattn_status vl_fwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
     VlView w;
     vl_view(p, true, &w);
     const bool fast = vl_fast(p, w);
+    if (!fast && simple_refused("varlen forward") != SPATTN_STATUS_SUCCESS) return SPATTN_STATUS_NOT_SUPPORTED;
     if (!fast) vl_view(p, false, &w);
     spattn_status r = vl_limits(p, w, fast);
     if (r != SPATTN_STATUS_SUCCESS) return r;
@@ -2102,7 +2126,7 @@ bool vl_kmaj_shape(const spattn_sfa_problem *p, const VlView &w, SmallShape *ss)
     const double reach = p->mode == 3 ? fmax(64.0, 0.5 * (double)maxkv) : (double)maxkv;
     ss->ww = kmaj_window(p, (double)(p->K * ((p->sbs + 63) / 64)) * 64.0 / reach, ss->s1w);
     if (krows >= (1LL << 31) || (H + 31) / 32 > 65535) return false;
-    return small_fits(*ss, s->Tq * p->N1, (ss->s1w + ss->ww - 1) / ss->ww, p->D + p->Dr);
+    return small_fits(*ss, s->Tq * p->N1, (ss->s1w + ss->ww - 1) / ss->ww, kmaj_w(p));
 }
 // Its workspace: [tokens Tq int4][acc rows x 576 x 8][hist bins x 4][stats 256][flags rows x 576]
 // then small_parts' buffers (of the view with S1 = Tq).
@@ -2115,7 +2139,7 @@ size_t vl_kmaj_parts(const spattn_sfa_problem *p, const VlView &w, const SmallSh
         off[i] = t;
         t += align256(sz[i]);
     }
-    return t + small_parts(&w.p, ss, soff, p->D + p->Dr);
+    return t + small_parts(&w.p, ss, soff, kmaj_w(p));
 }
 
 template <typename T>
@@ -2133,7 +2157,7 @@ spattn_status vl_kmaj_bwd(const spattn_sfa_problem *p, const spattn_exec *ex, co
     unsigned *hist = reinterpret_cast<unsigned *>(base + off[2]), *stats = reinterpret_cast<unsigned *>(base + off[3]);
     uint8_t *flags = base + off[4];
     const bool det = ex->deterministic != 0;
-    const int64_t krows = vl_krows(p), rows = krows * p->N2, W = p->D + p->Dr;
+    const int64_t krows = vl_krows(p), rows = krows * p->N2, W = kmaj_w(p);
     const size_t nq = (size_t)s->Tq * p->N1;
     // the layout and the index values, verdict first: nothing is written for a refused call
     if ((r = vl_check_now(p, st, tok)) != SPATTN_STATUS_SUCCESS) return r;
@@ -2169,7 +2193,7 @@ spattn_status vl_kmaj_bwd(const spattn_sfa_problem *p, const spattn_exec *ex, co
             convert_dq_kernel<T><<<grid_for((int64_t)nq * 32, 256), 256, 0, st>>>(
                 sw + soff[0], sw + soff[8], det, (const float *)(stats + 8), (T *)dq->data, (T *)dqr->data, 1, s->Tq, p->N1,
                 dq->strides[0], dq->strides[1], dq->strides[2], dqr->strides[0], dqr->strides[1], dqr->strides[2], nullptr,
-                (int)W, (int)p->D, tok);
+                (int)W, (int)p->D, (int)dpad64(p->D), tok);
             e = cudaGetLastError();
         }
     }
@@ -2182,8 +2206,9 @@ spattn_status vl_kmaj_bwd(const spattn_sfa_problem *p, const spattn_exec *ex, co
         int64_t sd[4], sr[4];
         DkCols dc;
         dc.D = (int)p->D;
+        dc.dp = (int)dpad64(p->D);
         dc.wk = (int)W;
-        dc.wv = p->shared_kv ? 0 : (int)p->D;
+        dc.wv = p->shared_kv ? 0 : dc.dp;
         for (int i = 0; i < 4; i++) {
             sd[i] = pg ? dk->strides[i] : i == 0 ? 0 : dk->strides[i - 1];
             sr[i] = pg ? dkr->strides[i] : i == 0 ? 0 : dkr->strides[i - 1];
@@ -2207,6 +2232,7 @@ spattn_status vl_kmaj_bwd(const spattn_sfa_problem *p, const spattn_exec *ex, co
 // ref_bwd), dq / dq_rope stored for the tokens before cu_seqlens_q[B], every key-side row of dk /
 // dk_rope / dv written (0 where no selected key adds).
 spattn_status vl_ref_bwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
+    if (simple_refused("varlen backward") != SPATTN_STATUS_SUCCESS) return SPATTN_STATUS_NOT_SUPPORTED;
     const spattn_seqs *s = p->seqs;
     VlView w;
     vl_view(p, false, &w);

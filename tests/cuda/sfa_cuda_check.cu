@@ -58,6 +58,8 @@ struct Cfg {
     int row_pad = 0;     // extra elements at the end of each row of q/k/o/dout (strided views)
     int nan_rest = 0;    // k / k_rope / v rows in no selected block of any row are NaN (never read:
                          // the key-major backward loads whole 64-key blocks and must zero them)
+    int hopper = 0;      // the Hopper kernels must take the forward and the backward
+                         // (SPATTN_SFA_REQUIRE_HOPPER: the simple kernels refuse the call)
 };
 
 // Index rows per cases/README.md, plus the test variations.
@@ -1043,6 +1045,10 @@ static int small_tests(bool quick) {
     };
     auto sep = [&](Cfg c, int D, int Dr) { add(c, D, Dr, 1); };
     auto shv = [&](Cfg c, int D, int Dr) { add(c, D, Dr, 0); };
+    auto pad = [&](Cfg c, int D, int Dr, int sep_v) {
+        c.hopper = 1;
+        add(c, D, Dr, sep_v);
+    };
     sep(mk("nsa_quick_h8x2_sbs64", 1, 8, 400, 16, 2, 6, 64, 3, BF), 128, 0);
     sep(mk("sep_quick_d128r64_h16x2_sbs64", 1, 6, 500, 32, 2, 5, 64, 3, FP), 128, 64);
     // whole key blocks only (S2 % 64 == 0): the control for racecheck's reports on the cases above
@@ -1054,11 +1060,15 @@ static int small_tests(bool quick) {
     // D 192 (three value boxes: an odd count of output d-tiles; the backward SPLIT with dK and dV
     // on the two consumers)
     sep(mk("sep_quick_d192_h8x2_sbs32", 1, 8, 450, 16, 2, 8, 32, 3, BF), 192, 0);
+    ns.back().hopper = 1;
     if (!quick) {
         // D 192 + Dr 64 (SPLIT with 4 dK boxes and 3 dV boxes), D 64 + Dr 64, D 192 in chunks
         sep(mk("sep_d192r64_h16_sbs64_m0", 1, 20, 700, 16, 1, 6, 64, 0, FP), 192, 64);
+        ns.back().hopper = 1;
         sep(mk("sep_d64r64_h4x3_sbs8_b2", 2, 12, 300, 12, 3, 20, 8, 3, BF), 64, 64);
+        ns.back().hopper = 1;
         sep(mk("sep_d192_h40_chunks_dups", 1, 10, 600, 40, 1, 12, 16, 3, BF), 192, 0);
+        ns.back().hopper = 1;
         ns.back().dups = 1;
         sep(mk("nsa_h16x2_sbs64_k16", 1, 40, 1500, 32, 2, 16, 64, 3, BF), 128, 0);
         sep(mk("nsa_h1_b2_mode0_dups_pad", 2, 20, 300, 2, 2, 12, 8, 0, FP), 128, 0);
@@ -1089,6 +1099,28 @@ static int small_tests(bool quick) {
         ns.back().dups = 1;
     }
     shv(mk("shv_quick_d128r64_h16_sbs16", 1, 8, 400, 16, 1, 8, 16, 3, BF), 128, 64);
+    // D not a multiple of 64 (gated, fwd_shape): the shape of D rounded up, the last value box
+    // zero-filled past D in K, V, Q and dO; O / dQ / dK / dV stored for columns < D only (the
+    // poisoned outputs catch a column past D written into the next head's row).  D 40 < 64:
+    // box 0 itself partial.
+    pad(mk("pad_quick_d112_h8x2_sbs64", 1, 8, 400, 16, 2, 6, 64, 3, BF), 112, 0, 1);
+    pad(mk("pad_quick_shv_d96r64_h16_sbs16", 1, 8, 400, 16, 1, 8, 16, 3, FP), 96, 64, 0);
+    pad(mk("pad_quick_d40_h4_sbs4", 1, 12, 300, 4, 1, 20, 4, 3, FP), 40, 0, 1);
+    if (!quick) {
+        pad(mk("pad_d176r64_h16_sbs64_m0", 1, 20, 700, 16, 1, 6, 64, 0, FP), 176, 64, 1);
+        pad(mk("pad_d240_h40_chunks_pad", 1, 12, 500, 40, 1, 30, 8, 3, BF), 240, 0, 1);
+        ns.back().pad_any = 1;
+        pad(mk("pad_d144_h8x2_dups", 1, 10, 600, 16, 2, 12, 16, 3, BF), 144, 0, 1);
+        ns.back().dups = 1;
+        pad(mk("pad_d120r64_h16x2_sbs32", 1, 16, 500, 32, 2, 10, 32, 3, BF), 120, 64, 1);
+        pad(mk("pad_d8r64_h4_b2", 2, 12, 300, 12, 3, 20, 8, 3, FP), 8, 64, 1);
+        pad(mk("pad_shv_d80_h8x2_b2_mode0_dups", 2, 20, 300, 16, 2, 24, 4, 0, FP), 80, 0, 0);
+        ns.back().dups = 1;
+        pad(mk("pad_shv_d208_h4_sbs1_strided", 1, 30, 600, 4, 1, 300, 1, 3, FP), 208, 0, 0);
+        ns.back().row_pad = 8;
+        pad(mk("pad_shv_d224r64_h8_empty", 1, 12, 500, 8, 1, 20, 8, 3, BF), 224, 64, 0);
+        ns.back().empty = 1;
+    }
     if (!quick) {
         shv(mk("shv_d128_h8x2_b2_mode0_dups", 2, 20, 300, 16, 2, 24, 4, 0, FP), 128, 0);
         ns.back().dups = 1;
@@ -1102,8 +1134,10 @@ static int small_tests(bool quick) {
     for (auto &c : ns) {
         int before = g_fail;
         if (c.kmaj_steps) setenv("SPATTN_SFA_KMAJ_STEPS", std::to_string(c.kmaj_steps).c_str(), 1);
+        if (c.hopper) setenv("SPATTN_SFA_REQUIRE_HOPPER", "1", 1);
         test_case(c, seed++, true, true);
         unsetenv("SPATTN_SFA_KMAJ_STEPS");
+        unsetenv("SPATTN_SFA_REQUIRE_HOPPER");
         printf("%-36s %s\n", c.name.c_str(), g_fail == before ? "ok" : "FAILED");
     }
     if (quick) {  // the simple kernels' backward (both modes) under the sanitizers too

@@ -108,6 +108,16 @@ struct VCase {
     int lse_t = 0;                  // LSE as the transpose of an [N1, Tq] buffer
     int o_pad = 0;                  // extra elements per O row
     int share_page = 0;             // backward: two sequences share a page (prefix caching)
+    int hopper = 0;                 // the Hopper kernels must take both passes (SPATTN_SFA_REQUIRE_HOPPER:
+                                    // the simple kernels refuse the call)
+};
+
+// SPATTN_SFA_REQUIRE_HOPPER for the CUDA calls of a case that sets `hopper`
+struct RequireHopper {
+    explicit RequireHopper(const VCase &c) {
+        if (c.hopper) setenv("SPATTN_SFA_REQUIRE_HOPPER", "1", 1);
+    }
+    ~RequireHopper() { unsetenv("SPATTN_SFA_REQUIRE_HOPPER"); }
 };
 
 // Host side of one batch: every tensor as the caller would lay it out.
@@ -487,6 +497,7 @@ static std::string tag_of(const VCase &c) {
 }
 
 static void run_case(const VCase &c, uint64_t seed) {
+    const RequireHopper rh(c);
     const std::string tag = tag_of(c);
     Batch b = make_batch(c, seed);
     Side h, g;
@@ -819,6 +830,7 @@ static void compare_grad(const std::string &tag, const VCase &c, const BGrad &g,
 }
 
 static void run_bwd_case(const VCase &c, uint64_t seed, bool repeat) {
+    const RequireHopper rh(c);
     const std::string tag = tag_of(c) + " bwd";
     Batch b = make_batch(c, seed);
     if (c.share_page) {  // sequence 1's first page is sequence 0's (prefix caching); its own stays unused
@@ -1024,9 +1036,15 @@ int main(int argc, char **argv) {
     cases.back().lse_t = 1;
     cases.push_back({"sep_d256_packed_h8", 8, 1, 256, 0, 20, 4, 3, BF, 0, 1, {5, 12, 0}, {80, 200, 3}});
     cases.push_back({"sep_d192r64_paged32_h16x2_sbs32", 32, 2, 192, 64, 10, 32, 3, FP, 32, 1, {9, 0, 30, 4}, {200, 3, 330, 0}});
+    cases.back().hopper = 1;
     // shared V at other widths
     cases.push_back({"shv_d128r64_paged16_h16", 16, 1, 128, 64, 24, 8, 3, BF, 16, 0, {6, 0, 11, 2}, {70, 5, 130, 0}});
     cases.push_back({"shv_d256_packed_h40_m0", 40, 1, 256, 0, 20, 4, 0, FP, 0, 0, {5, 12, 0}, {80, 200, 3}});
+    // D not a multiple of 64 (the last value box partial; gated in fwd_shape)
+    cases.push_back({"pad_d112_paged64_h16x2_sbs64", 32, 2, 112, 0, 16, 64, 3, BF, 64, 1, {40, 0, 7, 25}, {900, 64, 1, 300}});
+    cases.back().hopper = 1;
+    cases.push_back({"pad_shv_d208r64_packed_h8", 8, 1, 208, 64, 20, 4, 3, FP, 0, 0, {5, 12, 0}, {80, 200, 3}});
+    cases.back().hopper = 1;
     if (!quick) {
         Rng r(2027);
         const int n1s[4] = {4, 16, 64, 128}, pages[4] = {0, 16, 64, 256};
