@@ -401,6 +401,9 @@ SPATTN_API spattn_status spattn_bsa_varlen_workspace_size(const spattn_tensor *q
  * or v NULL with D 128 or 256 and Dr 0 or 64, run the Hopper kernels (the backward of the
  * shapes other than MLA key-major, when its blocks hold 16 or more keys or 1 in 8 keys is
  * selected); other shapes run simple kernels (fp32 arithmetic on CUDA cores: correct, not fast).
+ * The Hopper kernels for the other fp16/bf16 shapes with D <= 256 and Dr <= 64 (any multiples of
+ * 8; v separate or NULL) are written but not yet verified on a GPU: off unless the environment
+ * sets SPATTN_SFA_UNRUN_SHAPES=1.
  * CUDA: the indices are checked on the device and the verdict read back once per call: the call
  * waits for the scan (and the work queued before it on the stream), not for the attention
  * kernels, which run on after it returns, gated on the verdict on the device.  Under stream capture (CUDA graphs) the fp16/bf16 forward and backward of
@@ -490,8 +493,8 @@ SPATTN_API spattn_status spattn_sfa_workspace_size(const spattn_tensor *q, const
  * spattn_sfa_fwd / spattn_sfa_bwd over each sequence's tokens, else per token), and the other
  * Hopper shapes of spattn_sfa_fwd (backward: key-major over the key-side rows when the blocks
  * hold 16 or more keys or 1 in 8 of max_seqlen_kv keys is selected; its workspace: 16 bytes per
- * query token, 9 x 576 bytes per key-side row and key head, 9 (D + Dr) + 8 bytes per query token
- * and head, and lists of up to 132 bytes per (token, key head, 64 key-side rows) visited); other
+ * query token, 9 x 576 bytes per key-side row and key head, 9 W + 8 bytes per query token
+ * and head (W: D + Dr with each rounded up to a multiple of 64), and lists of up to 132 bytes per (token, key head, 64 key-side rows) visited); other
  * shapes on the simple kernels (fp32 arithmetic on CUDA cores: correct, not fast).  The CUDA backward is
  * bitwise reproducible with deterministic = 1 on both (fixed-point dK / dV: packed int32 with
  * exact bounds on the Hopper kernel, as spattn_sfa_bwd's token-major form; int64 on the simple

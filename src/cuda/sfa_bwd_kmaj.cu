@@ -43,7 +43,6 @@ using sfa::SmallLists;
 constexpr int BOX = sfa::GBOX;  // 64 key rows x 128 bytes
 constexpr int NR = 32;          // token-head rows per step
 constexpr int RBOX = NR * 128;  // a 32-row box: 4 KB
-constexpr int NST = 4;          // stages: two per consumer warpgroup
 // per stage beside Q / dO: the multiplicities [TT][64] (uint16), LSE2 [32], Delta [32], the
 // visits' tokens [TT] (TT <= 8: rows of 4 heads at least)
 constexpr int MS_CNT = 0, MS_LSE = 8 * 128, MS_DELTA = MS_LSE + NR * 4, MS_TOK = MS_DELTA + NR * 4, MISC = MS_TOK + 8 * 4;
@@ -55,14 +54,24 @@ template <class S> struct Lay {
     static constexpr bool SPLIT = NDKV > 5;
     static constexpr int NREG = SPLIT ? (S::NBK > S::NBN ? S::NBK : S::NBN) : NDKV;  // boxes a consumer holds
     static constexpr int SQD = (S::NBK + S::NBN) * RBOX;          // a stage's Q and dO boxes
-    static constexpr int OFF_K = 0, OFF_ST = S::NBT * BOX, OFF_DS = OFF_ST + NST * SQD;  // a dS tile [32][64] per consumer
+    // shared memory with n stages: the key block, the stages, a dS tile [32][64] per consumer, the
+    // stages' misc, the barriers (+ alignment slack)
+    static constexpr int smem_for(int n) { return S::NBT * BOX + n * SQD + 2 * RBOX + n * MISC + 128 + 1024; }
+    // stages: four (two per consumer warpgroup, or the producer up to four steps ahead when
+    // SPLIT) where they fit, else two (D 256 + Dr 64 separate: 9 key boxes and 9 Q / dO boxes)
+    static constexpr int NST = smem_for(4) <= 232448 ? 4 : 2;
+    static constexpr int OFF_K = 0, OFF_ST = S::NBT * BOX, OFF_DS = OFF_ST + NST * SQD;
     static constexpr int OFF_MISC = OFF_DS + 2 * RBOX;
     static constexpr int OFF_BAR = OFF_MISC + NST * MISC;
-    static constexpr int SMEM = OFF_BAR + 128 + 1024;  // + alignment slack
-    static_assert(SMEM <= 232448, "fits in 227 KB");
+    static constexpr int SMEM = OFF_BAR + 128 + 1024;
+    static_assert(SMEM == smem_for(NST) && SMEM <= 232448, "fits in 227 KB");
     static_assert(OFF_DS % 1024 == 0 && MISC % 16 == 0, "swizzled dS tiles, 16-byte copies");
-    // the end's exchange of dK / dV partials (64 x 64 fp32 per box) reuses the stages, tiles, misc
-    static_assert(NDKV * 64 * 64 * 4 <= OFF_BAR - OFF_ST, "the partials fit the stages");
+    static_assert(NST == 4 || SPLIT, "two stages: one step at a time for both consumers");
+    // the end's exchange of dK / dV partials (64 x 64 fp32 per box) reuses the stages, tiles and
+    // misc, or (not enough there: two stages) everything from the key block on: every copy has
+    // landed and every GEMM completed by then
+    static constexpr int OFF_RED = NDKV * 64 * 64 * 4 <= OFF_BAR - OFF_ST ? OFF_ST : OFF_K;
+    static_assert(NDKV * 64 * 64 * 4 <= OFF_BAR - OFF_RED, "the partials fit");
     static_assert(NREG <= 5 && (!SPLIT || S::SEPV), "accumulators of one warpgroup");
 };
 
@@ -102,14 +111,15 @@ __device__ __forceinline__ void add_rows(const Params &p, const float *red, int 
 }
 
 struct Sm {
-    unsigned char *k, *st, *misc, *ds;
-    uint64_t *full, *empty, *kbar;  // full / empty [NST]
+    unsigned char *k, *st, *misc, *ds, *red;
+    uint64_t *full, *empty, *kbar;  // full / empty [Lay::NST]
 };
 
 // S^T = K Q^T and dP^T = V dO^T of step `it` (SS m64n32, keys = MMA rows) into sa / dpa, one
 // commit group, once the step's stage is full.
 template <typename T, class S>
 __device__ __forceinline__ void scores(float (&sa)[16], float (&dpa)[16], const Sm &s, uint64_t kd, int it) {
+    constexpr int NST = Lay<S>::NST;
     const int st = it & (NST - 1);
     unsigned char *sq = s.st + st * Lay<S>::SQD;
     const uint64_t qd = hop::desc_sw128(sq, 16, 1024), dod = hop::desc_sw128(sq + S::NBK * RBOX, 16, 1024);
@@ -155,7 +165,7 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
     // this step's dQ adds, so that the adds run under the tensor work: 1.00-1.04x the time.
     float sa[16], dpa[16];
     for (int it = SPLIT ? 0 : C; it < nsteps; it += SPLIT ? 1 : 2) {
-        const int st = it & (NST - 1);
+        const int st = it & (LY::NST - 1);
         unsigned char *sq = s.st + st * LY::SQD, *sdo = sq + NBK * RBOX, *ms = s.misc + st * MISC;
         const uint16_t *cnt = reinterpret_cast<const uint16_t *>(ms + MS_CNT);  // [TT][64]
         const float *lse2 = reinterpret_cast<const float *>(ms + MS_LSE), *delta = reinterpret_cast<const float *>(ms + MS_DELTA);
@@ -264,7 +274,7 @@ __device__ __forceinline__ void consume(const Params &p, const SmallLists &L, co
     // 256 consumer threads add the sums into the accumulator rows, coalesced, in one rolled loop
     // (a register box per add_box call unrolled 4-5 times made the kernel's code too large)
     constexpr int WC = NDKV * 64;  // columns of a partial row
-    float *red = reinterpret_cast<float *>(s.st);
+    float *red = reinterpret_cast<float *>(s.red);
     auto at = [&](int v) { return (r0 + 8 * ((v >> 1) & 1)) * WC + 8 * (v >> 2) + 2 * q4 + (v & 1); };
     hop::bar_sync(3, 256);
     if (SPLIT) {  // warpgroup 0's dK boxes, then 1's dV boxes: no sums
@@ -312,6 +322,8 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd_kmaj_kernel(const __grid_const
     s.st = sm + LY::OFF_ST;
     s.misc = sm + LY::OFF_MISC;
     s.ds = sm + LY::OFF_DS;
+    s.red = sm + LY::OFF_RED;
+    constexpr int NST = LY::NST;
     s.full = reinterpret_cast<uint64_t *>(sm + LY::OFF_BAR);
     s.empty = s.full + NST;
     s.kbar = s.empty + NST;
@@ -349,15 +361,15 @@ __global__ void __launch_bounds__(384, 1) sfa_bwd_kmaj_kernel(const __grid_const
                 const T *rs = NBR ? qrb + (int64_t)s1 * p.sqr[1] + (int64_t)h * p.sqr[2] + cc * 8 : qb;
                 const T *ds = dob + (int64_t)s1 * p.sdo[1] + (int64_t)h * p.sdo[2] + cc * 8;
                 const uint32_t so = hop::sw128(th, cc);
-                // the last value box's chunks past D (Params::dn) zero-filled
-                const bool okl = ok && (NBN - 1) * 64 + cc * 8 < p.dn;
+                // the last value box's chunks past D (Params::dn), the rope's past Dr (dr) zero-filled
+                const bool okl = ok && (NBN - 1) * 64 + cc * 8 < p.dn, okr = ok && cc * 8 < p.dr;
 #pragma unroll
                 for (int i = 0; i < NBN; i++) {
                     const bool oki = i < NBN - 1 ? ok : okl;
                     sfa::cp_async16(sq + i * RBOX + so, oki ? qs + i * 64 : qb, oki ? 16 : 0);
                 }
 #pragma unroll
-                for (int i = 0; i < NBR; i++) sfa::cp_async16(sq + (NBN + i) * RBOX + so, ok ? rs + i * 64 : qb, ok ? 16 : 0);
+                for (int i = 0; i < NBR; i++) sfa::cp_async16(sq + (NBN + i) * RBOX + so, okr ? rs + i * 64 : qb, okr ? 16 : 0);
 #pragma unroll
                 for (int i = 0; i < NBN; i++) {
                     const bool oki = i < NBN - 1 ? ok : okl;
@@ -409,6 +421,11 @@ template <typename T> cudaError_t launch_t(const Params &p, const SmallLists &L,
     case sfa::SHAPE_SEP_64_64: return launch_shape<T, sfa::Sep<1, 1>>(p, L, nl, st);
     case sfa::SHAPE_SEP_192: return launch_shape<T, sfa::Sep<3, 0>>(p, L, nl, st);
     case sfa::SHAPE_SEP_192_64: return launch_shape<T, sfa::Sep<3, 1>>(p, L, nl, st);
+    case sfa::SHAPE_SHV_64: return launch_shape<T, sfa::Shv<1, 0>>(p, L, nl, st);
+    case sfa::SHAPE_SHV_64_64: return launch_shape<T, sfa::Shv<1, 1>>(p, L, nl, st);
+    case sfa::SHAPE_SHV_192: return launch_shape<T, sfa::Shv<3, 0>>(p, L, nl, st);
+    case sfa::SHAPE_SHV_192_64: return launch_shape<T, sfa::Shv<3, 1>>(p, L, nl, st);
+    case sfa::SHAPE_SEP_256_64: return launch_shape<T, sfa::Sep<4, 1>>(p, L, nl, st);
     default: return cudaErrorInvalidValue;
     }
 }

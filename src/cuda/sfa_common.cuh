@@ -75,12 +75,13 @@ struct Params {
     int probe_pt, probe_pb;  // the probe pass (> 1): every probe_pt-th CTA, every probe_pb-th block
     unsigned long long *probe_cnt;  // the probe pass: [0] += its CTAs' blocks, [1] += those it ran
     const int *run_if;       // non-NULL: the CTAs exit at once unless *run_if != 0 (the retry pass)
-    // D of the call: q / k / v / o columns of the value / nope part.  The kernels' shapes hold
-    // 64-column boxes (sfa::Shape::D = 64 NBN >= dn); columns dn .. 64 NBN - 1 of the last value
-    // box are zero-filled in every gathered block and Q / dO tile (D a multiple of 8: a 16-byte
-    // chunk lies wholly inside or outside), so S, dP, dK and dQ stay exact, and O / dQ / dK / dV
-    // columns past dn are never stored.
-    int dn;
+    // D and Dr of the call: q / k / v / o columns of the value / nope part, q_rope / k_rope
+    // columns.  The kernels' shapes hold 64-column boxes (sfa::Shape: D = 64 NBN >= dn, DR = 64
+    // NBR >= dr); the columns past dn of the last value box and past dr of the rope box are
+    // zero-filled in every gathered block and Q / dO tile (D and Dr multiples of 8: a 16-byte
+    // chunk lies wholly inside or outside), so S, dP, dK and dQ stay exact, and the outputs'
+    // columns past them are never stored.
+    int dn, dr;
 };
 constexpr int UCOMPACT = 1 << 30;  // Params::ucnt: the group's blocks are compacted keys (ukey)
 

@@ -69,11 +69,11 @@ template <int N, typename S> struct SmallCfg {
     // O is staged as [N][D] in the Q area
     static_assert(2 * HA * (N / 2) * 128 * 4 <= 2 * TILE, "exchange fits");
     static_assert(ND <= NBOX, "O fits the Q area");
-    static_assert(S::SEPV || ND % 2 == 0, "shared V: the two buffer halves split the d-tiles evenly");
     // buffer halves, completed and released separately: shared V (Mla): columns 0-255 (read by
-    // the first k-steps of S^T and the first d-tiles of P V), then the rest; separate V (Nsa): K
-    // (released after S^T), then V
-    static constexpr int H0 = S::SEPV ? S::NBK : ND / 2;
+    // the first k-steps of S^T and the first d-tiles of P V), then the rest (an odd count of value
+    // boxes: the larger part first; D 64 without rope: the second half empty); separate V (Nsa):
+    // K (released after S^T), then V
+    static constexpr int H0 = S::SEPV ? S::NBK : (ND + 1) / 2;
     // CTAs per SM and the registers of the producer / consumers (setmaxnreg).  The kernel launches
     // with LREG registers per thread (ptxas takes the bound when setmaxnreg is used) and the
     // CTA's setmaxnreg calls can only share that pool: a larger sum leaves setmaxnreg.inc spinning
@@ -511,6 +511,11 @@ template <bool VL> cudaError_t launch_shape(const sfa::Params *p, int is_bf16, i
     case sfa::SHAPE_SEP_64_64: return launch_t<VL, sfa::Sep<1, 1>>(p, is_bf16, st);
     case sfa::SHAPE_SEP_192: return launch_t<VL, sfa::Sep<3, 0>>(p, is_bf16, st);
     case sfa::SHAPE_SEP_192_64: return launch_t<VL, sfa::Sep<3, 1>>(p, is_bf16, st);
+    case sfa::SHAPE_SHV_64: return launch_t<VL, sfa::Shv<1, 0>>(p, is_bf16, st);
+    case sfa::SHAPE_SHV_64_64: return launch_t<VL, sfa::Shv<1, 1>>(p, is_bf16, st);
+    case sfa::SHAPE_SHV_192: return launch_t<VL, sfa::Shv<3, 0>>(p, is_bf16, st);
+    case sfa::SHAPE_SHV_192_64: return launch_t<VL, sfa::Shv<3, 1>>(p, is_bf16, st);
+    case sfa::SHAPE_SEP_256_64: return launch_t<VL, sfa::Sep<4, 1>>(p, is_bf16, st);
     default: return cudaErrorInvalidValue;
     }
 }

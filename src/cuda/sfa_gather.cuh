@@ -22,17 +22,19 @@ template <int NBN_, int NBR_, bool SEPV_> struct Shape {
     static constexpr bool SEPV = SEPV_;
     static constexpr int NBT = NBK + (SEPV ? NBN : 0);  // boxes per gathered block
     static constexpr int D = 64 * NBN, DR = 64 * NBR;
-    // the last value box may be partial: the call's D (Params::dn) in 64 (NBN - 1) + 8 .. 64 NBN,
-    // its columns past dn zero-filled.  Not Mla: fast_shape takes D = 512 only.
+    // the last value box and the rope box may be partial: the call's D (Params::dn) in
+    // 64 (NBN - 1) + 8 .. 64 NBN, its Dr (Params::dr) in 8 .. 64 (NBR 1), the columns past them
+    // zero-filled.  Not Mla: fast_shape takes D = 512 and Dr = 64 only.
     static constexpr bool PADV = !(NBN == 8 && NBR == 1 && !SEPV);
+    static_assert(NBR <= 1, "one rope box at most (Dr <= 64)");
     // the box holding V's columns 64 d .. 64 d + 63
     static __host__ __device__ constexpr int vbox(int d) { return SEPV ? NBK + d : d; }
 };
 using Mla = Shape<8, 1, false>;
 template <int NBN, int NBR> using Sep = Shape<NBN, NBR, true>;
 using Nsa = Sep<2, 0>;
-// shared V (V = k's first D columns) at other widths: D 128 / 256, with or without the 64-wide
-// rope part (an even number of value boxes: the buffer's halves split the d-tiles)
+// shared V (V = k's first D columns) at other widths: D 64 / 128 / 192 / 256, with or without the
+// 64-wide rope part
 template <int NBN, int NBR> using Shv = Shape<NBN, NBR, false>;
 // The forward's kernel shapes (sfa_host.cu's fwd_shape chooses, sfa_fwd_small.cu's launcher
 // instantiates): Mla (both forward kernels), then the separate-V and the other shared-V ones of
@@ -49,7 +51,12 @@ enum FwdShape {
     SHAPE_SHV_256,
     SHAPE_SEP_64_64,  // from here on gated in fwd_shape (not yet run on a GPU)
     SHAPE_SEP_192,
-    SHAPE_SEP_192_64
+    SHAPE_SEP_192_64,
+    SHAPE_SHV_64,  // shared V with an odd count of value boxes (D 64 / 192, Dr 0 / 64)
+    SHAPE_SHV_64_64,
+    SHAPE_SHV_192,
+    SHAPE_SHV_192_64,
+    SHAPE_SEP_256_64
 };
 static_assert(Mla::NBK == GNBOX, "the Mla shape is the fast kernels' D + Dr");
 
@@ -64,17 +71,20 @@ template <typename T, bool VL = false, typename S = Mla> struct Gather {
     const T *kb, *krb, *vb;
     int64_t sk1, skr1, sv1;
     int grp, ig;
-    bool lastin;          // this thread's chunk of the last value box lies before dn (S::PADV)
+    bool lastin, ropein;  // this thread's chunk of the last value box lies before dn, of the
+                          // rope box before dr (S::PADV)
     const int32_t *trow;  // VL with pages: the sequence's block-table row (else NULL)
     // the thread's value column (chunk ig; 0 when ig's chunk lies past a D < 64: never read, but
     // the zero-filled copies' addresses stay inside the row)
     static __device__ __forceinline__ int vcol(const Params &p, int ig) { return !S::PADV || ig * 8 < p.dn ? ig * 8 : 0; }
+    static __device__ __forceinline__ int rcol(const Params &p, int ig) { return !S::PADV || ig * 8 < p.dr ? ig * 8 : 0; }
     __device__ __forceinline__ Gather(const Params &p, int b, int n2, int t) {
         grp = t >> 3;
         ig = t & 7;
         lastin = (S::NBN - 1) * 64 + ig * 8 < p.dn;
+        ropein = ig * 8 < p.dr;
         kb = static_cast<const T *>(p.k) + b * p.sk[0] + n2 * p.sk[2] + vcol(p, ig);
-        krb = static_cast<const T *>(p.kr) + b * p.skr[0] + n2 * p.skr[2] + ig * 8;
+        krb = static_cast<const T *>(p.kr) + b * p.skr[0] + n2 * p.skr[2] + rcol(p, ig);
         vb = static_cast<const T *>(p.v) + b * p.sv[0] + n2 * p.sv[2] + vcol(p, ig);
         sk1 = p.sk[1];
         skr1 = p.skr[1];
@@ -86,10 +96,11 @@ template <typename T, bool VL = false, typename S = Mla> struct Gather {
         grp = t >> 3;
         ig = t & 7;
         lastin = (S::NBN - 1) * 64 + ig * 8 < p.dn;
+        ropein = ig * 8 < p.dr;
         sk1 = p.sk[1];
         skr1 = p.skr[1];
         kb = static_cast<const T *>(p.k) + (int64_t)tk.y * sk1 + n2 * p.sk[2] + vcol(p, ig);
-        krb = static_cast<const T *>(p.kr) + (int64_t)tk.y * skr1 + n2 * p.skr[2] + ig * 8;
+        krb = static_cast<const T *>(p.kr) + (int64_t)tk.y * skr1 + n2 * p.skr[2] + rcol(p, ig);
         sv1 = p.sv[1];
         vb = static_cast<const T *>(p.v) + (int64_t)tk.y * sv1 + n2 * p.sv[2] + vcol(p, ig);
         trow = p.vl.table ? p.vl.table + (int64_t)tk.x * p.vl.tab_s0 : nullptr;
@@ -121,7 +132,8 @@ template <typename T, bool VL = false, typename S = Mla> struct Gather {
     }
     // boxes [box0, box1) of this thread's rows into the block at dst; keys are reused by many
     // query tokens: 256-byte L2 sectors (a row's neighbouring box comes with it).  A chunk of a
-    // last value box past dn is zero-filled from the row's first value chunk (not read).
+    // last value box past dn or of the rope box past dr is zero-filled from the row's first chunk
+    // of the same part (not read).
     __device__ __forceinline__ void copy(unsigned char *dst, const int (&key)[4], int box0, int box1) const {
 #pragma unroll
         for (int r = 0; r < 4; r++) {
@@ -132,9 +144,10 @@ template <typename T, bool VL = false, typename S = Mla> struct Gather {
 #pragma unroll
             for (int x = box0; x < box1; x++) {
                 const bool part = S::PADV && (x == S::NBN - 1 || (S::SEPV && x == S::NBK + S::NBN - 1));
-                const bool in = !part || lastin;
+                const bool rpart = S::PADV && S::NBR == 1 && x == S::NBN;
+                const bool in = rpart ? ropein : !part || lastin;
                 const T *src = x < S::NBN ? nope + x * 64 : x < S::NBK ? rope + (x - S::NBN) * 64 : val + (x - S::NBK) * 64;
-                if (!in) src = x < S::NBK ? nope : val;
+                if (!in) src = x < S::NBN ? nope : x < S::NBK ? rope : val;
                 asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(
                                  hop::smem_u32(dst + x * GBOX + hop::sw128(row, ig))),
                              "l"(src), "r"(ok && in ? 16 : 0)
@@ -168,14 +181,15 @@ __device__ __forceinline__ void prescan_last(const Params &p, const int32_t *iro
 }
 __device__ __forceinline__ int npairs_of(int last) { return last < 0 ? 0 : last / (2 * GBK) + 1; }
 
-// The token's Q rows h < rows (zero past nh and past column dn) into S::NBK boxes of `rows` rows (box stride
+// The token's Q rows h < rows (zero past nh, past column dn, past rope column dr) into S::NBK boxes of `rows` rows (box stride
 // rows * 128), by threads t0, t0 + stride, ...; one cp.async group (the caller waits).
 template <typename T, typename S = Mla>
 __device__ __forceinline__ void load_q(unsigned char *sQ, int rows, const Params &p, const T *qb, const T *qrb, int head0,
                                        int nh, int t0, int stride) {
     for (int x = t0; x < rows * S::NBK * 8; x += stride) {
-        // chunks of the value part past dn (a partial last box) zero-filled
-        const int h = x / (S::NBK * 8), ch = x % (S::NBK * 8), ok = h < nh && (!S::PADV || ch >= 8 * S::NBN || ch * 8 < p.dn);
+        // chunks of the value part past dn and of the rope part past dr (partial boxes) zero-filled
+        const int h = x / (S::NBK * 8), ch = x % (S::NBK * 8);
+        const int ok = h < nh && (!S::PADV || (ch < 8 * S::NBN ? ch * 8 < p.dn : (ch - 8 * S::NBN) * 8 < p.dr));
         const T *src = !ok ? qb : ch < 8 * S::NBN ? qb + (int64_t)(head0 + h) * p.sq[2] + ch * 8
                                                   : qrb + (int64_t)(head0 + h) * p.sqr[2] + (ch - 8 * S::NBN) * 8;
         cp_async16(sQ + (ch >> 3) * (rows * 128) + hop::sw128(h, ch & 7), src, ok ? 16 : 0);

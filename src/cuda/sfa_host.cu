@@ -210,13 +210,13 @@ template <typename T> __device__ __forceinline__ void conv_store2(T *dst, int64_
 }
 
 // The key-major backward's dQ accumulator [B, S1, N1, W] into dq (columns < D) / dq_rope (unit
-// last strides, from column DP); W = DP + Dr, DP = D rounded up to 64 (the kernel's boxes:
-// columns D .. DP - 1 are padding, not stored).
+// last strides, DR columns from column DP); W = DP + Dr rounded up to 64, DP = D rounded up to
+// 64 (the kernel's boxes: the columns between are padding, not stored).
 template <typename T>
 __global__ void convert_dq_kernel(const void *acc, const uint8_t *flags, int det, const float *inv_scale, T *dq, T *dqr, int64_t B,
                                   int64_t S1, int64_t N1, int64_t sd0, int64_t sd1, int64_t sd2, int64_t sr0,
                                   int64_t sr1, int64_t sr2, const unsigned long long *gate, int W = sfa::DQK, int D = sfa::D,
-                                  int DP = sfa::D, const int4 *vtok = nullptr) {
+                                  int DP = sfa::D, int DR = sfa::DR, const int4 *vtok = nullptr) {
     if (sfa::gate_word(gate) != ~0ull) return;  // under capture: the index check's word
     const int64_t rows = B * S1 * N1, nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
     const bool narrow = rows < (1LL << 31);
@@ -232,17 +232,17 @@ __global__ void convert_dq_kernel(const void *acc, const uint8_t *flags, int det
             float v0, v1;
             conv_pair(acc, flags, det, inv, r * W + col, v0, v1);
             if (col < D) conv_store2(dq + b * sd0 + s * sd1 + n * sd2 + col, 1, v0, v1);
-            else if (col >= DP) conv_store2(dqr + b * sr0 + s * sr1 + n * sr2 + (col - DP), 1, v0, v1);
+            else if (col >= DP && col - DP < DR) conv_store2(dqr + b * sr0 + s * sr1 + n * sr2 + (col - DP), 1, v0, v1);
         }
     }
 }
 
-// The columns of a dK accumulator row (576 wide) and where they go: [0, D) dk, [dp, wk) dk_rope,
-// [wk, wk + D) dv (sfa_bwd_kmaj.cu's separate V, wv = dp columns; wv 0: V is k's first D
-// columns, dV folded in).  dp: D rounded up to 64 (the kernel's boxes; the columns between are
-// padding, not stored).
+// The columns of a dK accumulator row (576 wide) and where they go: [0, D) dk, [dp, dp + dr)
+// dk_rope, [wk, wk + D) dv (sfa_bwd_kmaj.cu's separate V, wv = dp columns; wv 0: V is k's first
+// D columns, dV folded in).  dp: D rounded up to 64, wk = dp + dr rounded up to 64 (the kernel's
+// boxes; the columns between are padding, not stored).
 struct DkCols {
-    int D = sfa::D, dp = sfa::D, wk = sfa::DQK, wv = 0;
+    int D = sfa::D, dp = sfa::D, dr = sfa::DR, wk = sfa::DQK, wv = 0;
     void *dv = nullptr;
     int64_t sv[4] = {0, 0, 0, 0};
 };
@@ -269,7 +269,9 @@ __global__ void convert_dk_kernel(const void *acc, const uint8_t *flags, int det
             conv_pair(acc, flags, det, inv, r * sfa::DQK + col, v0, v1, det != 2 || rb < (1ull << 31));
             if (col < dc.D) conv_store2(dk + b * sd0 + s * sd1 + n * sd2 + col * sd3, sd3, v0, v1);
             else if (col < dc.dp) continue;
-            else if (col < dc.wk) conv_store2(dkr + b * sr0 + s * sr1 + n * sr2 + (col - dc.dp) * sr3, sr3, v0, v1);
+            else if (col < dc.wk) {
+                if (col - dc.dp < dc.dr) conv_store2(dkr + b * sr0 + s * sr1 + n * sr2 + (col - dc.dp) * sr3, sr3, v0, v1);
+            }
             else if (col - dc.wk < dc.D)
                 conv_store2(static_cast<T *>(dc.dv) + b * dc.sv[0] + s * dc.sv[1] + n * dc.sv[2] + (col - dc.wk) * dc.sv[3],
                             dc.sv[3], v0, v1);
@@ -363,18 +365,19 @@ bool fast_shape(const spattn_sfa_problem *p, int backward) {
 
 // The kernels' value width: D rounded up to whole 64-column boxes (Params::dn holds D itself)
 int64_t dpad64(int64_t D) { return (D + 63) / 64 * 64; }
-// The key-major backward's dQ accumulator row: the value boxes, then the rope
-int64_t kmaj_w(const spattn_sfa_problem *p) { return dpad64(p->D) + p->Dr; }
+// The key-major backward's dQ accumulator row: the value boxes, then the rope box
+int64_t kmaj_w(const spattn_sfa_problem *p) { return dpad64(p->D) + dpad64(p->Dr); }
 
 // The Hopper forward kernels' shapes (sfa::FwdShape): SHAPE_MLA (fast_shape: both kernels, by H)
 // or, on the small-head kernel for any H, fp16/bf16 with rows of unit stride, 16-byte aligned: a
 // separate v with D 64, 128 (SHAPE_NSA: Dr 0) or 192 and Dr 0 or 64, or D 256 and Dr 0, or V = k's first D
-// columns with D 128 / 256 and Dr 0 / 64; -1: the simple kernels.  D is taken rounded up to a
-// multiple of 64 (any D the API takes, a multiple of 8: the last value box partial, Params::dn).
+// columns with D 128 / 256 and Dr 0 / 64; -1: the simple kernels.  D and Dr are taken rounded up
+// to multiples of 64 (any D the API takes, a multiple of 8, and Dr <= 64: the last value box and
+// the rope box partial, Params::dn / dr).
 int fwd_shape(const spattn_sfa_problem *p) {
     if (fast_shape(p, 0)) return sfa::SHAPE_MLA;
-    if (p->dtype == SPATTN_DTYPE_F32 || p->D % 8 || p->Dr % 64) return -1;
-    const int64_t nbn = (p->D + 63) / 64, nbr = p->Dr / 64;
+    if (p->dtype == SPATTN_DTYPE_F32 || p->D % 8 || p->Dr % 8 || p->Dr > 64) return -1;
+    const int64_t nbn = (p->D + 63) / 64, nbr = p->Dr ? 1 : 0;
     int shape = -1;
     if (!p->shared_kv) {
         shape = nbr == 0 && nbn == 2   ? sfa::SHAPE_NSA
@@ -384,20 +387,25 @@ int fwd_shape(const spattn_sfa_problem *p) {
                 : nbr == 1 && nbn == 1 ? sfa::SHAPE_SEP_64_64
                 : nbr == 0 && nbn == 3 ? sfa::SHAPE_SEP_192
                 : nbr == 1 && nbn == 3 ? sfa::SHAPE_SEP_192_64
+                : nbr == 1 && nbn == 4 ? sfa::SHAPE_SEP_256_64
                                        : -1;
     } else {
         shape = nbr == 1 && nbn == 2   ? sfa::SHAPE_SHV_128_64
                 : nbr == 0 && nbn == 2 ? sfa::SHAPE_SHV_128
                 : nbr == 1 && nbn == 4 ? sfa::SHAPE_SHV_256_64
                 : nbr == 0 && nbn == 4 ? sfa::SHAPE_SHV_256
+                : nbr == 0 && nbn == 1 ? sfa::SHAPE_SHV_64
+                : nbr == 1 && nbn == 1 ? sfa::SHAPE_SHV_64_64
+                : nbr == 0 && nbn == 3 ? sfa::SHAPE_SHV_192
+                : nbr == 1 && nbn == 3 ? sfa::SHAPE_SHV_192_64
                                        : -1;
     }
     if (shape < 0) return -1;
-    // D 64 + Dr 64 and D 192 (thirty-first session), D not a multiple of 64 (thirty-second):
-    // compiled, not yet run on a GPU, so gated: SPATTN_SFA_UNRUN_SHAPES=1 routes them to the
-    // Hopper kernels (sfa_cuda_check sets it), else the simple kernels take them.  Ungate after
-    // their first device run.
-    if (shape >= sfa::SHAPE_SEP_64_64 || p->D % 64) {
+    // D 64 + Dr 64 and D 192 (thirty-first session), D or Dr not a multiple of 64 and the shapes
+    // after SHAPE_SEP_192_64 (thirty-second): compiled, not yet run on a GPU, so gated:
+    // SPATTN_SFA_UNRUN_SHAPES=1 routes them to the Hopper kernels (sfa_cuda_check sets it), else
+    // the simple kernels take them.  Ungate after their first device run.
+    if (shape >= sfa::SHAPE_SEP_64_64 || p->D % 64 || p->Dr % 64) {
         const char *g = getenv("SPATTN_SFA_UNRUN_SHAPES");
         if (!(g && g[0] == '1')) return -1;
     }
@@ -604,6 +612,7 @@ void fill_params(const spattn_sfa_problem *p, sfa::Params *k) {
     k->scale = p->scale;
     k->scale_log2 = p->scale * 1.4426950408889634f;
     k->dn = (int)p->D;
+    k->dr = (int)p->Dr;
 }
 
 size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
@@ -993,7 +1002,7 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
                 convert_dq_kernel<T><<<grid_for((int64_t)nq * 32, 256), 256, 0, st>>>(
                     sw + soff[0], sw + soff[8], det, (const float *)(stats + 8), (T *)dq->data, (T *)dqr->data, p->B, p->S1, p->N1,
                     dq->strides[0], dq->strides[1], dq->strides[2], dqr->strides[0], dqr->strides[1], dqr->strides[2], kp->gate,
-                    (int)W, (int)p->D, kmaj ? (int)dpad64(p->D) : (int)p->D);
+                    (int)W, (int)p->D, kmaj ? (int)dpad64(p->D) : (int)p->D, (int)p->Dr);
                 e = cudaGetLastError();
             }
         } else {
@@ -1024,6 +1033,7 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
         if (kmaj) {
             dc.D = (int)p->D;
             dc.dp = (int)dpad64(p->D);
+            dc.dr = (int)p->Dr;
             dc.wk = (int)W;
             dc.wv = p->shared_kv ? 0 : dc.dp;
             if (dc.wv) {
@@ -2193,7 +2203,7 @@ spattn_status vl_kmaj_bwd(const spattn_sfa_problem *p, const spattn_exec *ex, co
             convert_dq_kernel<T><<<grid_for((int64_t)nq * 32, 256), 256, 0, st>>>(
                 sw + soff[0], sw + soff[8], det, (const float *)(stats + 8), (T *)dq->data, (T *)dqr->data, 1, s->Tq, p->N1,
                 dq->strides[0], dq->strides[1], dq->strides[2], dqr->strides[0], dqr->strides[1], dqr->strides[2], nullptr,
-                (int)W, (int)p->D, (int)dpad64(p->D), tok);
+                (int)W, (int)p->D, (int)dpad64(p->D), (int)p->Dr, tok);
             e = cudaGetLastError();
         }
     }
@@ -2207,6 +2217,7 @@ spattn_status vl_kmaj_bwd(const spattn_sfa_problem *p, const spattn_exec *ex, co
         DkCols dc;
         dc.D = (int)p->D;
         dc.dp = (int)dpad64(p->D);
+        dc.dr = (int)p->Dr;
         dc.wk = (int)W;
         dc.wv = p->shared_kv ? 0 : dc.dp;
         for (int i = 0; i < 4; i++) {

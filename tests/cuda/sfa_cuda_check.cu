@@ -1106,6 +1106,16 @@ static int small_tests(bool quick) {
     pad(mk("pad_quick_d112_h8x2_sbs64", 1, 8, 400, 16, 2, 6, 64, 3, BF), 112, 0, 1);
     pad(mk("pad_quick_shv_d96r64_h16_sbs16", 1, 8, 400, 16, 1, 8, 16, 3, FP), 96, 64, 0);
     pad(mk("pad_quick_d40_h4_sbs4", 1, 12, 300, 4, 1, 20, 4, 3, FP), 40, 0, 1);
+    // shared V with an odd count of value boxes (D 64 / 192 +- rope: the buffer's first half the
+    // larger, D 64 without rope an empty second half) and D 256 + Dr 64 separate (the backward's
+    // two stages, its partials' exchange from the key block on); gated in fwd_shape
+    pad(mk("odd_quick_shv_d192r64_h8x2_sbs16", 1, 10, 500, 16, 2, 12, 16, 3, BF), 192, 64, 0);
+    pad(mk("odd_quick_shv_d64_h4_sbs4", 1, 12, 300, 4, 1, 20, 4, 3, FP), 64, 0, 0);
+    pad(mk("odd_quick_sep_d256r64_h16_sbs32", 1, 8, 400, 16, 1, 8, 32, 3, BF), 256, 64, 1);
+    // a rope part narrower than 64 (the rope box partial): MiniCPM3's MLA (D 256 + Dr 32, shared
+    // V), D 64 + Dr 32 separate
+    pad(mk("rope_quick_shv_d256r32_h16_sbs1", 1, 8, 400, 16, 1, 64, 1, 3, BF), 256, 32, 0);
+    pad(mk("rope_quick_sep_d64r32_h8x2_sbs16", 1, 10, 400, 16, 2, 10, 16, 3, FP), 64, 32, 1);
     if (!quick) {
         pad(mk("pad_d176r64_h16_sbs64_m0", 1, 20, 700, 16, 1, 6, 64, 0, FP), 176, 64, 1);
         pad(mk("pad_d240_h40_chunks_pad", 1, 12, 500, 40, 1, 30, 8, 3, BF), 240, 0, 1);
@@ -1119,6 +1129,21 @@ static int small_tests(bool quick) {
         pad(mk("pad_shv_d208_h4_sbs1_strided", 1, 30, 600, 4, 1, 300, 1, 3, FP), 208, 0, 0);
         ns.back().row_pad = 8;
         pad(mk("pad_shv_d224r64_h8_empty", 1, 12, 500, 8, 1, 20, 8, 3, BF), 224, 64, 0);
+        ns.back().empty = 1;
+        pad(mk("odd_shv_d64r64_h40_chunks_dups", 1, 10, 400, 40, 1, 16, 8, 3, FP), 64, 64, 0);
+        ns.back().dups = 1;
+        pad(mk("odd_shv_d192_h16x2_b2_mode0", 2, 14, 350, 32, 2, 10, 16, 0, BF), 192, 0, 0);
+        pad(mk("pad_shv_d40r64_h8_sbs64", 1, 12, 500, 8, 1, 5, 64, 3, BF), 40, 64, 0);
+        pad(mk("pad_shv_d176_h4_pad", 1, 20, 600, 4, 1, 40, 8, 3, FP), 176, 0, 0);
+        ns.back().pad_any = 1;
+        pad(mk("pad_sep_d200r64_h40_chunks_empty", 1, 10, 500, 40, 1, 20, 16, 3, FP), 200, 64, 1);
+        ns.back().empty = 1;
+        pad(mk("odd_sep_d256r64_h8x2_s256_k24_sbs16", 1, 256, 700, 16, 2, 24, 16, 3, BF), 256, 64, 1);
+        pad(mk("rope_sep_d104r8_h4_b2_dups", 2, 16, 300, 8, 2, 20, 4, 0, BF), 104, 8, 1);
+        ns.back().dups = 1;
+        pad(mk("rope_shv_d136r48_h40_chunks_strided", 1, 10, 500, 40, 1, 16, 8, 3, FP), 136, 48, 0);
+        ns.back().row_pad = 8;
+        pad(mk("rope_sep_d200r40_h16_empty_m0", 1, 20, 600, 16, 1, 8, 64, 0, BF), 200, 40, 1);
         ns.back().empty = 1;
     }
     if (!quick) {
@@ -1158,12 +1183,12 @@ static int small_tests(bool quick) {
         c.pad_any = 1;
         int before = g_fail;
         test_case(c, seed++, false);
-        Cfg c2 = mk("ref_norope_fp16_d40", 2, 9, 30, 3, 1, 7, 1, 0, FP);
-        c2.D = 40;
-        c2.Dr = 0;
+        Cfg c2 = mk("ref_fp16_d320_r72", 2, 9, 30, 3, 1, 7, 1, 0, FP);
+        c2.D = 320;  // D past 256 other than Mla's, a rope past 64: no Hopper shape
+        c2.Dr = 72;
         c2.dups = 1;
         test_case(c2, seed++, false);
-        printf("%-36s %s\n", "reference kernels (sep v, fp32, D 40/64)", g_fail == before ? "ok" : "FAILED");
+        printf("%-36s %s\n", "reference kernels (sep v fp32 D 64, D 320 + Dr 72)", g_fail == before ? "ok" : "FAILED");
         test_bad_index();
         test_fallback();
         test_determinism(64);

@@ -1045,6 +1045,14 @@ int main(int argc, char **argv) {
     cases.back().hopper = 1;
     cases.push_back({"pad_shv_d208r64_packed_h8", 8, 1, 208, 64, 20, 4, 3, FP, 0, 0, {5, 12, 0}, {80, 200, 3}});
     cases.back().hopper = 1;
+    // shared V at D 64 (one value box), separate V at D 256 + Dr 64 (gated in fwd_shape)
+    cases.push_back({"odd_shv_d64_paged16_h4", 4, 1, 64, 0, 24, 4, 3, BF, 16, 0, {6, 0, 11, 2}, {70, 5, 130, 0}});
+    cases.back().hopper = 1;
+    cases.push_back({"odd_sep_d256r64_packed_h16x2_m0", 32, 2, 256, 64, 12, 8, 0, FP, 0, 1, {9, 0, 20}, {300, 5, 150}});
+    cases.back().hopper = 1;
+    // a rope part narrower than 64 (MiniCPM3's D 256 + Dr 32, shared V), paged
+    cases.push_back({"rope_shv_d256r32_paged16_h16", 16, 1, 256, 32, 24, 8, 3, BF, 16, 0, {6, 0, 11, 2}, {70, 5, 130, 0}});
+    cases.back().hopper = 1;
     if (!quick) {
         Rng r(2027);
         const int n1s[4] = {4, 16, 64, 128}, pages[4] = {0, 16, 64, 256};
