@@ -118,8 +118,9 @@ __global__ void __launch_bounds__(384, SmallCfg<N, S>::CTAS) sfa_fwd_small_kerne
     const int b = blockIdx.y / p.N2, n2 = blockIdx.y % p.N2;
     // heads [head0, head0 + nh): blockIdx.z is the chunk of N heads (H > 32: generic shapes only)
     const int head0 = n2 * p.H + (int)blockIdx.z * N, nh = min(N, p.H - (int)blockIdx.z * N);
-    // a token of a group the union kernel took (sfa_union.cu, Params::ucnt) is done
-    if (p.ucnt && __ldg(p.ucnt + (int64_t)blockIdx.y * p.ungroups + (s1 >> (6 - p.lg2h))) >= 0) return;
+    // a token of a group the union kernel (sfa_fwd.cu UN, Mla) or the group kernel
+    // (sfa_fwd_group.cu, the other shapes) took (sfa_union.cu's plan, Params::ucnt) is done
+    if (p.ucnt && __ldg(p.ucnt + (int64_t)blockIdx.y * p.ungroups + (s1 >> p.lg2ug)) >= 0) return;
     // VL: s1 is the packed token (b = 0, batch strides 0); tokens past cu_seqlens_q[B] exit
     sfa::TokenRow tr;
     if (!sfa::token_row<VL>(p, b, n2, s1, tr)) return;

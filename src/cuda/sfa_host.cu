@@ -37,6 +37,7 @@
 extern "C" cudaError_t spattn_sfa_fast_fwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_small_fwd_launch(const sfa::Params *p, int is_bf16, int shape, cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_union_fwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
+extern "C" cudaError_t spattn_sfa_group_fwd_launch(const sfa::Params *p, int is_bf16, int shape, cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_union_plan_launch(const sfa::Params *p, float min_density,
                                                     unsigned long long *first_bad, cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_bwd90_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
@@ -465,26 +466,14 @@ struct UnionCfg {
 // of its rows, and its adds are never more); SPATTN_SFA_BWD_UNION=0 turns it off (measurements).
 // key_rows / max_blocks (the varlen calls, vl_union_cfg): the key space's size instead of S2,
 // and a cap on a group's blocks (a group over more is left to the per-token kernel).
-UnionCfg union_cfg(const spattn_sfa_problem *p, int shape, bool bwd = false, int64_t key_rows = -1,
-                   int64_t max_blocks = -1) {
-    UnionCfg u;
-    const char *env = getenv(bwd ? "SPATTN_SFA_BWD_UNION" : "SPATTN_SFA_UNION"), *den = getenv("SPATTN_SFA_UNION_DENSITY");
-    if ((env && env[0] == '0') || shape != sfa::SHAPE_MLA) return u;
-    const int64_t H = p->N1 / p->N2, nkw = ((key_rows >= 0 ? key_rows : p->S2) + 63) / 64;
-    if (H < 4 || H > 32 || (H & (H - 1)) || p->sbs > 64 || p->K > (1 << 24)) return u;
-    const int64_t ug = 64 / H;
-    if ((size_t)(ug * nkw * 8) > UNION_PLAN_SMEM) return u;
-    float md = bwd || (env && env[0] == '1') ? 0.f : union_min_density(H);
-    if (den && !bwd) md = (float)atof(den);
-    // a group taken has blocks <= selected keys / (64 ug md) <= K sbs / (64 md)
-    int64_t cap = nkw;
-    if (md > 0.f) cap = std::min<int64_t>(nkw, (int64_t)((double)p->K * p->sbs / (64.0 * md)) + 1);
-    if (max_blocks > 0) cap = std::min<int64_t>(cap, max_blocks);
-    const int64_t ng = (p->S1 + ug - 1) / ug, groups = p->B * p->N2 * ng;
+// The workspace layout of groups of ug tokens, at most cap blocks each (u.bytes stays 0 when it
+// would exceed UNION_MAX_BYTES).
+void union_layout(UnionCfg &u, const spattn_sfa_problem *p, int64_t ug, int64_t cap, float md) {
+    const int64_t H = p->N1 / p->N2, ng = (p->S1 + ug - 1) / ug, groups = p->B * p->N2 * ng;
     auto al = [](size_t x) { return (x + 255) & ~(size_t)255; };
     const size_t a = al((size_t)groups * 4), l = al((size_t)groups * cap * 4);
     const size_t bytes = a + l + al((size_t)groups * cap * ug * 8);
-    if (bytes > UNION_MAX_BYTES || ng > INT_MAX) return u;
+    if (bytes > UNION_MAX_BYTES || ng > INT_MAX) return;
     const char *cmp = getenv("SPATTN_SFA_UNION_COMPACT");
     const size_t kb = al((size_t)groups * cap * 64 * 4);
     if (!(cmp && cmp[0] == '0') && bytes + kb <= UNION_MAX_BYTES) {
@@ -500,7 +489,45 @@ UnionCfg union_cfg(const spattn_sfa_problem *p, int shape, bool bwd = false, int
     u.min_density = md;
     u.off_lst = a;
     u.off_msk = a + l;
+}
+UnionCfg union_cfg(const spattn_sfa_problem *p, int shape, bool bwd = false, int64_t key_rows = -1,
+                   int64_t max_blocks = -1) {
+    UnionCfg u;
+    const char *env = getenv(bwd ? "SPATTN_SFA_BWD_UNION" : "SPATTN_SFA_UNION"), *den = getenv("SPATTN_SFA_UNION_DENSITY");
+    if ((env && env[0] == '0') || shape != sfa::SHAPE_MLA) return u;
+    const int64_t H = p->N1 / p->N2, nkw = ((key_rows >= 0 ? key_rows : p->S2) + 63) / 64;
+    if (H < 4 || H > 32 || (H & (H - 1)) || p->sbs > 64 || p->K > (1 << 24)) return u;
+    const int64_t ug = 64 / H;
+    if ((size_t)(ug * nkw * 8) > UNION_PLAN_SMEM) return u;
+    float md = bwd || (env && env[0] == '1') ? 0.f : union_min_density(H);
+    if (den && !bwd) md = (float)atof(den);
+    // a group taken has blocks <= selected keys / (64 ug md) <= K sbs / (64 md)
+    int64_t cap = nkw;
+    if (md > 0.f) cap = std::min<int64_t>(nkw, (int64_t)((double)p->K * p->sbs / (64.0 * md)) + 1);
+    if (max_blocks > 0) cap = std::min<int64_t>(cap, max_blocks);
+    union_layout(u, p, ug, cap, md);
     return u;
+}
+
+// The group form of the forward (sfa_fwd_group.cu): the separate-V shapes at D 128 (NSA's, with
+// and without the 64-wide rope part) with H <= 16 heads per key head, sbs <= 64, dense calls;
+// groups of 8 tokens over the union plan's blocks, every group without a repeated key (no MMA row
+// is wasted, so no density threshold).  Compiled, not yet run on a GPU: only with
+// SPATTN_SFA_GROUP=1 (tests, measurements).
+UnionCfg group_cfg(const spattn_sfa_problem *p, int shape) {
+    UnionCfg u;
+    const char *env = getenv("SPATTN_SFA_GROUP");
+    if (!(env && env[0] == '1') || (shape != sfa::SHAPE_NSA && shape != sfa::SHAPE_SEP_128_64)) return u;
+    const int64_t H = p->N1 / p->N2, nkw = (p->S2 + 63) / 64, ug = 8;
+    if (H > 16 || p->sbs > 64 || p->K > (1 << 24) || (size_t)(ug * nkw * 8) > UNION_PLAN_SMEM) return u;
+    // a selected entry (sbs <= 64, a power of two) lies in one 64-key block: a group's union has at
+    // most ug K blocks
+    union_layout(u, p, ug, std::min<int64_t>(nkw, ug * p->K), 0.f);
+    return u;
+}
+// The forward's grouped pass for fwd_shape `shape`: Mla's union form, or the group form
+UnionCfg fwd_union_cfg(const spattn_sfa_problem *p, int shape) {
+    return shape == sfa::SHAPE_MLA ? union_cfg(p, shape) : group_cfg(p, shape);
 }
 
 // Points kp's union fields at the union workspace ub laid out by u (the plan writes them, the
@@ -509,6 +536,8 @@ void union_bind(const UnionCfg &u, void *ub, sfa::Params *kp) {
     const char *w = (const char *)ub;
     kp->ug = u.ug;
     kp->lg2h = u.lg2h;
+    kp->lg2ug = 0;
+    while ((1 << kp->lg2ug) < u.ug) kp->lg2ug++;
     kp->ungroups = u.ngroups;
     kp->ucap = u.cap;
     kp->ucnt = (const int *)w;
@@ -1065,7 +1094,7 @@ extern "C" size_t spattn_cuda_sfa_workspace(const spattn_sfa_problem *p, int bac
     if (p->seqs) return backward ? vl_bwd_workspace(p) : vl_workspace(p);
     if (!backward) {
         const int shape = fwd_shape(p);
-        return shape >= 0 ? union_cfg(p, shape).bytes : ref_parts(p, 0, off);
+        return shape >= 0 ? fwd_union_cfg(p, shape).bytes : ref_parts(p, 0, off);
     }
     if (!fast_shape(p, backward) && !(backward && kmaj_fits(p))) return ref_parts(p, backward, off);
     // a size query (spattn_sfa_workspace_size) sees no O, dO or dQ: one the Hopper kernels cannot
@@ -2307,7 +2336,7 @@ extern "C" spattn_status spattn_cuda_sfa_fwd(const spattn_sfa_problem *p, const 
     kp.out_lse = p->lse ? (float *)p->lse->data : nullptr;
     kp.o = nullptr;
     const int bf16 = p->dtype == SPATTN_DTYPE_BF16;
-    const UnionCfg u = union_cfg(p, shape);
+    const UnionCfg u = fwd_union_cfg(p, shape);
     char *ub = nullptr;
     bool pooled = false;
     if (u.bytes) {  // the caller's workspace, else spattn's kept pool (a graph's own memory under capture)
@@ -2337,7 +2366,8 @@ extern "C" spattn_status spattn_cuda_sfa_fwd(const spattn_sfa_problem *p, const 
     cudaError_t e = cudaSuccess;
     if (ub) {
         fork_begin(st, &fk);
-        e = spattn_sfa_union_fwd_launch(&kp, bf16, fk.side ? fk.side : st);
+        e = shape == sfa::SHAPE_MLA ? spattn_sfa_union_fwd_launch(&kp, bf16, fk.side ? fk.side : st)
+                                    : spattn_sfa_group_fwd_launch(&kp, bf16, shape, fk.side ? fk.side : st);
     }
     if (e == cudaSuccess) e = fwd_launch(&kp, shape, bf16, st);
     const cudaError_t ej = fork_end(st, &fk);

@@ -527,6 +527,28 @@ static void test_case(const Cfg &c, uint64_t seed, bool fast = true, bool rerun 
             report(t1, "O", eco(fetch(P.o, P.nq, c.D, P.ors, c.dt), R.o, c.dt, false), c.D);
             report(t1, "LSE", eco(fetch_f32((float *)P.lse.p, P.nq), R.lse, c.dt, true));
         }
+        unsetenv("SPATTN_SFA_UNION");
+        // the group form (sfa_fwd_group.cu, SPATTN_SFA_GROUP=1 while unrun): separate V at D 65-128
+        // (Dr 0 or up to 64), H <= 16, sbs <= 64; groups of 8 tokens over the union's blocks,
+        // compacted where that saves blocks, and in contiguous blocks only
+        const bool grp = c.sep_v && c.D > 64 && c.D <= 128 && c.Dr <= 64 && H <= 16 && c.sbs <= 64 &&
+                         c.dt != SPATTN_DTYPE_F32;
+        for (int m = 0; grp && m < 2; m++) {
+            setenv("SPATTN_SFA_GROUP", "1", 1);
+            if (m == 1) setenv("SPATTN_SFA_UNION_COMPACT", "0", 1);
+            char t1[200];
+            snprintf(t1, sizeof t1, "%s%s", tag, m ? " [group, blocks]" : " [group]");
+            poison(P.o);
+            poison(P.lse);
+            st = run_fwd(P);
+            check(st == SPATTN_STATUS_SUCCESS, "%s fwd status", t1, st);
+            if (st != SPATTN_STATUS_SUCCESS) printf("  %s: %s\n", t1, spattn_last_error());
+            CK(cudaDeviceSynchronize());
+            report(t1, "O", eco(fetch(P.o, P.nq, c.D, P.ors, c.dt), R.o, c.dt, false), c.D);
+            report(t1, "LSE", eco(fetch_f32((float *)P.lse.p, P.nq), R.lse, c.dt, true));
+            unsetenv("SPATTN_SFA_GROUP");
+            unsetenv("SPATTN_SFA_UNION_COMPACT");
+        }
         std::vector<unsigned char> dq1, dk1;
         // nan_rest: the union backward's groups in contiguous blocks (the form that loads keys
         // no token selects; compacted groups hold only the union's keys)
