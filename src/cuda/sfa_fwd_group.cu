@@ -28,6 +28,7 @@
 
 #include "hopper/hopper.cuh"
 #include "sfa_gather.cuh"
+#include "sfa_keyrows.cuh"
 
 namespace {
 
@@ -189,72 +190,7 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_group_kernel(const __grid_cons
             hop::reg_fence(st);
             // scaled scores, keys the token did not select at -inf; per column the block max
             const bool v0 = (msk >> r0) & 1, v1 = (msk >> (r0 + 8)) & 1;
-            float bm[NJ][2];
-#pragma unroll
-            for (int g = 0; g < NJ; g++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    float &a = st[4 * g + h], &bb = st[4 * g + 2 + h];
-                    a = v0 ? a * sl2 : -INFINITY;
-                    bb = v1 ? bb * sl2 : -INFINITY;
-                    float x = fmaxf(a, bb);
-                    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
-                    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
-                    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
-                    bm[g][h] = x;
-                }
-            if (lane < 4) {
-#pragma unroll
-                for (int g = 0; g < NJ; g++)
-                    *reinterpret_cast<float2 *>(red + warp * N + 8 * g + 2 * q4) = make_float2(bm[g][0], bm[g][1]);
-            }
-            hop::bar_sync(NB_RED + c, 128);
-            float alpha[NJ][2];
-#pragma unroll
-            for (int g = 0; g < NJ; g++) {
-                float2 x = *reinterpret_cast<const float2 *>(red + 8 * g + 2 * q4);
-#pragma unroll
-                for (int w = 1; w < 4; w++) {
-                    const float2 y = *reinterpret_cast<const float2 *>(red + w * N + 8 * g + 2 * q4);
-                    x.x = fmaxf(x.x, y.x);
-                    x.y = fmaxf(x.y, y.y);
-                }
-                const float n0 = fmaxf(m[u][g][0], x.x), n1 = fmaxf(m[u][g][1], x.y);
-                alpha[g][0] = hop::ex2(m[u][g][0] - n0);
-                alpha[g][1] = hop::ex2(m[u][g][1] - n1);
-                m[u][g][0] = n0;
-                m[u][g][1] = n1;
-            }
-#pragma unroll
-            for (int g = 0; g < NJ; g++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const float pa = hop::ex2(st[4 * g + h] - m[u][g][h]), pb = hop::ex2(st[4 * g + 2 + h] - m[u][g][h]);
-                    st[4 * g + h] = pa;
-                    st[4 * g + 2 + h] = pb;
-                    l[u][g][h] = l[u][g][h] * alpha[g][h] + pa + pb;
-                }
-#pragma unroll
-            for (int d = 0; d < ND; d++)
-#pragma unroll
-                for (int g = 0; g < NJ; g++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        o[u][d][4 * g + h] *= alpha[g][h];
-                        o[u][d][4 * g + 2 + h] *= alpha[g][h];
-                    }
-            // P = (P^T)^T into [N heads][64 keys], 128-byte rows, swizzled (the B operand, K-major)
-#pragma unroll
-            for (int g = 0; g < NJ; g++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int col = 8 * g + 2 * q4 + h;
-                    const uint32_t pk = hop::elt<T>::pack(st[4 * g + h], st[4 * g + 2 + h]);  // rows r0, r0 + 8
-                    *reinterpret_cast<uint16_t *>(sP + hop::sw128(col, r0 >> 3) + (r0 & 7) * 2) = (uint16_t)(pk & 0xffffu);
-                    *reinterpret_cast<uint16_t *>(sP + hop::sw128(col, (r0 >> 3) + 1) + (r0 & 7) * 2) = (uint16_t)(pk >> 16);
-                }
-            hop::fence_proxy_async();
-            hop::bar_sync(NB_RED + c, 128);
+            sfa::keyrows_softmax<T, N, ND>(st, v0, v1, sl2, red, sP, m[u], l[u], o[u], warp, lane, r0, NB_RED + c);
             // O_t^T += V^T P_t^T, waited for before the branch ends
             const uint64_t pd = hop::desc_sw128(sP, 16, 1024);
             hop::wgmma_fence();

@@ -36,6 +36,7 @@
 #include "cta_trace.cuh"
 #include "hopper/hopper.cuh"
 #include "sfa_gather.cuh"
+#include "sfa_keyrows.cuh"
 
 namespace {
 
@@ -264,73 +265,9 @@ __global__ void __launch_bounds__(384, SmallCfg<N, S>::CTAS) sfa_fwd_small_kerne
         // scaled scores, invalid keys (rows) at -inf; per column the block max over the 64 keys
         hop::mbar_wait(vbar + c, ph);
         const bool v0 = valid[c * BK + r0], v1 = valid[c * BK + r0 + 8];
-        float bm[NJ][2];
-#pragma unroll
-        for (int g = 0; g < NJ; g++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float &a = st[4 * g + h], &bb = st[4 * g + 2 + h];
-                a = v0 ? a * sl2 : -INFINITY;
-                bb = v1 ? bb * sl2 : -INFINITY;
-                float x = fmaxf(a, bb);
-                x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
-                x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
-                x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
-                bm[g][h] = x;
-            }
-        if (lane < 4) {
-#pragma unroll
-            for (int g = 0; g < NJ; g++)
-                *reinterpret_cast<float2 *>(red + warp * N + 8 * g + 2 * q4) = make_float2(bm[g][0], bm[g][1]);
-        }
-        hop::bar_sync(NB_RED + c, 128);
-        float alpha[NJ][2];
-#pragma unroll
-        for (int g = 0; g < NJ; g++) {
-            float2 x = *reinterpret_cast<const float2 *>(red + 8 * g + 2 * q4);
-#pragma unroll
-            for (int w = 1; w < 4; w++) {
-                const float2 y = *reinterpret_cast<const float2 *>(red + w * N + 8 * g + 2 * q4);
-                x.x = fmaxf(x.x, y.x);
-                x.y = fmaxf(x.y, y.y);
-            }
-            const float n0 = fmaxf(m[g][0], x.x), n1 = fmaxf(m[g][1], x.y);
-            alpha[g][0] = hop::ex2(m[g][0] - n0);
-            alpha[g][1] = hop::ex2(m[g][1] - n1);
-            m[g][0] = n0;
-            m[g][1] = n1;
-        }
-        // P^T, the running sums, O^T rescaled (its previous P V completed at the last wait)
-#pragma unroll
-        for (int g = 0; g < NJ; g++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const float pa = hop::ex2(st[4 * g + h] - m[g][h]), pb = hop::ex2(st[4 * g + 2 + h] - m[g][h]);
-                st[4 * g + h] = pa;
-                st[4 * g + 2 + h] = pb;
-                l[g][h] = l[g][h] * alpha[g][h] + pa + pb;
-            }
-#pragma unroll
-        for (int d = 0; d < ND; d++)
-#pragma unroll
-            for (int g = 0; g < NJ; g++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    o[d][4 * g + h] *= alpha[g][h];
-                    o[d][4 * g + 2 + h] *= alpha[g][h];
-                }
-        // P = (P^T)^T into [N heads][64 keys], 128-byte rows, swizzled (the B operand, K-major)
-#pragma unroll
-        for (int g = 0; g < NJ; g++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int col = 8 * g + 2 * q4 + h;
-                const uint32_t pk = hop::elt<T>::pack(st[4 * g + h], st[4 * g + 2 + h]);  // rows r0, r0 + 8
-                *reinterpret_cast<uint16_t *>(sP + hop::sw128(col, r0 >> 3) + (r0 & 7) * 2) = (uint16_t)(pk & 0xffffu);
-                *reinterpret_cast<uint16_t *>(sP + hop::sw128(col, (r0 >> 3) + 1) + (r0 & 7) * 2) = (uint16_t)(pk >> 16);
-            }
-        hop::fence_proxy_async();
-        hop::bar_sync(NB_RED + c, 128);
+        // P^T, the running sums, O^T rescaled (its previous P V completed at the last wait),
+        // P into sP
+        sfa::keyrows_softmax<T, N, ND>(st, v0, v1, sl2, red, sP, m, l, o, warp, lane, r0, NB_RED + c);
         // O^T += V^T P^T.  Shared V: d-tiles 0 .. H0-1 (the first half of the block), then the
         // rest; each half of the buffer is released as soon as its GEMMs have read it (the rope
         // box after S^T).  Separate V: all d-tiles from the second half (V), released after them.
