@@ -1,5 +1,5 @@
 // Top-k sparse flash attention forward for Hopper (sm_90a), the group form of the small-head
-// shapes other than Mla (separate V such as NSA's D 128, shared V at other widths; H <= 16 heads
+// shapes other than Mla with D <= 128 (separate V such as NSA's D 128, shared V; H <= 16 heads
 // per key head, sbs <= 64): one CTA runs G consecutive query tokens of one (b, n2) over the union
 // of the 64-key blocks they selected (sfa_union.cu's plan, with G = Params::ug tokens a group), so
 // a block any of them selected is gathered once instead of once per token.
@@ -308,11 +308,18 @@ template <typename S> cudaError_t launch_t(const Params &p, int is_bf16, cudaStr
 }  // namespace
 
 // Launcher used by sfa_host.cu (group_cfg): the shapes the group form takes, sfa::FwdShape values
-// (separate V at D 128 with and without rope: NSA's), the union plan run before (p's union fields).
+// with at most two value boxes (O^T of four tokens in registers: D <= 128, separate or shared V,
+// Dr 0 or up to 64), the union plan run before (p's union fields).
 extern "C" cudaError_t spattn_sfa_group_fwd_launch(const sfa::Params *p, int is_bf16, int shape, cudaStream_t st) {
     switch (shape) {
     case sfa::SHAPE_NSA: return launch_t<sfa::Nsa>(*p, is_bf16, st);
     case sfa::SHAPE_SEP_128_64: return launch_t<sfa::Sep<2, 1>>(*p, is_bf16, st);
+    case sfa::SHAPE_SEP_64: return launch_t<sfa::Sep<1, 0>>(*p, is_bf16, st);
+    case sfa::SHAPE_SEP_64_64: return launch_t<sfa::Sep<1, 1>>(*p, is_bf16, st);
+    case sfa::SHAPE_SHV_128: return launch_t<sfa::Shv<2, 0>>(*p, is_bf16, st);
+    case sfa::SHAPE_SHV_128_64: return launch_t<sfa::Shv<2, 1>>(*p, is_bf16, st);
+    case sfa::SHAPE_SHV_64: return launch_t<sfa::Shv<1, 0>>(*p, is_bf16, st);
+    case sfa::SHAPE_SHV_64_64: return launch_t<sfa::Shv<1, 1>>(*p, is_bf16, st);
     default: return cudaErrorInvalidValue;
     }
 }
