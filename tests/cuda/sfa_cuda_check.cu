@@ -535,6 +535,7 @@ static void test_case(const Cfg &c, uint64_t seed, bool fast = true, bool rerun 
                          c.dt != SPATTN_DTYPE_F32;
         for (int m = 0; grp && m < 2; m++) {
             setenv("SPATTN_SFA_GROUP", "1", 1);
+            setenv("SPATTN_SFA_REQUIRE_HOPPER", "1", 1);  // every such shape is a Hopper one
             if (m == 1) setenv("SPATTN_SFA_UNION_COMPACT", "0", 1);
             char t1[200];
             snprintf(t1, sizeof t1, "%s%s", tag, m ? " [group, blocks]" : " [group]");
@@ -548,6 +549,7 @@ static void test_case(const Cfg &c, uint64_t seed, bool fast = true, bool rerun 
             report(t1, "LSE", eco(fetch_f32((float *)P.lse.p, P.nq), R.lse, c.dt, true));
             unsetenv("SPATTN_SFA_GROUP");
             unsetenv("SPATTN_SFA_UNION_COMPACT");
+            if (!c.hopper) unsetenv("SPATTN_SFA_REQUIRE_HOPPER");
         }
         std::vector<unsigned char> dq1, dk1;
         // nan_rest: the union backward's groups in contiguous blocks (the form that loads keys
