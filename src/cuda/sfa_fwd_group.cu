@@ -1,5 +1,5 @@
 // Top-k sparse flash attention forward for Hopper (sm_90a), the group form of the small-head
-// shapes other than Mla with D <= 128 (separate V such as NSA's D 128, shared V; H <= 16 heads
+// shapes other than Mla with D <= 128 (separate V such as NSA's D 128, shared V; H <= 32 heads
 // per key head, sbs <= 64): one CTA runs G consecutive query tokens of one (b, n2) over the union
 // of the 64-key blocks they selected (sfa_union.cu's plan, with G = Params::ug tokens a group), so
 // a block any of them selected is gathered once instead of once per token.
@@ -16,7 +16,7 @@
 //
 // 384 threads: warpgroup 0 the producer (the union's blocks, NST stages, each block's token masks
 // posted beside it), warpgroups 1 and 2 the consumers; consumer c owns the tokens c GW .. c GW +
-// GW - 1 (GW = G / 2) and visits every block, computing the pairs of its tokens whose mask (the
+// GW - 1 (GW = G / 2: 8, 4, 2 at N = 8, 16, 32 heads) and visits every block, computing the pairs of its tokens whose mask (the
 // plan's 64-bit key mask of the token in that block: selection and causal limit) is not empty.
 // Each pair's wgmma groups are committed and waited inside the pair's branch, so no wgmma is in
 // flight where the branches join (ptxas serialises a kernel's wgmma otherwise: C7520).
@@ -58,7 +58,7 @@ template <int N, typename S, int GW> struct GroupCfg {
     static_assert(OFF_Q % 1024 == 0 && OFF_P % 1024 == 0 && QBOX % 1024 == 0, "swizzle atoms");
     static_assert(OFF_MSK % 8 == 0 && OFF_BAR % 8 == 0, "mask and mbarrier alignment");
     static_assert(SMEM <= 232448, "fits in 227 KB");
-    static_assert(G <= GMAX && (N == 8 || N == 16), "group and head chunk");
+    static_assert(G <= GMAX && (N == 8 || N == 16 || N == 32), "group and head chunk");
 };
 
 // named barriers: NB_Q the consumers (256); NB_RED + c, NB_O + c one consumer warpgroup (128)
@@ -287,8 +287,13 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_group_kernel(const __grid_cons
     }
 }
 
+// Tokens per consumer warpgroup: their O^T (GW ND N / 2 fp32 a thread) and softmax state (GW N / 2)
+// within 96 registers at ND 2; sfa_host.cu's group_cfg sets Params::ug = 2 GW the same way.  (Twice
+// as many tokens at ND 1 spilled 8-88 bytes in ptxas.)
+constexpr int group_gw(int N) { return 64 / N; }
+
 template <int N, typename T, typename S> cudaError_t launch(const Params &p, cudaStream_t st) {
-    constexpr int GW = 4;  // G = 8 tokens a group (sfa_host.cu's group_cfg sets Params::ug = 8)
+    constexpr int GW = group_gw(N);  // N 8: 8 tokens, 16: 4, 32: 2
     if (p.ug != 2 * GW) return cudaErrorInvalidValue;
     static unsigned long long done = 0;
     const cudaError_t e = hop::set_smem(sfa_fwd_group_kernel<N, T, S, GW>, GroupCfg<N, S, GW>::SMEM, &done);
@@ -299,7 +304,8 @@ template <int N, typename T, typename S> cudaError_t launch(const Params &p, cud
 }
 
 template <typename T, typename S> cudaError_t launch_h(const Params &p, cudaStream_t st) {
-    return p.H <= 8 ? launch<8, T, S>(p, st) : p.H <= 16 ? launch<16, T, S>(p, st) : cudaErrorInvalidValue;
+    return p.H <= 8 ? launch<8, T, S>(p, st) : p.H <= 16 ? launch<16, T, S>(p, st) : p.H <= 32 ? launch<32, T, S>(p, st)
+                                                                                              : cudaErrorInvalidValue;
 }
 template <typename S> cudaError_t launch_t(const Params &p, int is_bf16, cudaStream_t st) {
     return is_bf16 ? launch_h<__nv_bfloat16, S>(p, st) : launch_h<__half, S>(p, st);

@@ -510,9 +510,10 @@ UnionCfg union_cfg(const spattn_sfa_problem *p, int shape, bool bwd = false, int
 }
 
 // The group form of the forward (sfa_fwd_group.cu): the non-Mla shapes of D <= 128 (separate or
-// shared V; NSA's D 128 among them) with H <= 16 heads per key head, sbs <= 64, dense calls;
-// groups of 8 tokens over the union plan's blocks, every group without a repeated key (no MMA row
-// is wasted, so no density threshold).  Compiled, not yet run on a GPU: only with
+// shared V; NSA's D 128 among them) with H <= 32 heads per key head, sbs <= 64, dense calls;
+// groups of ug tokens over the union plan's blocks (sfa_fwd_group.cu's group_gw: 16 / 8 / 4
+// tokens at N = 8 / 16 / 32 heads), every group without a repeated key (no MMA row is wasted, so
+// no density threshold).  Compiled, not yet run on a GPU: only with
 // SPATTN_SFA_GROUP=1 (tests, measurements).
 UnionCfg group_cfg(const spattn_sfa_problem *p, int shape) {
     UnionCfg u;
@@ -521,8 +522,9 @@ UnionCfg group_cfg(const spattn_sfa_problem *p, int shape) {
                      shape == sfa::SHAPE_SEP_64_64 || shape == sfa::SHAPE_SHV_128 || shape == sfa::SHAPE_SHV_128_64 ||
                      shape == sfa::SHAPE_SHV_64 || shape == sfa::SHAPE_SHV_64_64;  // at most two value boxes
     if (!(env && env[0] == '1') || !two) return u;
-    const int64_t H = p->N1 / p->N2, nkw = (p->S2 + 63) / 64, ug = 8;
-    if (H > 16 || p->sbs > 64 || p->K > (1 << 24) || (size_t)(ug * nkw * 8) > UNION_PLAN_SMEM) return u;
+    const int64_t H = p->N1 / p->N2, nkw = (p->S2 + 63) / 64, n = H <= 8 ? 8 : H <= 16 ? 16 : 32;
+    const int64_t ug = 2 * (64 / n);
+    if (H > 32 || p->sbs > 64 || p->K > (1 << 24) || (size_t)(ug * nkw * 8) > UNION_PLAN_SMEM) return u;
     // a selected entry (sbs <= 64, a power of two) lies in one 64-key block: a group's union has at
     // most ug K blocks
     union_layout(u, p, ug, std::min<int64_t>(nkw, ug * p->K), 0.f);

@@ -529,9 +529,9 @@ static void test_case(const Cfg &c, uint64_t seed, bool fast = true, bool rerun 
         }
         unsetenv("SPATTN_SFA_UNION");
         // the group form (sfa_fwd_group.cu, SPATTN_SFA_GROUP=1 while unrun): D <= 128, separate or
-        // shared V (Dr 0 or up to 64), H <= 16, sbs <= 64; groups of 8 tokens over the union's
+        // shared V (Dr 0 or up to 64), H <= 32, sbs <= 64; groups of 8 tokens over the union's
         // blocks, compacted where that saves blocks, and in contiguous blocks only
-        const bool grp = c.D <= 128 && c.Dr <= 64 && H <= 16 && c.sbs <= 64 &&
+        const bool grp = c.D <= 128 && c.Dr <= 64 && H <= 32 && c.sbs <= 64 &&
                          c.dt != SPATTN_DTYPE_F32;
         for (int m = 0; grp && m < 2; m++) {
             setenv("SPATTN_SFA_GROUP", "1", 1);
