@@ -1,5 +1,5 @@
 // Shared device helpers of the sfa CUDA kernels (sfa_fwd*.cu, sfa_bwd*.cu, sfa_host.cu):
-// kernel parameter block, index decoding, and thin wrappers over mma.sync / ldmatrix / cp.async.
+// kernel parameter block, index decoding, and thin wrappers over cp.async.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -90,8 +90,6 @@ constexpr int UCOMPACT = 1 << 30;  // Params::ucnt: the group's blocks are compa
 constexpr int D = 512;     // value / nope width of the fast kernels
 constexpr int DR = 64;     // rope width of the fast kernels
 constexpr int DQK = D + DR;
-constexpr int PAD = 8;     // smem row padding (elements): rows of 584 / 520 / 40 halves
-constexpr int LDQK = DQK + PAD;
 
 // The index check's verdict for a gated kernel (Params::gate, or NULL: ungated): ~0 means every
 // index is valid and the kernel may write its outputs.  A volatile load: another kernel wrote it.
@@ -121,43 +119,8 @@ template <> struct Ty<__half> {
     static __device__ __forceinline__ __half from_f(float x) { return __float2half_rn(x); }
 };
 
-template <typename T>
-__device__ __forceinline__ void mma16816(float *c, const uint32_t *a, const uint32_t *b);
-template <>
-__device__ __forceinline__ void mma16816<__nv_bfloat16>(float *c, const uint32_t *a, const uint32_t *b) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-template <>
-__device__ __forceinline__ void mma16816<__half>(float *c, const uint32_t *a, const uint32_t *b) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
 __device__ __forceinline__ uint32_t smem_u32(const void *p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void ldsm_x4(uint32_t *r, uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t *r, uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x2(uint32_t *r, uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
-                 : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x2_t(uint32_t *r, uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
-                 : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
 }
 // 16-byte async copy; src_bytes = 0 zero-fills the destination (src must still be a valid address).
 __device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes) {
