@@ -270,19 +270,8 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_group_kernel(const __grid_cons
                     __stcs(reinterpret_cast<int4 *>(ob + (int64_t)row * p.so[2] + ch * 8),
                            *reinterpret_cast<const int4 *>(os + row * ROWB + ch * 16));
             }
-            if (warp == 0 && lane < 4 && p.out_lse) {
-                float *lse = p.out_lse + b * p.slse[0] + (int64_t)s1 * p.slse[1];
-#pragma unroll
-                for (int g = 0; g < NJ; g++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const int col = 8 * g + 2 * q4 + h;
-                        const float ll = lf[g][h];
-                        if (col < nh)
-                            lse[(int64_t)(head0 + col) * p.slse[2]] =
-                                ll > 0.f ? (m[u][g][h] + log2f(ll)) * 0.69314718055994531f : ll == 0.f ? -INFINITY : ll;
-                    }
-            }
+            if (warp == 0 && lane < 4 && p.out_lse)
+                sfa::keyrows_store_lse<N>(p.out_lse + b * p.slse[0] + (int64_t)s1 * p.slse[1], p.slse[2], head0, nh, q4, m[u], lf);
         }
     }
 }

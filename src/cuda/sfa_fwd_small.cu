@@ -398,19 +398,8 @@ __global__ void __launch_bounds__(384, SmallCfg<N, S>::CTAS) sfa_fwd_small_kerne
             __stcs(reinterpret_cast<int4 *>(ob + (int64_t)row * p.so[2] + ch * 8),
                    *reinterpret_cast<const int4 *>(os + row * ROWB + (c * HA * 64 + ch * 8) * 2));  // streamed
     }
-    if (c == 0 && warp == 0 && lane < 4 && p.out_lse && gate == ~0ull) {
-        float *lse = p.out_lse + b * p.slse[0] + (int64_t)s1 * p.slse[1];
-#pragma unroll
-        for (int g = 0; g < NJ; g++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int col = 8 * g + 2 * q4 + h;
-                const float ll = lf[g][h];
-                if (col < nh)
-                    lse[(int64_t)(head0 + col) * p.slse[2]] =
-                        ll > 0.f ? (mf[g][h] + log2f(ll)) * 0.69314718055994531f : ll == 0.f ? -INFINITY : ll;
-            }
-    }
+    if (c == 0 && warp == 0 && lane < 4 && p.out_lse && gate == ~0ull)
+        sfa::keyrows_store_lse<N>(p.out_lse + b * p.slse[0] + (int64_t)s1 * p.slse[1], p.slse[2], head0, nh, q4, mf, lf);
     SPATTN_TRACE(if (threadIdx.x == 128 && cta_trace::g_rec) cta_trace::g_rec[cta_trace::block()] =
                      cta_trace::Rec{{tr0, tr1, tr2, cta_trace::now()}, npairs, cta_trace::smid()};)
 }

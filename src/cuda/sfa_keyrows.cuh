@@ -1,4 +1,4 @@
-// The online-softmax step of the forwards whose MMA rows are keys (sfa_fwd_small.cu per token,
+// The online-softmax step and the LSE store of the forwards whose MMA rows are keys (sfa_fwd_small.cu per token,
 // sfa_fwd_group.cu per (token, block) of a group): one 64-key block's S^T (m64 x N heads) in a
 // consumer warpgroup, turned into P^T in shared memory for O^T += V^T P^T.
 #pragma once
@@ -87,6 +87,24 @@ __device__ __forceinline__ void keyrows_softmax(float (&st)[N / 2], bool v0, boo
         }
     hop::fence_proxy_async();
     hop::bar_sync(bar_id, 128);
+}
+
+// The LSE of this thread's columns (heads head0 + 8 g + 2 q4 + h < head0 + nh) from their base-2
+// max mf and sum lf: ln(l) + m ln 2; a head without keys -inf, a NaN sum NaN.  lse: the token's
+// row, stride ls2 between heads.
+template <int N>
+__device__ __forceinline__ void keyrows_store_lse(float *lse, int64_t ls2, int head0, int nh, int q4,
+                                                  const float (&mf)[N / 8][2], const float (&lf)[N / 8][2]) {
+#pragma unroll
+    for (int g = 0; g < N / 8; g++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int col = 8 * g + 2 * q4 + h;
+            const float ll = lf[g][h];
+            if (col < nh)
+                lse[(int64_t)(head0 + col) * ls2] =
+                    ll > 0.f ? (mf[g][h] + log2f(ll)) * 0.69314718055994531f : ll == 0.f ? -INFINITY : ll;
+        }
 }
 
 }  // namespace sfa
