@@ -344,11 +344,16 @@ __global__ void __launch_bounds__(256) used_kernel(SmallLists L) {
 }
 
 // Delta = rowsum(dO O) (fp32) and LSE * log2(e) (+inf for rows without a key) per (b, s1, n1);
-// G = min(32, L.dv / 8) lanes per row (16 bytes of o and dout each per load), 32 / G rows per
+// G = rows_lanes(L.dv) lanes per row (16 bytes of o and dout each per load), 32 / G rows per
 // warp (a warp per row left half the lanes idle at D 128: 69 us on sfas01, H200).
+// Lanes per row: a power of two (the xor reduction), at most 32 and dv / 8 (D 192: 16).
+__host__ __device__ inline int rows_lanes(int dv) {
+    int g = 1;
+    while (2 * g <= (dv / 8 < 32 ? dv / 8 : 32)) g *= 2;
+    return g;
+}
 template <typename T> __global__ void rows_kernel(const Params p, SmallLists L) {
-    int G = 1;  // a power of two (the xor reduction), at most 32 and dv / 8 (D 192: 16)
-    while (2 * G <= min(32, L.dv / 8)) G *= 2;
+    const int G = rows_lanes(L.dv);
     const int lane = threadIdx.x & 31, gl = lane % G;
     const int64_t row = (((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5) * (32 / G) + lane / G;
     const bool live = row < (int64_t)p.B * p.S1 * p.N1;
@@ -687,9 +692,7 @@ template <typename T> cudaError_t launch_all(const Params &p, const SmallLists &
     const unsigned g_rows = (unsigned)((rows * 32 + 255) / 256);
     cudaError_t e = cudaMemsetAsync(L.bitmap, 0, (size_t)nl * L.s1w * 4, st);
     if (e != cudaSuccess) return e;
-    int g = 1;  // rows_kernel's lanes per row (a power of two) and rows per warp
-    while (2 * g <= (L.dv / 8 < 32 ? L.dv / 8 : 32)) g *= 2;
-    const int rpw = 32 / g;
+    const int rpw = 32 / rows_lanes(L.dv);  // rows_kernel's rows per warp
     rows_kernel<T><<<(unsigned)((((int64_t)p.B * p.S1 * p.N1 + rpw - 1) / rpw * 32 + 255) / 256), 256, 0, st>>>(p, L);
     touch_kernel<<<g_rows, 256, 0, st>>>(p, L);
     count_kernel<<<(unsigned)nl, 256, 0, st>>>(L);

@@ -43,9 +43,13 @@ template <int N, typename S, int GW> struct GroupCfg {
     static constexpr int TILE = S::NBT * BOX;   // one gathered block
     static constexpr int QBOX = N * 128;        // a 64-column box of one token's Q (N rows)
     static constexpr int QTOK = NBK * QBOX;     // one token's Q
-    // stages: four where they fit beside the rest, else two
-    static constexpr int REST = G * QTOK + 2 * 2 * N * 128 + 2 * 2 * 4 * N * 4 + 2 * 4 * N * 4 + 2 * N * S::D * 2 + 4096;
-    static constexpr int NST = 4 * TILE + REST <= 232448 - 2048 ? 4 : 2;
+    // shared memory with n stages (the layout below, + alignment slack); four stages where they
+    // fit, else two
+    static constexpr int smem_for(int n) {
+        return n * TILE + G * QTOK + 2 * 2 * N * 128 + 2 * 2 * 4 * N * 4 + 2 * 4 * N * 4 + 2 * N * S::D * 2 + n * GMAX * 8 +
+               3 * n * 8 + 1024;
+    }
+    static constexpr int NST = smem_for(4) <= 232448 ? 4 : 2;
     static constexpr int OFF_K = 0;                            // NST block buffers
     static constexpr int OFF_Q = NST * TILE;                   // [G tokens][NBK boxes][N][128 B]
     static constexpr int OFF_P = OFF_Q + G * QTOK;             // [2 wg][2 phase][N][128 B]
@@ -57,7 +61,7 @@ template <int N, typename S, int GW> struct GroupCfg {
     static constexpr int SMEM = OFF_BAR + 3 * NST * 8 + 1024;  // + alignment slack
     static_assert(OFF_Q % 1024 == 0 && OFF_P % 1024 == 0 && QBOX % 1024 == 0, "swizzle atoms");
     static_assert(OFF_MSK % 8 == 0 && OFF_BAR % 8 == 0, "mask and mbarrier alignment");
-    static_assert(SMEM <= 232448, "fits in 227 KB");
+    static_assert(SMEM == smem_for(NST) && SMEM <= 232448, "fits in 227 KB");
     static_assert(G <= GMAX && (N == 8 || N == 16 || N == 32), "group and head chunk");
 };
 

@@ -74,18 +74,17 @@ template <typename T, bool VL = false, typename S = Mla> struct Gather {
     bool lastin, ropein;  // this thread's chunk of the last value box lies before dn, of the
                           // rope box before dr (S::PADV)
     const int32_t *trow;  // VL with pages: the sequence's block-table row (else NULL)
-    // the thread's value column (chunk ig; 0 when ig's chunk lies past a D < 64: never read, but
-    // the zero-filled copies' addresses stay inside the row)
-    static __device__ __forceinline__ int vcol(const Params &p, int ig) { return !S::PADV || ig * 8 < p.dn ? ig * 8 : 0; }
-    static __device__ __forceinline__ int rcol(const Params &p, int ig) { return !S::PADV || ig * 8 < p.dr ? ig * 8 : 0; }
+    // the thread's column in a part w columns wide (value: dn, rope: dr): chunk ig, or 0 when the
+    // chunk lies past a w < 64 (never read, but the zero-filled copies' addresses stay in the row)
+    static __device__ __forceinline__ int col(int ig, int w) { return !S::PADV || ig * 8 < w ? ig * 8 : 0; }
     __device__ __forceinline__ Gather(const Params &p, int b, int n2, int t) {
         grp = t >> 3;
         ig = t & 7;
         lastin = (S::NBN - 1) * 64 + ig * 8 < p.dn;
         ropein = ig * 8 < p.dr;
-        kb = static_cast<const T *>(p.k) + b * p.sk[0] + n2 * p.sk[2] + vcol(p, ig);
-        krb = static_cast<const T *>(p.kr) + b * p.skr[0] + n2 * p.skr[2] + rcol(p, ig);
-        vb = static_cast<const T *>(p.v) + b * p.sv[0] + n2 * p.sv[2] + vcol(p, ig);
+        kb = static_cast<const T *>(p.k) + b * p.sk[0] + n2 * p.sk[2] + col(ig, p.dn);
+        krb = static_cast<const T *>(p.kr) + b * p.skr[0] + n2 * p.skr[2] + col(ig, p.dr);
+        vb = static_cast<const T *>(p.v) + b * p.sv[0] + n2 * p.sv[2] + col(ig, p.dn);
         sk1 = p.sk[1];
         skr1 = p.skr[1];
         sv1 = p.sv[1];
@@ -99,10 +98,10 @@ template <typename T, bool VL = false, typename S = Mla> struct Gather {
         ropein = ig * 8 < p.dr;
         sk1 = p.sk[1];
         skr1 = p.skr[1];
-        kb = static_cast<const T *>(p.k) + (int64_t)tk.y * sk1 + n2 * p.sk[2] + vcol(p, ig);
-        krb = static_cast<const T *>(p.kr) + (int64_t)tk.y * skr1 + n2 * p.skr[2] + rcol(p, ig);
+        kb = static_cast<const T *>(p.k) + (int64_t)tk.y * sk1 + n2 * p.sk[2] + col(ig, p.dn);
+        krb = static_cast<const T *>(p.kr) + (int64_t)tk.y * skr1 + n2 * p.skr[2] + col(ig, p.dr);
         sv1 = p.sv[1];
-        vb = static_cast<const T *>(p.v) + (int64_t)tk.y * sv1 + n2 * p.sv[2] + vcol(p, ig);
+        vb = static_cast<const T *>(p.v) + (int64_t)tk.y * sv1 + n2 * p.sv[2] + col(ig, p.dn);
         trow = p.vl.table ? p.vl.table + (int64_t)tk.x * p.vl.tab_s0 : nullptr;
     }
     // keys of this thread's rows of block `blk` (-1: invalid); the four loads together, or one

@@ -366,8 +366,19 @@ bool fast_shape(const spattn_sfa_problem *p, int backward) {
 
 // The kernels' value width: D rounded up to whole 64-column boxes (Params::dn holds D itself)
 int64_t dpad64(int64_t D) { return (D + 63) / 64 * 64; }
-// The key-major backward's dQ accumulator row: the value boxes, then the rope box
+// The key-major backwards' dQ accumulator row: the value boxes, then the rope box (Mla: 576)
 int64_t kmaj_w(const spattn_sfa_problem *p) { return dpad64(p->D) + dpad64(p->Dr); }
+// The dK accumulator columns of the call's shape (Mla: the defaults; separate V: dv after the
+// rope box, its strides set by the caller)
+DkCols dk_cols(const spattn_sfa_problem *p) {
+    DkCols dc;
+    dc.D = (int)p->D;
+    dc.dp = (int)dpad64(p->D);
+    dc.dr = (int)p->Dr;
+    dc.wk = (int)kmaj_w(p);
+    dc.wv = p->shared_kv ? 0 : dc.dp;
+    return dc;
+}
 
 // The Hopper forward kernels' shapes (sfa::FwdShape): SHAPE_MLA (fast_shape: both kernels, by H)
 // or, on the small-head kernel for any H, fp16/bf16 with rows of unit stride, 16-byte aligned: a
@@ -518,10 +529,8 @@ UnionCfg union_cfg(const spattn_sfa_problem *p, int shape, bool bwd = false, int
 UnionCfg group_cfg(const spattn_sfa_problem *p, int shape) {
     UnionCfg u;
     const char *env = getenv("SPATTN_SFA_GROUP");
-    const bool two = shape == sfa::SHAPE_NSA || shape == sfa::SHAPE_SEP_128_64 || shape == sfa::SHAPE_SEP_64 ||
-                     shape == sfa::SHAPE_SEP_64_64 || shape == sfa::SHAPE_SHV_128 || shape == sfa::SHAPE_SHV_128_64 ||
-                     shape == sfa::SHAPE_SHV_64 || shape == sfa::SHAPE_SHV_64_64;  // at most two value boxes
-    if (!(env && env[0] == '1') || !two) return u;
+    // a shape of fwd_shape other than Mla with at most two value boxes (the kernel's O^T registers)
+    if (!(env && env[0] == '1') || shape < 0 || shape == sfa::SHAPE_MLA || dpad64(p->D) > 128) return u;
     const int64_t H = p->N1 / p->N2, nkw = (p->S2 + 63) / 64, n = H <= 8 ? 8 : H <= 16 ? 16 : 32;
     const int64_t ug = 2 * (64 / n);
     if (H > 32 || p->sbs > 64 || p->K > (1 << 24) || (size_t)(ug * nkw * 8) > UNION_PLAN_SMEM) return u;
@@ -990,7 +999,7 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
     size_t acc_b, hist_b, soff[SMALL_PARTS];
     const size_t common = bwd_ws_parts(p, &acc_b, &hist_b);
     const bool kmaj = shape != sfa::SHAPE_MLA;
-    const int64_t W = kmaj ? kmaj_w(p) : sfa::DQK;  // the dQ accumulator's row
+    const int64_t W = kmaj_w(p);  // the dQ accumulator's row (Mla: sfa::DQK)
     // H = 4 .. 32 heads per key head: the union form (groups of 64 / H tokens as 64-row tiles)
     // where it applies, else key-major when the rows are dense enough, else token-major
     const UnionCfg u = kmaj ? UnionCfg() : union_cfg(p, sfa::SHAPE_MLA, true);
@@ -1036,7 +1045,7 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
                 convert_dq_kernel<T><<<grid_for((int64_t)nq * 32, 256), 256, 0, st>>>(
                     sw + soff[0], sw + soff[8], det, (const float *)(stats + 8), (T *)dq->data, (T *)dqr->data, p->B, p->S1, p->N1,
                     dq->strides[0], dq->strides[1], dq->strides[2], dqr->strides[0], dqr->strides[1], dqr->strides[2], kp->gate,
-                    (int)W, (int)p->D, kmaj ? (int)dpad64(p->D) : (int)p->D, (int)p->Dr);
+                    (int)W, (int)p->D, (int)dpad64(p->D), (int)p->Dr);
                 e = cudaGetLastError();
             }
         } else {
@@ -1063,17 +1072,10 @@ spattn_status bwd_impl(const spattn_sfa_problem *p, const spattn_exec *ex, sfa::
     if (e == cudaSuccess) {
         const spattn_tensor *dk = p->dk, *dkr = p->Dr ? p->dk_rope : p->dk;  // Dr 0: no column goes there
         const bool packed = det && !small;
-        DkCols dc;
-        if (kmaj) {
-            dc.D = (int)p->D;
-            dc.dp = (int)dpad64(p->D);
-            dc.dr = (int)p->Dr;
-            dc.wk = (int)W;
-            dc.wv = p->shared_kv ? 0 : dc.dp;
-            if (dc.wv) {
-                dc.dv = p->dv->data;
-                for (int i = 0; i < 4; i++) dc.sv[i] = p->dv->strides[i];
-            }
+        DkCols dc = dk_cols(p);
+        if (dc.wv) {
+            dc.dv = p->dv->data;
+            for (int i = 0; i < 4; i++) dc.sv[i] = p->dv->strides[i];
         }
         convert_dk_kernel<T><<<grid_for(p->B * p->S2 * p->N2 * 32, 256), 256, 0, st>>>(
             ws, flags, packed ? 2 : det, (const float *)(stats + (packed ? (int)ST_P2INV : 6)), (T *)dk->data,
@@ -1349,19 +1351,21 @@ spattn_status ref_grid_ok(const spattn_sfa_problem *p) {
     return SPATTN_STATUS_SUCCESS;
 }
 
-// Tests: SPATTN_SFA_REQUIRE_HOPPER=1 refuses a call the simple kernels would take (NOT_SUPPORTED,
-// before anything is written), so that a check of a Hopper kernel's shape cannot pass on them.
-spattn_status simple_refused(const char *what) {
+// Tests: SPATTN_SFA_REQUIRE_HOPPER=1 refuses a call the simple kernels would take (true: the error
+// is set, the caller returns NOT_SUPPORTED before writing anything), so that a check of a Hopper
+// kernel's shape cannot pass on them.
+bool simple_refused(const char *what) {
     const char *g = getenv("SPATTN_SFA_REQUIRE_HOPPER");
-    if (!(g && g[0] == '1')) return SPATTN_STATUS_SUCCESS;
-    return spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED, "sfa cuda %s: SPATTN_SFA_REQUIRE_HOPPER=1 and the call would run the simple kernels", what);
+    if (!(g && g[0] == '1')) return false;
+    spattn_set_error(SPATTN_STATUS_NOT_SUPPORTED, "sfa cuda %s: SPATTN_SFA_REQUIRE_HOPPER=1 and the call would run the simple kernels", what);
+    return true;
 }
 
 // Shapes without a Hopper kernel: the reference kernels (fp32 arithmetic), then the outputs
 // converted into the caller's tensors.  The indices are checked first (nothing written for bad
 // input).
 spattn_status ref_fwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
-    if (simple_refused("forward") != SPATTN_STATUS_SUCCESS) return SPATTN_STATUS_NOT_SUPPORTED;
+    if (simple_refused("forward")) return SPATTN_STATUS_NOT_SUPPORTED;
     spattn_status s = ref_grid_ok(p);
     if (s == SPATTN_STATUS_SUCCESS) s = spattn_cuda_sfa_check_indices(p, ex);
     if (s != SPATTN_STATUS_SUCCESS) return s;
@@ -1461,7 +1465,7 @@ spattn_status ref_bwd_any(const spattn_sfa_problem *p, const spattn_exec *ex, ch
 }
 
 spattn_status ref_bwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
-    if (simple_refused("backward") != SPATTN_STATUS_SUCCESS) return SPATTN_STATUS_NOT_SUPPORTED;
+    if (simple_refused("backward")) return SPATTN_STATUS_NOT_SUPPORTED;
     spattn_status s = ref_grid_ok(p);
     if (s != SPATTN_STATUS_SUCCESS) return s;
     size_t off[RB_N + 1];
@@ -1930,7 +1934,7 @@ spattn_status vl_fwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
     VlView w;
     vl_view(p, true, &w);
     const bool fast = vl_fast(p, w);
-    if (!fast && simple_refused("varlen forward") != SPATTN_STATUS_SUCCESS) return SPATTN_STATUS_NOT_SUPPORTED;
+    if (!fast && simple_refused("varlen forward")) return SPATTN_STATUS_NOT_SUPPORTED;
     if (!fast) vl_view(p, false, &w);
     spattn_status r = vl_limits(p, w, fast);
     if (r != SPATTN_STATUS_SUCCESS) return r;
@@ -2248,12 +2252,7 @@ spattn_status vl_kmaj_bwd(const spattn_sfa_problem *p, const spattn_exec *ex, co
         const spattn_tensor *dk = p->dk, *dkr = p->Dr ? p->dk_rope : p->dk;
         const int64_t B = pg ? s->num_pages : 1, S = pg ? s->page_size : s->Tkv;
         int64_t sd[4], sr[4];
-        DkCols dc;
-        dc.D = (int)p->D;
-        dc.dp = (int)dpad64(p->D);
-        dc.dr = (int)p->Dr;
-        dc.wk = (int)W;
-        dc.wv = p->shared_kv ? 0 : dc.dp;
+        DkCols dc = dk_cols(p);
         for (int i = 0; i < 4; i++) {
             sd[i] = pg ? dk->strides[i] : i == 0 ? 0 : dk->strides[i - 1];
             sr[i] = pg ? dkr->strides[i] : i == 0 ? 0 : dkr->strides[i - 1];
@@ -2277,7 +2276,7 @@ spattn_status vl_kmaj_bwd(const spattn_sfa_problem *p, const spattn_exec *ex, co
 // ref_bwd), dq / dq_rope stored for the tokens before cu_seqlens_q[B], every key-side row of dk /
 // dk_rope / dv written (0 where no selected key adds).
 spattn_status vl_ref_bwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
-    if (simple_refused("varlen backward") != SPATTN_STATUS_SUCCESS) return SPATTN_STATUS_NOT_SUPPORTED;
+    if (simple_refused("varlen backward")) return SPATTN_STATUS_NOT_SUPPORTED;
     const spattn_seqs *s = p->seqs;
     VlView w;
     vl_view(p, false, &w);

@@ -511,42 +511,36 @@ static void test_case(const Cfg &c, uint64_t seed, bool fast = true, bool rerun 
         const char *modes[4] = {"1", "1", "0", nullptr};
         const char *names[4] = {" [union]", " [union, blocks]", " [gather]", ""};
         spattn_status st = SPATTN_STATUS_SUCCESS;
+        // one forward from poisoned outputs, checked against the fp64 reference
+        auto fwd_checked = [&](const char *form) {
+            char t1[200];
+            snprintf(t1, sizeof t1, "%s%s", tag, form);
+            poison(P.o);
+            poison(P.lse);
+            st = run_fwd(P);
+            check(st == SPATTN_STATUS_SUCCESS, "%s fwd status", t1, st);
+            if (st != SPATTN_STATUS_SUCCESS) printf("  %s: %s\n", t1, spattn_last_error());
+            CK(cudaDeviceSynchronize());
+            report(t1, "O", eco(fetch(P.o, P.nq, c.D, P.ors, c.dt), R.o, c.dt, false), c.D);
+            report(t1, "LSE", eco(fetch_f32((float *)P.lse.p, P.nq), R.lse, c.dt, true));
+        };
         for (int m = un ? 0 : 3; m < 4; m++) {
             if (modes[m]) setenv("SPATTN_SFA_UNION", modes[m], 1);
             else unsetenv("SPATTN_SFA_UNION");
             if (m == 1) setenv("SPATTN_SFA_UNION_COMPACT", "0", 1);
             else unsetenv("SPATTN_SFA_UNION_COMPACT");
-            char t1[200];
-            snprintf(t1, sizeof t1, "%s%s", tag, names[m]);
-            poison(P.o);
-            poison(P.lse);
-            st = run_fwd(P);
-            check(st == SPATTN_STATUS_SUCCESS, "%s fwd status", t1, st);
-            if (st != SPATTN_STATUS_SUCCESS) printf("  %s: %s\n", t1, spattn_last_error());
-            CK(cudaDeviceSynchronize());
-            report(t1, "O", eco(fetch(P.o, P.nq, c.D, P.ors, c.dt), R.o, c.dt, false), c.D);
-            report(t1, "LSE", eco(fetch_f32((float *)P.lse.p, P.nq), R.lse, c.dt, true));
+            fwd_checked(names[m]);
         }
         unsetenv("SPATTN_SFA_UNION");
         // the group form (sfa_fwd_group.cu, SPATTN_SFA_GROUP=1 while unrun): D <= 128, separate or
-        // shared V (Dr 0 or up to 64), H <= 32, sbs <= 64; groups of 8 tokens over the union's
-        // blocks, compacted where that saves blocks, and in contiguous blocks only
-        const bool grp = c.D <= 128 && c.Dr <= 64 && H <= 32 && c.sbs <= 64 &&
-                         c.dt != SPATTN_DTYPE_F32;
+        // shared V (Dr 0 or up to 64), H <= 32, sbs <= 64; groups of 16 / 8 / 4 tokens over the
+        // union's blocks, compacted where that saves blocks, and in contiguous blocks only
+        const bool grp = c.D <= 128 && c.Dr <= 64 && H <= 32 && c.sbs <= 64 && c.dt != SPATTN_DTYPE_F32;
         for (int m = 0; grp && m < 2; m++) {
             setenv("SPATTN_SFA_GROUP", "1", 1);
             setenv("SPATTN_SFA_REQUIRE_HOPPER", "1", 1);  // every such shape is a Hopper one
             if (m == 1) setenv("SPATTN_SFA_UNION_COMPACT", "0", 1);
-            char t1[200];
-            snprintf(t1, sizeof t1, "%s%s", tag, m ? " [group, blocks]" : " [group]");
-            poison(P.o);
-            poison(P.lse);
-            st = run_fwd(P);
-            check(st == SPATTN_STATUS_SUCCESS, "%s fwd status", t1, st);
-            if (st != SPATTN_STATUS_SUCCESS) printf("  %s: %s\n", t1, spattn_last_error());
-            CK(cudaDeviceSynchronize());
-            report(t1, "O", eco(fetch(P.o, P.nq, c.D, P.ors, c.dt), R.o, c.dt, false), c.D);
-            report(t1, "LSE", eco(fetch_f32((float *)P.lse.p, P.nq), R.lse, c.dt, true));
+            fwd_checked(m ? " [group, blocks]" : " [group]");
             unsetenv("SPATTN_SFA_GROUP");
             unsetenv("SPATTN_SFA_UNION_COMPACT");
             if (!c.hopper) unsetenv("SPATTN_SFA_REQUIRE_HOPPER");
