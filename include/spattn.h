@@ -402,8 +402,10 @@ SPATTN_API spattn_status spattn_bsa_varlen_workspace_size(const spattn_tensor *q
  * shapes other than MLA key-major, when its blocks hold 16 or more keys or 1 in 8 keys is
  * selected); other shapes run simple kernels (fp32 arithmetic on CUDA cores: correct, not fast).
  * The Hopper kernels for the other fp16/bf16 shapes with D <= 256 and Dr <= 64 (any multiples of
- * 8; v separate or NULL) are written but not yet verified on a GPU: off unless the environment
- * sets SPATTN_SFA_UNRUN_SHAPES=1.
+ * 8; v separate or NULL), and for v NULL with 256 < D <= 512 and Dr <= 64 in dense calls (the
+ * MLA kernels on operands zero-padded to 512 + 64 in the workspace, the outputs' columns copied
+ * back; such a call that copies outputs back refuses stream capture with NOT_SUPPORTED), are
+ * written but not yet verified on a GPU: off unless the environment sets SPATTN_SFA_UNRUN_SHAPES=1.
  * CUDA: the indices are checked on the device and the verdict read back once per call: the call
  * waits for the scan (and the work queued before it on the stream), not for the attention
  * kernels, which run on after it returns, gated on the verdict on the device.  Under stream capture (CUDA graphs) the fp16/bf16 forward and backward of

@@ -44,6 +44,11 @@ extern "C" cudaError_t spattn_sfa_bwd90_launch(const sfa::Params *p, int is_bf16
 extern "C" cudaError_t spattn_sfa_union_bwd_launch(const sfa::Params *p, int is_bf16, cudaStream_t st);
 extern "C" cudaError_t spattn_sfa_bwd_small_launch(const sfa::Params *p, const sfa::SmallLists *L, int is_bf16,
                                                    int shape, cudaStream_t st);
+// sfa_pad.cu: shared-V shapes with 256 < D <= 512, Dr <= 64 run padded to the Mla shape
+extern "C" int spattn_sfa_pad_route(const spattn_sfa_problem *p);
+extern "C" size_t spattn_sfa_pad_workspace(const spattn_sfa_problem *p, int backward);
+extern "C" spattn_status spattn_sfa_pad_fwd(const spattn_sfa_problem *p, const spattn_exec *ex);
+extern "C" spattn_status spattn_sfa_pad_bwd(const spattn_sfa_problem *p, const spattn_exec *ex);
 extern "C" spattn_status spattn_cuda_ref_sfa_fwd_varlen(const spattn_sfa_problem *p, const spattn_exec *ex,
                                                         const int4 *tok, float *o, float *lse);
 
@@ -1099,6 +1104,7 @@ size_t vl_bwd_workspace(const spattn_sfa_problem *p);
 extern "C" size_t spattn_cuda_sfa_workspace(const spattn_sfa_problem *p, int backward) {
     size_t off[RB_N + 1];
     if (p->seqs) return backward ? vl_bwd_workspace(p) : vl_workspace(p);
+    if (spattn_sfa_pad_route(p)) return spattn_sfa_pad_workspace(p, backward);
     if (!backward) {
         const int shape = fwd_shape(p);
         return shape >= 0 ? fwd_union_cfg(p, shape).bytes : ref_parts(p, 0, off);
@@ -2330,6 +2336,7 @@ spattn_status vl_bwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
 
 extern "C" spattn_status spattn_cuda_sfa_fwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
     if (p->seqs) return vl_fwd(p, ex);
+    if (spattn_sfa_pad_route(p)) return spattn_sfa_pad_fwd(p, ex);
     const int shape = fwd_shape(p);
     if (shape < 0) return ref_fwd(p, ex);
     spattn_status s = limits_ok(p);
@@ -2382,6 +2389,7 @@ extern "C" spattn_status spattn_cuda_sfa_fwd(const spattn_sfa_problem *p, const 
 
 extern "C" spattn_status spattn_cuda_sfa_bwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
     if (p->seqs) return vl_bwd(p, ex);
+    if (spattn_sfa_pad_route(p)) return spattn_sfa_pad_bwd(p, ex);
     const int shape = fast_shape(p, 1) ? sfa::SHAPE_MLA : kmaj_fits(p) ? kmaj_shape(p) : -1;
     if (shape < 0) return ref_bwd(p, ex);
     spattn_status s = limits_ok(p);

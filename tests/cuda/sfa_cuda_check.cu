@@ -816,6 +816,104 @@ static void test_caller_workspace(int N1, int S2, int K) {
     unsetenv("SPATTN_SFA_UNION");
 }
 
+// sfa_pad.cu (shared V, 256 < D <= 512, Dr <= 64: the Mla kernels on padded copies): a caller
+// workspace of spattn_sfa_workspace_size bytes gives the pool's bits (forward, deterministic
+// backward); under stream capture a call that copies its outputs back refuses (NOT_SUPPORTED,
+// the capture stays valid), while D 512 without rope (nothing copied back) captures and replays
+// bitwise.
+static void test_pad_route() {
+    const int before = g_fail;
+    Cfg c = mk("pad_route_d384r64", 1, 40, 300, 16, 1, 16, 4, 3, SPATTN_DTYPE_BF16);
+    c.D = 384;
+    Prob P;
+    setup(P, c, 41);
+    spattn_options opt;
+    spattn_options_init(&opt);
+    opt.backend = SPATTN_BACKEND_CUDA;
+    opt.deterministic = 1;
+    check(run_fwd(P) == SPATTN_STATUS_SUCCESS, "%s fwd (pool)", c.name.c_str());
+    CK(cudaDeviceSynchronize());
+    const std::vector<unsigned char> o1 = snap(P.o), l1 = snap(P.lse);
+    check(run_bwd(P) == SPATTN_STATUS_SUCCESS, "%s bwd (pool)", c.name.c_str());
+    CK(cudaDeviceSynchronize());
+    const std::vector<unsigned char> g1[4] = {snap(P.dq), snap(P.dqr), snap(P.dk), snap(P.dkr)};
+    for (int backward = 0; backward < 2; backward++) {
+        size_t w = 0;
+        check(spattn_sfa_workspace_size(&P.tq, &P.tqr, &P.tk, &P.tkr, nullptr, &P.tidx, c.sbs, c.mode, backward, &opt,
+                                        &w) == SPATTN_STATUS_SUCCESS && w > 0,
+              "%s workspace size (backward %lld)", c.name.c_str(), backward);
+        void *ws = nullptr;
+        CK(cudaMalloc(&ws, w));
+        CK(cudaMemset(ws, 0xff, w));
+        spattn_options o2 = opt;
+        o2.workspace = ws;
+        o2.workspace_size = w;
+        bool same = false;
+        if (!backward) {
+            poison(P.o);
+            poison(P.lse);
+            check(spattn_sfa_fwd_ex(&P.tq, &P.tqr, &P.tk, &P.tkr, nullptr, &P.tidx, c.sbs, c.mode, 0.0, &P.to, &P.tlse,
+                                    &o2) == SPATTN_STATUS_SUCCESS,
+                  "%s fwd (caller workspace)", c.name.c_str());
+            CK(cudaDeviceSynchronize());
+            same = snap(P.o) == o1 && snap(P.lse) == l1;
+        } else {
+            Dev *outs[4] = {&P.dq, &P.dqr, &P.dk, &P.dkr};
+            for (Dev *d : outs) poison(*d);
+            check(spattn_sfa_bwd_ex(&P.tq, &P.tqr, &P.tk, &P.tkr, nullptr, &P.to, &P.tdo, &P.tlse, &P.tidx, c.sbs, c.mode,
+                                    0.0, &P.tdq, &P.tdqr, &P.tdk, &P.tdkr, nullptr, &o2) == SPATTN_STATUS_SUCCESS,
+                  "%s bwd (caller workspace)", c.name.c_str());
+            CK(cudaDeviceSynchronize());
+            same = true;
+            for (int i = 0; i < 4; i++) same &= snap(*outs[i]) == g1[i];
+        }
+        check(same, "%s caller workspace (backward %lld): bitwise the pool's result", c.name.c_str(), backward);
+        CK(cudaFree(ws));
+    }
+    // capture: refused before enqueuing anything when outputs are copied back
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    opt.cuda_stream = st;
+    cudaGraph_t g = nullptr;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    spattn_status s = spattn_sfa_fwd_ex(&P.tq, &P.tqr, &P.tk, &P.tkr, nullptr, &P.tidx, c.sbs, c.mode, 0.0, &P.to,
+                                        &P.tlse, &opt);
+    cudaError_t ee = cudaStreamEndCapture(st, &g);
+    check(s == SPATTN_STATUS_NOT_SUPPORTED && ee == cudaSuccess, "%s: captured fwd refused (status %lld)",
+          c.name.c_str(), (long long)s);
+    if (g) CK(cudaGraphDestroy(g));
+    cudaGetLastError();
+    // D 512, Dr 0: captured, replayed bitwise
+    Cfg c5 = mk("pad_route_d512", 1, 40, 300, 16, 1, 16, 4, 3, SPATTN_DTYPE_BF16);
+    c5.Dr = 0;
+    Prob Q;
+    setup(Q, c5, 43);
+    check(run_fwd(Q) == SPATTN_STATUS_SUCCESS, "%s eager fwd", c5.name.c_str());
+    CK(cudaDeviceSynchronize());
+    const std::vector<unsigned char> o5 = snap(Q.o), l5 = snap(Q.lse);
+    g = nullptr;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    s = spattn_sfa_fwd_ex(&Q.tq, nullptr, &Q.tk, nullptr, nullptr, &Q.tidx, c5.sbs, c5.mode, 0.0, &Q.to, &Q.tlse, &opt);
+    ee = cudaStreamEndCapture(st, &g);
+    check(s == SPATTN_STATUS_SUCCESS && ee == cudaSuccess, "%s: captured fwd (status %lld)", c5.name.c_str(),
+          (long long)s);
+    if (s == SPATTN_STATUS_SUCCESS && ee == cudaSuccess) {
+        cudaGraphExec_t ge = nullptr;
+        CK(cudaGraphInstantiate(&ge, g, 0));
+        poison(Q.o);
+        poison(Q.lse);
+        CK(cudaDeviceSynchronize());
+        CK(cudaGraphLaunch(ge, st));
+        CK(cudaStreamSynchronize(st));
+        check(snap(Q.o) == o5 && snap(Q.lse) == l5, "%s: replay bitwise equal to the eager forward", c5.name.c_str());
+        CK(cudaGraphExecDestroy(ge));
+    }
+    if (g) CK(cudaGraphDestroy(g));
+    cudaGetLastError();
+    CK(cudaStreamDestroy(st));
+    printf("  padded Mla route (D 384 + 64, D 512): caller workspace, capture: %s\n", g_fail == before ? "ok" : "FAILED");
+}
+
 // CUDA graphs: the Hopper forward captured on a stream and replayed gives the eager call's bits;
 // a bad index inside the graph leaves o / lse unwritten (no status can be returned there); the
 // backward refuses (NOT_SUPPORTED) before enqueuing anything, so the capture stays valid.
@@ -1134,6 +1232,13 @@ static int small_tests(bool quick) {
     // V), D 64 + Dr 32 separate
     pad(mk("rope_quick_shv_d256r32_h16_sbs1", 1, 8, 400, 16, 1, 64, 1, 3, BF), 256, 32, 0);
     pad(mk("rope_quick_sep_d64r32_h8x2_sbs16", 1, 10, 400, 16, 2, 10, 16, 3, FP), 64, 32, 1);
+    // shared V wider than 256 (sfa_pad.cu: the Mla kernels on zero-padded copies): D 512 without
+    // rope (q / k in place, the rope a zero row of stride 0), D 384 + 64 (q / k / o / dq / dk
+    // copied, the rope in place), D 320 + 32 (every operand copied); 64+ heads (the per-token
+    // kernels), 16 (the union forms), 12 (the small-head kernels)
+    pad(mk("mlapad_quick_d512_h16_sbs16", 1, 8, 400, 16, 1, 8, 16, 3, BF), 512, 0, 0);
+    pad(mk("mlapad_quick_d384r64_h64_sbs4", 1, 6, 300, 64, 1, 20, 4, 3, FP), 384, 64, 0);
+    pad(mk("mlapad_quick_d320r32_h12_sbs1", 1, 8, 300, 12, 1, 64, 1, 0, BF), 320, 32, 0);
     if (!quick) {
         pad(mk("pad_d176r64_h16_sbs64_m0", 1, 20, 700, 16, 1, 6, 64, 0, FP), 176, 64, 1);
         pad(mk("pad_d240_h40_chunks_pad", 1, 12, 500, 40, 1, 30, 8, 3, BF), 240, 0, 1);
@@ -1163,6 +1268,17 @@ static int small_tests(bool quick) {
         ns.back().row_pad = 8;
         pad(mk("rope_sep_d200r40_h16_empty_m0", 1, 20, 600, 16, 1, 8, 64, 0, BF), 200, 40, 1);
         ns.back().empty = 1;
+        pad(mk("mlapad_d512_h128_b2_strided", 2, 8, 500, 128, 1, 24, 16, 3, BF), 512, 0, 0);
+        ns.back().row_pad = 8;
+        pad(mk("mlapad_d264_h4x2_dups_stride4", 1, 24, 400, 8, 2, 30, 4, 3, FP), 264, 0, 0);
+        ns.back().dups = 1;
+        ns.back().row_pad = 4;  // rows not 16-byte aligned: the copies' element-wise path
+        pad(mk("mlapad_d448r64_h32_pad_any", 1, 16, 700, 32, 1, 40, 8, 0, BF), 448, 64, 0);
+        ns.back().pad_any = 1;
+        pad(mk("mlapad_d480r16_h8_empty_split", 1, 20, 600, 8, 1, 16, 32, 3, FP), 480, 16, 0);
+        ns.back().empty = 1;
+        ns.back().concat = 0;
+        pad(mk("mlapad_d512r8_h80_chunks", 1, 6, 300, 80, 1, 12, 8, 3, BF), 512, 8, 0);
     }
     if (!quick) {
         shv(mk("shv_d128_h8x2_b2_mode0_dups", 2, 20, 300, 16, 2, 24, 4, 0, FP), 128, 0);
@@ -1224,6 +1340,7 @@ static int small_tests(bool quick) {
         test_caller_workspace(16, 150, 200);
         test_caller_workspace(4, 150, 200);
         test_caller_workspace(16, 1200, 100);
+        test_pad_route();
     }
     printf("%d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
