@@ -33,11 +33,16 @@
  *     separate-V shapes at any head count), per 64-key block: a non-finite q, dO, O or LSE of a
  *     token can make dK / dV of every key of the blocks its row touches NaN, a non-finite k row
  *     the dQ of every token touching its block; sfa forward and backward at 4, 8, 16 or 32 query
- *     heads per key head with D 512 + 64 and shared kv, the grouped form: groups of 64 / H
+ *     heads per key head with D 512 + 64 and shared kv (and the shared-kv shapes of
+ *     256 < D <= 512, Dr <= 64, run padded to it), the grouped form: groups of 64 / H
  *     consecutive tokens run over the union of their selections, so a non-finite q of a token can
  *     make dK of every key of its group's union NaN, a non-finite k row the O and dQ of every
  *     token of the groups whose union holds it; in the _varlen calls the groups are
- *     consecutive packed tokens of one sequence, never crossing sequences).  Such a value
+ *     consecutive packed tokens of one sequence, never crossing sequences; the forward's group
+ *     form of the other shapes with D <= 128 (not yet run on a GPU, SPATTN_SFA_GROUP=1): groups
+ *     of 16 / 8 / 4 tokens at 8 / 16 / 32 heads per key head over their union, so a non-finite v
+ *     row (shared kv: k's first D columns) some token of a group selects makes the O of every
+ *     token of the group NaN).  Such a value
  *     only adds NaN, it never turns a result into a plausible finite number; the CPU backend
  *     has no exception.
  *   - Results are deterministic by default: the same inputs give bitwise the same outputs for

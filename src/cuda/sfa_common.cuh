@@ -66,7 +66,7 @@ struct Params {
     const unsigned long long *umask;
     int ug, lg2h, ungroups, ucap;
     int lg2ug;  // log2(ug): a token's group is s1 >> lg2ug (the Mla union form: ug = 64 / H; the
-                // group form of sfa_fwd_group.cu: ug = 8 at any H <= 16)
+                // group form of sfa_fwd_group.cu: ug = 16 / 8 / 4 at N = 8 / 16 / 32 heads)
     // The deterministic token-major backward in packed int32 fixed point (sfa_adds.cuh add_box<2>,
     // sfa_host.cu bwd_packed): acc_p32 [B, S2, N2, 576] int32, two columns per 64-bit integer add
     // (NULL in the probe pass: bounds only); acc_bound [B S2 N2][9 boxes]: per key row and 64-column

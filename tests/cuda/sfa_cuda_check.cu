@@ -389,12 +389,14 @@ static std::vector<unsigned char> snap(const Dev &a) {
     return x;
 }
 
-static spattn_status run_fwd(Prob &P, int det = 1, cudaStream_t stream = nullptr) {
+static spattn_status run_fwd(Prob &P, int det = 1, cudaStream_t stream = nullptr, void *ws = nullptr, size_t wsz = 0) {
     spattn_options opt;
     spattn_options_init(&opt);
     opt.backend = SPATTN_BACKEND_CUDA;
     opt.deterministic = det;
     opt.cuda_stream = stream;
+    opt.workspace = ws;
+    opt.workspace_size = wsz;
     const Cfg &c = P.c;
     return spattn_sfa_fwd_ex(&P.tq, c.Dr ? &P.tqr : nullptr, &P.tk, c.Dr ? &P.tkr : nullptr,
                              c.sep_v ? &P.tv : nullptr, &P.tidx, c.sbs, c.mode, 0.0, &P.to, &P.tlse, &opt);
@@ -512,12 +514,12 @@ static void test_case(const Cfg &c, uint64_t seed, bool fast = true, bool rerun 
         const char *names[4] = {" [union]", " [union, blocks]", " [gather]", ""};
         spattn_status st = SPATTN_STATUS_SUCCESS;
         // one forward from poisoned outputs, checked against the fp64 reference
-        auto fwd_checked = [&](const char *form) {
+        auto fwd_checked = [&](const char *form, void *ws = nullptr, size_t wsz = 0) {
             char t1[200];
             snprintf(t1, sizeof t1, "%s%s", tag, form);
             poison(P.o);
             poison(P.lse);
-            st = run_fwd(P);
+            st = run_fwd(P, 1, nullptr, ws, wsz);
             check(st == SPATTN_STATUS_SUCCESS, "%s fwd status", t1, st);
             if (st != SPATTN_STATUS_SUCCESS) printf("  %s: %s\n", t1, spattn_last_error());
             CK(cudaDeviceSynchronize());
@@ -540,7 +542,35 @@ static void test_case(const Cfg &c, uint64_t seed, bool fast = true, bool rerun 
             setenv("SPATTN_SFA_GROUP", "1", 1);
             setenv("SPATTN_SFA_REQUIRE_HOPPER", "1", 1);  // every such shape is a Hopper one
             if (m == 1) setenv("SPATTN_SFA_UNION_COMPACT", "0", 1);
-            fwd_checked(m ? " [group, blocks]" : " [group]");
+            // through a caller workspace, whose first words are the plan's group counts
+            // (sfa_host.cu union_layout; -1: the group went to the per-token kernel): the group
+            // kernel must have taken some group (every group in a case without repeated keys),
+            // else this check would only test the per-token kernel's skip
+            size_t w = 0;
+            spattn_options qo;
+            spattn_options_init(&qo);
+            qo.backend = SPATTN_BACKEND_CUDA;
+            check(spattn_sfa_workspace_size(&P.tq, c.Dr ? &P.tqr : nullptr, &P.tk, c.Dr ? &P.tkr : nullptr,
+                                            c.sep_v ? &P.tv : nullptr, &P.tidx, c.sbs, c.mode, 0, &qo, &w) ==
+                          SPATTN_STATUS_SUCCESS && w > 0,
+                  "%s group form: a workspace for its plan", tag);
+            void *ws = nullptr;
+            if (w) {
+                CK(cudaMalloc(&ws, w));
+                CK(cudaMemset(ws, 0xff, w));
+            }
+            fwd_checked(m ? " [group, blocks]" : " [group]", ws, w);
+            if (ws) {
+                const int n = H <= 8 ? 8 : H <= 16 ? 16 : 32, ug = 2 * (64 / n);
+                const int64_t ng = (int64_t)c.B * c.N2 * ((c.S1 + ug - 1) / ug);
+                std::vector<int> cnt(ng);
+                CK(cudaMemcpy(cnt.data(), ws, ng * sizeof(int), cudaMemcpyDeviceToHost));
+                int64_t taken = 0;
+                for (int x : cnt) taken += x >= 0;
+                check(c.dups ? true : taken == ng, "%s group form: groups taken %lld", tag, taken);
+                if (m == 0) printf("  %s: group form took %lld of %lld groups\n", tag, (long long)taken, (long long)ng);
+                CK(cudaFree(ws));
+            }
             unsetenv("SPATTN_SFA_GROUP");
             unsetenv("SPATTN_SFA_UNION_COMPACT");
             if (!c.hopper) unsetenv("SPATTN_SFA_REQUIRE_HOPPER");
