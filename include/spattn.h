@@ -33,8 +33,8 @@
  *     separate-V shapes at any head count), per 64-key block: a non-finite q, dO, O or LSE of a
  *     token can make dK / dV of every key of the blocks its row touches NaN, a non-finite k row
  *     the dQ of every token touching its block; sfa forward and backward at 4, 8, 16 or 32 query
- *     heads per key head with D 512 + 64 and shared kv (and the shared-kv shapes of
- *     256 < D <= 512, Dr <= 64, run padded to it), the grouped form: groups of 64 / H
+ *     heads per key head with D 512 + 64 and shared kv (and the shapes run packed into its
+ *     columns), the grouped form: groups of 64 / H
  *     consecutive tokens run over the union of their selections, so a non-finite q of a token can
  *     make dK of every key of its group's union NaN, a non-finite k row the O and dQ of every
  *     token of the groups whose union holds it; in the _varlen calls the groups are
@@ -407,10 +407,11 @@ SPATTN_API spattn_status spattn_bsa_varlen_workspace_size(const spattn_tensor *q
  * shapes other than MLA key-major, when its blocks hold 16 or more keys or 1 in 8 keys is
  * selected); other shapes run simple kernels (fp32 arithmetic on CUDA cores: correct, not fast).
  * The Hopper kernels for the other fp16/bf16 shapes with D <= 256 and Dr <= 64 (any multiples of
- * 8; v separate or NULL), and for v NULL with 256 < D <= 512 and Dr <= 64 in dense calls (the
- * MLA kernels on operands zero-padded to 512 + 64 in the workspace, the outputs' columns copied
- * back; such a call that copies outputs back refuses stream capture with NOT_SUPPORTED), are
- * written but not yet verified on a GPU: off unless the environment sets SPATTN_SFA_UNRUN_SHAPES=1.
+ * 8; v separate or NULL), and, in dense calls, for the shapes whose columns fit MLA's (v NULL with
+ * D <= 512 and D + Dr <= 576, or a separate v with 2 D + Dr <= 576: the MLA kernels on operands
+ * packed into its 512 + 64 columns in the workspace, the outputs' columns copied back; a call
+ * that copies outputs back refuses stream capture with NOT_SUPPORTED), are written but not yet
+ * verified on a GPU: off unless the environment sets SPATTN_SFA_UNRUN_SHAPES=1.
  * CUDA: the indices are checked on the device and the verdict read back once per call: the call
  * waits for the scan (and the work queued before it on the stream), not for the attention
  * kernels, which run on after it returns, gated on the verdict on the device.  Under stream capture (CUDA graphs) the fp16/bf16 forward and backward of

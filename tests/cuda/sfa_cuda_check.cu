@@ -1269,6 +1269,10 @@ static int small_tests(bool quick) {
     pad(mk("mlapad_quick_d512_h16_sbs16", 1, 8, 400, 16, 1, 8, 16, 3, BF), 512, 0, 0);
     pad(mk("mlapad_quick_d384r64_h64_sbs4", 1, 6, 300, 64, 1, 20, 4, 3, FP), 384, 64, 0);
     pad(mk("mlapad_quick_d320r32_h12_sbs1", 1, 8, 300, 12, 1, 64, 1, 0, BF), 320, 32, 0);
+    // the packed columns (src/core/sfa_pack.h): a rope part wider than 64 (shared v, D + Dr <=
+    // 576), a separate v as k' = [v | k | k_rope] (2 D + Dr <= 576)
+    pad(mk("mlapad_quick_d128r128_h16_sbs16", 1, 8, 400, 16, 1, 8, 16, 3, BF), 128, 128, 0);
+    pad(mk("mlapad_quick_sep_d288_h8x2_sbs4", 1, 10, 300, 16, 2, 20, 4, 3, FP), 288, 0, 1);
     if (!quick) {
         pad(mk("pad_d176r64_h16_sbs64_m0", 1, 20, 700, 16, 1, 6, 64, 0, FP), 176, 64, 1);
         pad(mk("pad_d240_h40_chunks_pad", 1, 12, 500, 40, 1, 30, 8, 3, BF), 240, 0, 1);
@@ -1309,6 +1313,12 @@ static int small_tests(bool quick) {
         ns.back().empty = 1;
         ns.back().concat = 0;
         pad(mk("mlapad_d512r8_h80_chunks", 1, 6, 300, 80, 1, 12, 8, 3, BF), 512, 8, 0);
+        pad(mk("mlapad_sep_d200r96_h4x2_dups", 2, 12, 300, 8, 2, 16, 8, 0, BF), 200, 96, 1);
+        ns.back().dups = 1;
+        pad(mk("mlapad_d320r256_h64_strided", 1, 6, 400, 64, 1, 24, 4, 3, FP), 320, 256, 0);
+        ns.back().row_pad = 8;
+        pad(mk("mlapad_sep_d264r48_h32_empty", 1, 12, 500, 32, 1, 30, 16, 3, BF), 264, 48, 1);
+        ns.back().empty = 1;
     }
     if (!quick) {
         shv(mk("shv_d128_h8x2_b2_mode0_dups", 2, 20, 300, 16, 2, 24, 4, 0, FP), 128, 0);
