@@ -13,20 +13,18 @@ int spattn_sfa_pack_readable(const spattn_tensor *t) {
     return 1;
 }
 
-/* a dense [B, S, N, w] view of rows `stride` elements apart (data bound later); zero_stride:
-   every stride 0 but the last */
-static spattn_tensor view4(const spattn_tensor *dtype_of, int64_t B, int64_t S, int64_t N, int64_t w,
-                           int64_t stride, int zero_stride) {
-    spattn_tensor v = *dtype_of;
-    v.ndim = 4;
-    v.shape[0] = B;
-    v.shape[1] = S;
-    v.shape[2] = N;
-    v.shape[3] = w;
-    v.strides[3] = 1;
-    v.strides[2] = zero_stride ? 0 : stride;
-    v.strides[1] = zero_stride ? 0 : stride * N;
-    v.strides[0] = zero_stride ? 0 : stride * N * S;
+/* a view of like's leading dimensions and w columns, rows `stride` elements apart, dense (data
+   bound later); zero_stride: every stride 0 but the last */
+static spattn_tensor view_like(const spattn_tensor *like, int64_t w, int64_t stride, int zero_stride) {
+    spattn_tensor v = *like;
+    const int lead = like->ndim - 1;
+    v.shape[lead] = w;
+    v.strides[lead] = 1;
+    int64_t st = stride;
+    for (int d = lead - 1; d >= 0; d--) {
+        v.strides[d] = zero_stride ? 0 : st;
+        st *= like->shape[d];
+    }
     v.data = NULL;
     return v;
 }
@@ -40,7 +38,7 @@ static void seg(spattn_sfa_pack_group *g, const spattn_tensor *t, int64_t col0, 
 }
 
 int spattn_sfa_pack_fits(const spattn_sfa_problem *p, int any_dtype) {
-    if (p->seqs || (!any_dtype && p->dtype == SPATTN_DTYPE_F32) || p->D % 8 || p->Dr % 8 || p->D < 8) return 0;
+    if ((!any_dtype && p->dtype == SPATTN_DTYPE_F32) || p->D % 8 || p->Dr % 8 || p->D < 8) return 0;
     return p->shared_kv ? p->D <= SPATTN_PACK_D && p->D + p->Dr <= SPATTN_PACK_D + SPATTN_PACK_DR
                         : 2 * p->D + p->Dr <= SPATTN_PACK_D + SPATTN_PACK_DR;
 }
@@ -76,9 +74,9 @@ void spattn_sfa_pack_plan(const spattn_sfa_problem *p, int backward, spattn_sfa_
     for (int i = 0; i < SPATTN_PACK_NG; i++) {
         spattn_sfa_pack_group *x = &g[i];
         const int kside = i == SPATTN_PACK_GK || i == SPATTN_PACK_GDK;
-        x->B = p->B;
-        x->S = kside ? p->S2 : p->S1;
-        x->N = kside ? p->N2 : p->N1;
+        x->like = kside ? p->k : p->q;
+        x->rows = 1;
+        for (int dd = 0; dd < x->like->ndim - 1; dd++) x->rows *= x->like->shape[dd];
         x->nparts = i == SPATTN_PACK_GO || i == SPATTN_PACK_GDO ? 1 : 2;
         x->out = i >= SPATTN_PACK_GDQ || (i == SPATTN_PACK_GO && !backward);
         x->used = i <= SPATTN_PACK_GO || backward;
@@ -97,7 +95,7 @@ void spattn_sfa_pack_plan(const spattn_sfa_problem *p, int backward, spattn_sfa_
                 x->t[pt] = *s->t;
             } else if (n == 0 && !x->out) {
                 x->state[pt] = SPATTN_PACK_ZERO;
-                x->t[pt] = view4(p->q, x->B, x->S, x->N, partw[pt], 0, 1);
+                x->t[pt] = view_like(x->like, partw[pt], 0, 1);
             } else {
                 x->state[pt] = SPATTN_PACK_BUF;
                 if (part0[pt] < x->b0) x->b0 = part0[pt];
@@ -106,9 +104,9 @@ void spattn_sfa_pack_plan(const spattn_sfa_problem *p, int backward, spattn_sfa_
         }
         if (x->b1 < x->b0) x->b0 = x->b1 = 0;
         x->off = o;
-        o += ((size_t)x->B * x->S * x->N * (size_t)(x->b1 - x->b0) * esz + 255) & ~(size_t)255;
+        o += ((size_t)x->rows * (size_t)(x->b1 - x->b0) * esz + 255) & ~(size_t)255;
         for (int pt = 0; pt < x->nparts; pt++) {
-            if (x->state[pt] == SPATTN_PACK_BUF) x->t[pt] = view4(p->q, x->B, x->S, x->N, partw[pt], x->b1 - x->b0, 0);
+            if (x->state[pt] == SPATTN_PACK_BUF) x->t[pt] = view_like(x->like, partw[pt], x->b1 - x->b0, 0);
             if (x->subst) *dst[i][pt] = &x->t[pt];
         }
     }

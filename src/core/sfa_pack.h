@@ -49,7 +49,9 @@ typedef struct {
     int32_t out;          /* written by the kernels: copied back */
     int32_t used;         /* in this call (the forward: q', k', O') */
     int32_t subst;        /* handed to the MLA problem (a size query keeps its absent tensors NULL) */
-    int64_t B, S, N;      /* rows: B S N, dense */
+    const spattn_tensor *like; /* the rows' leading shape (q's or k's: dense [B, S, N], packed
+                                  [T, N] or paged [pages, page_size, N]) */
+    int64_t rows;         /* the product of those dimensions */
     int32_t state[2];
     int32_t b0, b1;       /* buffered columns (b0 == b1: no buffer) */
     size_t off;
@@ -62,9 +64,10 @@ typedef struct {
     size_t zero_off, bytes; /* the zero row; the workspace this part needs */
 } spattn_sfa_pack;
 
-/* 1 when the shape's columns fit MLA's: dense, fp16 / bf16 (any_dtype: fp32 too, the CPU
- * tests), D and Dr multiples of 8, shared v with D <= 512 and D + Dr <= 576, or a separate v with
- * 2 D + Dr <= 576 */
+/* 1 when the shape's columns fit MLA's: fp16 / bf16 (any_dtype: fp32 too, the CPU tests), D
+ * and Dr multiples of 8, shared v with D <= 512 and D + Dr <= 576, or a separate v with
+ * 2 D + Dr <= 576; dense or _varlen calls (packed or paged: the views keep the caller's leading
+ * dimensions, so pages stay pages) */
 int spattn_sfa_pack_fits(const spattn_sfa_problem *p, int any_dtype);
 /* The packed problem, the parts' states and the workspace layout.  A call has its outputs
  * (forward: o; backward: dq); a size query has none of o, dout, dq, dk, dv and sizes a buffer for

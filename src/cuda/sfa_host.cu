@@ -1103,8 +1103,8 @@ size_t vl_bwd_workspace(const spattn_sfa_problem *p);
 
 extern "C" size_t spattn_cuda_sfa_workspace(const spattn_sfa_problem *p, int backward) {
     size_t off[RB_N + 1];
-    if (p->seqs) return backward ? vl_bwd_workspace(p) : vl_workspace(p);
     if (spattn_sfa_pad_route(p)) return spattn_sfa_pad_workspace(p, backward);
+    if (p->seqs) return backward ? vl_bwd_workspace(p) : vl_workspace(p);
     if (!backward) {
         const int shape = fwd_shape(p);
         return shape >= 0 ? fwd_union_cfg(p, shape).bytes : ref_parts(p, 0, off);
@@ -2335,8 +2335,8 @@ spattn_status vl_bwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
 }  // namespace
 
 extern "C" spattn_status spattn_cuda_sfa_fwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
+    if (spattn_sfa_pad_route(p)) return spattn_sfa_pad_fwd(p, ex);  // before the varlen split: it takes both
     if (p->seqs) return vl_fwd(p, ex);
-    if (spattn_sfa_pad_route(p)) return spattn_sfa_pad_fwd(p, ex);
     const int shape = fwd_shape(p);
     if (shape < 0) return ref_fwd(p, ex);
     spattn_status s = limits_ok(p);
@@ -2388,8 +2388,8 @@ extern "C" spattn_status spattn_cuda_sfa_fwd(const spattn_sfa_problem *p, const 
 }
 
 extern "C" spattn_status spattn_cuda_sfa_bwd(const spattn_sfa_problem *p, const spattn_exec *ex) {
-    if (p->seqs) return vl_bwd(p, ex);
     if (spattn_sfa_pad_route(p)) return spattn_sfa_pad_bwd(p, ex);
+    if (p->seqs) return vl_bwd(p, ex);
     const int shape = fast_shape(p, 1) ? sfa::SHAPE_MLA : kmaj_fits(p) ? kmaj_shape(p) : -1;
     if (shape < 0) return ref_bwd(p, ex);
     spattn_status s = limits_ok(p);

@@ -1,7 +1,7 @@
 // The sfa shapes no narrower Hopper kernel takes, run on the DeepSeek (Mla) kernels through the
-// column map of src/core/sfa_pack.h: a dense fp16 / bf16 call whose score columns fit Mla's 576
-// and whose values its 512 (v = k's first D columns with D <= 512 and D + Dr <= 576, or a separate
-// v with 2 D + Dr <= 576), other than the shapes of the small-head / key-major kernels (D <= 256,
+// column map of src/core/sfa_pack.h: an fp16 / bf16 call (dense, packed or paged) whose score
+// columns fit Mla's 576 and whose values its 512 (v = k's first D columns with D <= 512 and
+// D + Dr <= 576, or a separate v with 2 D + Dr <= 576), other than the shapes of the small-head / key-major kernels (D <= 256,
 // Dr <= 64) and Mla itself, runs as the Mla problem on operands packed into Mla's columns; this
 // file copies them in and the outputs' columns back.  The Mla kernels (sfa_fwd.cu, sfa_union.cu,
 // sfa_bwd90.cu, sfa_bwd_small.cu) hold no per-column tests: their SASS stays the verified one.
@@ -125,7 +125,7 @@ Pack pack_of(const Group &x, unsigned char *base, bool back) {
     Pack k;
     memset(&k, 0, sizeof k);
     k.nseg = x.nseg;
-    k.rows = x.B * x.S * x.N;
+    k.rows = x.rows;
     k.buf = base + x.off;
     k.b0 = x.b0;
     k.bw = x.b1 - x.b0;
@@ -138,11 +138,13 @@ Pack pack_of(const Group &x, unsigned char *base, bool back) {
     return k;
 }
 
-// the inputs' buffers (the forward: q', k'; the backward: also o', dout')
-template <typename T> cudaError_t copy_in(const spattn_sfa_pack &d, unsigned char *base, cudaStream_t st) {
+// the inputs' buffers (the forward: q', k'; the backward: also o', dout'); outs: the outputs'
+// too (a varlen call: the kernels leave the rows of tokens past cu_seqlens_q[B] unwritten, so
+// their buffers start as the caller's rows and the copy back leaves those rows as they were)
+template <typename T> cudaError_t copy_in(const spattn_sfa_pack &d, unsigned char *base, bool outs, cudaStream_t st) {
     for (int i = 0; i < SPATTN_PACK_NG; i++) {
         const Group &x = d.g[i];
-        if (!x.used || x.out || x.b1 == x.b0) continue;  // no buffer: in place or zero
+        if (!x.used || (x.out && !outs) || x.b1 == x.b0) continue;  // no buffer: in place or zero
         const Pack k = pack_of(x, base, false);
         pack_kernel<T><<<grid_of(k.rows * k.bw / 8), 256, 0, st>>>(k);
     }
@@ -168,7 +170,7 @@ extern "C" spattn_status spattn_cuda_sfa_fwd(const spattn_sfa_problem *p, const 
 extern "C" spattn_status spattn_cuda_sfa_bwd(const spattn_sfa_problem *p, const spattn_exec *ex);
 extern "C" size_t spattn_cuda_sfa_workspace(const spattn_sfa_problem *p, int backward);
 
-// A dense fp16 / bf16 call of the column map above that no other Hopper kernel takes (those take
+// An fp16 / bf16 call of the column map above that no other Hopper kernel takes (those take
 // D <= 256 with Dr <= 64, and Mla).  Not yet run on a GPU: only with SPATTN_SFA_UNRUN_SHAPES=1
 // (else the simple kernels take it).
 extern "C" int spattn_sfa_pad_route(const spattn_sfa_problem *p) {
@@ -189,9 +191,11 @@ static spattn_status pad_call(const spattn_sfa_problem *p, const spattn_exec *ex
     cudaStream_t st = (cudaStream_t)ex->stream;
     spattn_sfa_pack d;
     spattn_sfa_pack_plan(p, backward, &d);
-    if (spattn_sfa_pack_needs_copy_back(&d) && stream_capturing(st))
-        return capture_refusal(backward ? "sfa cuda backward on packed Mla columns (a shape other than D 512 without rope)"
-                                        : "sfa cuda forward on packed Mla columns (a shape other than D 512 without rope)");
+    // a _varlen call refuses capture itself (it reads its checks back), but only after the copies
+    // in: refuse first, so that nothing is enqueued
+    if ((p->seqs || spattn_sfa_pack_needs_copy_back(&d)) && stream_capturing(st))
+        return capture_refusal(backward ? "sfa cuda backward on packed Mla columns (a _varlen call, or a shape other than D 512 without rope)"
+                                        : "sfa cuda forward on packed Mla columns (a _varlen call, or a shape other than D 512 without rope)");
     cuda_scratch scr;  // the caller's workspace (this part first, then the Mla call's) or the pool
     spattn_exec ex2 = *ex;
     if (ex->workspace) {
@@ -206,7 +210,8 @@ static spattn_status pad_call(const spattn_sfa_problem *p, const spattn_exec *ex
     spattn_sfa_pack_bind(&d, base);
     const bool bf16 = p->dtype == SPATTN_DTYPE_BF16;
     cudaError_t e = cudaMemsetAsync(base + d.zero_off, 0, SPATTN_PACK_ZERO_BYTES, st);
-    if (e == cudaSuccess) e = bf16 ? copy_in<__nv_bfloat16>(d, base, st) : copy_in<__half>(d, base, st);
+    const bool vl = p->seqs != nullptr;
+    if (e == cudaSuccess) e = bf16 ? copy_in<__nv_bfloat16>(d, base, vl, st) : copy_in<__half>(d, base, vl, st);
     if (e != cudaSuccess)
         return spattn_set_error(SPATTN_STATUS_CUDA_ERROR, "sfa cuda (packed): %s", cudaGetErrorString(e));
     const spattn_status s = backward ? spattn_cuda_sfa_bwd(&d.pp, &ex2) : spattn_cuda_sfa_fwd(&d.pp, &ex2);
