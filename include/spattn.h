@@ -407,7 +407,7 @@ SPATTN_API spattn_status spattn_bsa_varlen_workspace_size(const spattn_tensor *q
  * shapes other than MLA key-major, when its blocks hold 16 or more keys or 1 in 8 keys is
  * selected); other shapes run simple kernels (fp32 arithmetic on CUDA cores: correct, not fast).
  * The Hopper kernels for the other fp16/bf16 shapes with D <= 256 and Dr <= 64 (any multiples of
- * 8; v separate or NULL), and, in dense calls, for the shapes whose columns fit MLA's (v NULL with
+ * 8; v separate or NULL), and for the shapes whose columns fit MLA's (v NULL with
  * D <= 512 and D + Dr <= 576, or a separate v with 2 D + Dr <= 576: the MLA kernels on operands
  * packed into its 512 + 64 columns in the workspace, the outputs' columns copied back; a call
  * that copies outputs back refuses stream capture with NOT_SUPPORTED), are written but not yet

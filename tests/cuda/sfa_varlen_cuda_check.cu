@@ -1053,6 +1053,15 @@ int main(int argc, char **argv) {
     // a rope part narrower than 64 (MiniCPM3's D 256 + Dr 32, shared V), paged
     cases.push_back({"rope_shv_d256r32_paged16_h16", 16, 1, 256, 32, 24, 8, 3, BF, 16, 0, {6, 0, 11, 2}, {70, 5, 130, 0}});
     cases.back().hopper = 1;
+    // the Mla kernels on packed columns (src/core/sfa_pack.h, sfa_pad.cu): D 512 without rope over
+    // pages (nothing copied), D 384 + 64 packed, a separate v of D 288 over pages (the outputs'
+    // buffers start as the caller's rows: rows past cu_seqlens_q stay unwritten)
+    cases.push_back({"mlapad_shv_d512_paged16_h16", 16, 1, 512, 0, 24, 8, 3, BF, 16, 0, {6, 0, 11, 2}, {70, 5, 130, 0}});
+    cases.back().hopper = 1;
+    cases.push_back({"mlapad_shv_d384r64_packed_h64", 64, 1, 384, 64, 20, 4, 3, FP, 0, 0, {5, 12, 0}, {80, 200, 3}});
+    cases.back().hopper = 1;
+    cases.push_back({"mlapad_sep_d288_paged64_h8x2", 16, 2, 288, 0, 16, 16, 0, BF, 64, 1, {9, 0, 20}, {300, 5, 150}});
+    cases.back().hopper = 1;
     if (!quick) {
         Rng r(2027);
         const int n1s[4] = {4, 16, 64, 128}, pages[4] = {0, 16, 64, 256};
