@@ -32,7 +32,9 @@
  *     take, or 17-32 with deterministic = 0 and rows selecting most keys they reach, and the
  *     separate-V shapes at any head count), per 64-key block: a non-finite q, dO, O or LSE of a
  *     token can make dK / dV of every key of the blocks its row touches NaN, a non-finite k row
- *     the dQ of every token touching its block; sfa forward and backward at 4, 8, 16 or 32 query
+ *     that some token selects the dQ of every token touching its block (in the _varlen calls a
+ *     64-row block of the key side may hold rows of two sequences, so this crosses sequences);
+ *     sfa forward and backward at 4, 8, 16 or 32 query
  *     heads per key head with D 512 + 64 and shared kv (and the shapes run packed into its
  *     columns), the grouped form: groups of 64 / H
  *     consecutive tokens run over the union of their selections, so a non-finite q of a token can

@@ -144,12 +144,19 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd90_kernel(const __grid_constant
                     }
                 } else {  // 64 contiguous keys per block; keys no token of the group selects
                           // zero-filled (a NaN row times P = 0 would be NaN in O)
-                    const int kb0 = __ldg(ulst + 2 * i), kb1 = 2 * i + 1 < ucnt ? __ldg(ulst + 2 * i + 1) : -1;
-                    unsigned long long u0 = 0ull, u1 = 0ull;
-                    for (int tt = 0; tt < p.ug; tt++) {
-                        u0 |= __ldg(umsk + (int64_t)(2 * i) * p.ug + tt);
-                        if (kb1 >= 0) u1 |= __ldg(umsk + (int64_t)(2 * i + 1) * p.ug + tt);
-                    }
+                    const bool odd = 2 * i + 1 < ucnt;
+                    const int kb0 = __ldg(ulst + 2 * i), kb1 = odd ? __ldg(ulst + 2 * i + 1) : -1;
+                    // the OR of the group's token masks of both blocks in one L2 trip (the plan
+                    // kernel wrote them: not in L1): lane l loads token l's mask of block 2i
+                    // (l < ug) or token l - ug's of block 2i + 1 (the next ug words; 2 ug <= 32),
+                    // then a butterfly within each aligned run of ug lanes (a power of two).  A
+                    // loop over the tokens waited on L2 up to 5 times a pair (review, ptxas).
+                    const int lane = t & 31;
+                    unsigned long long u = lane < p.ug || (odd && lane < 2 * p.ug)
+                                               ? __ldg(umsk + (int64_t)(2 * i) * p.ug + lane) : 0ull;
+                    for (int o = 1; o < p.ug; o <<= 1) u |= __shfl_xor_sync(0xffffffffu, u, o);
+                    const unsigned long long u0 = __shfl_sync(0xffffffffu, u, 0);
+                    const unsigned long long u1 = __shfl_sync(0xffffffffu, u, p.ug & 31);
 #pragma unroll
                     for (int r = 0; r < 4; r++) {
                         const int j = gat.grp + 16 * r, a = kb0 * BK + j, bb = kb1 * BK + j;
