@@ -180,10 +180,16 @@ extern "C" int spattn_sfa_pad_route(const spattn_sfa_problem *p) {
     return g && g[0] == '1';
 }
 
-// The packed call's buffers, then the Mla call's own workspace
+// The packed call's buffers, then the Mla call's own workspace.  Always the size query's answer
+// (o, dout and the outputs as if absent: a buffer for each), also when the API checks a call's
+// caller workspace: the answer holds for any layout of those tensors (spattn.h), and a workspace
+// one byte short of it is refused whatever the call's layout would have needed (the call itself
+// uses its exact layout, the Mla call the rest).
 extern "C" size_t spattn_sfa_pad_workspace(const spattn_sfa_problem *p, int backward) {
+    spattn_sfa_problem q = *p;
+    q.o = q.dout = q.dq = q.dq_rope = q.dk = q.dk_rope = q.dv = nullptr;
     spattn_sfa_pack d;
-    spattn_sfa_pack_plan(p, backward, &d);
+    spattn_sfa_pack_plan(&q, backward, &d);
     return d.bytes + spattn_cuda_sfa_workspace(&d.pp, backward);
 }
 
