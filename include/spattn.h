@@ -41,8 +41,9 @@
  *     make dK of every key of its group's union NaN, a non-finite k row the O and dQ of every
  *     token of the groups whose union holds it; in the _varlen calls the groups are
  *     consecutive packed tokens of one sequence, never crossing sequences; the forward's group
- *     form of the other shapes with D <= 128 (not yet run on a GPU, SPATTN_SFA_GROUP=1): groups
- *     of 16 / 8 / 4 tokens at 8 / 16 / 32 heads per key head over their union, so a non-finite v
+ *     form of the other shapes with D <= 128 (dense calls, 9-32 heads per key head, where
+ *     neighbouring tokens' selections overlap): groups of 8 / 4 tokens at 16 / 32 heads over
+ *     their union, so a non-finite v
  *     row (shared kv: k's first D columns) some token of a group selects makes the O of every
  *     token of the group NaN).  Such a value
  *     only adds NaN, it never turns a result into a plausible finite number; the CPU backend
@@ -403,17 +404,14 @@ SPATTN_API spattn_status spattn_bsa_varlen_workspace_size(const spattn_tensor *q
  *   lse      [B, S1, N1]        output, fp32; may be NULL
  * D and Dr: multiples of 8 (Dr may be 0), D <= 1024, Dr <= 256.  q/q_rope (and k/k_rope) may
  * be two strided views of one concatenated [.., D+Dr] buffer or separate buffers.
- * CUDA kernels: fp16/bf16 rows of unit stride, 16-byte aligned, with D 512, Dr 64 and v NULL
- * (DeepSeek MLA), or a separate v with D 128 and Dr 0 (NSA-style) or 64, D 64 or D 256 (Dr 0),
- * or v NULL with D 128 or 256 and Dr 0 or 64, run the Hopper kernels (the backward of the
- * shapes other than MLA key-major, when its blocks hold 16 or more keys or 1 in 8 keys is
- * selected); other shapes run simple kernels (fp32 arithmetic on CUDA cores: correct, not fast).
- * The Hopper kernels for the other fp16/bf16 shapes with D <= 256 and Dr <= 64 (any multiples of
- * 8; v separate or NULL), and for the shapes whose columns fit MLA's (v NULL with
- * D <= 512 and D + Dr <= 576, or a separate v with 2 D + Dr <= 576: the MLA kernels on operands
- * packed into its 512 + 64 columns in the workspace, the outputs' columns copied back; a call
- * that copies outputs back refuses stream capture with NOT_SUPPORTED), are written but not yet
- * verified on a GPU: off unless the environment sets SPATTN_SFA_UNRUN_SHAPES=1.
+ * CUDA kernels: fp16/bf16 rows of unit stride, 16-byte aligned, with D <= 256 and Dr <= 64 (any
+ * multiples of 8; v separate or NULL), or D 512, Dr 64 and v NULL (DeepSeek MLA), run the Hopper
+ * kernels (the backward of the shapes other than MLA key-major, when its blocks hold 16 or more
+ * keys or 1 in 8 keys is selected); the other fp16/bf16 shapes whose columns fit MLA's (v NULL with
+ * D <= 512 and D + Dr <= 576, or a separate v with 2 D + Dr <= 576, any layout) run the MLA
+ * kernels on operands packed into its 512 + 64 columns in the workspace, the outputs' columns
+ * copied back (a call that copies outputs back refuses stream capture with NOT_SUPPORTED); other
+ * shapes run simple kernels (fp32 arithmetic on CUDA cores: correct, not fast).
  * CUDA: the indices are checked on the device and the verdict read back once per call: the call
  * waits for the scan (and the work queued before it on the stream), not for the attention
  * kernels, which run on after it returns, gated on the verdict on the device.  Under stream capture (CUDA graphs) the fp16/bf16 forward and backward of
@@ -470,6 +468,10 @@ SPATTN_API spattn_status spattn_sfa_bwd_ex(const spattn_tensor *q, const spattn_
  * taken; the key ids of groups packed 64 to a block are the 256); without a caller workspace it
  * comes from a stream-ordered pool of the library that keeps its memory between calls.  The
  * CUDA backward of those shapes runs the same groups (c = ceil(S2 / 64)); its size includes it.
+ * The forward of the other shapes with D <= 128 at 9-32 heads per key head (sbs <= 64) plans its
+ * group form the same way (groups of 8 / 4 tokens).  Shapes run on the MLA kernels through packed
+ * columns add their packed operands (q, k and, for the backward, o, dout, dq, dk, dv: up to
+ * 1152 bytes a row each in fp16 / bf16) to the MLA call's need.
  * The CUDA backward's workspace: 10-220 MB on the public sfa suite.  When the per-token kernel takes the call (more than 32 query heads per key head, or
  * shapes the grouped forms do not take), its accumulator is larger than 48 MiB (B S2 N2 x 2304
  * bytes) and K <= 8192, it also holds the index rows sorted (B S1 N2 K x 4 bytes), so that the

@@ -418,14 +418,6 @@ int fwd_shape(const spattn_sfa_problem *p) {
                                        : -1;
     }
     if (shape < 0) return -1;
-    // D 64 + Dr 64 and D 192 (thirty-first session), D or Dr not a multiple of 64 and the shapes
-    // after SHAPE_SEP_192_64 (thirty-second): compiled, not yet run on a GPU, so gated:
-    // SPATTN_SFA_UNRUN_SHAPES=1 routes them to the Hopper kernels (sfa_cuda_check sets it), else
-    // the simple kernels take them.  Ungate after their first device run.
-    if (shape >= sfa::SHAPE_SEP_64_64 || p->D % 64 || p->Dr % 64) {
-        const char *g = getenv("SPATTN_SFA_UNRUN_SHAPES");
-        if (!(g && g[0] == '1')) return -1;
-    }
     const spattn_tensor *ts[] = {p->q, p->q_rope, p->k, p->k_rope, p->v, p->o};
     for (int i = 0; i < 6; ++i)
         if (!rows_aligned(ts[i])) return -1;
@@ -528,20 +520,30 @@ UnionCfg union_cfg(const spattn_sfa_problem *p, int shape, bool bwd = false, int
 // The group form of the forward (sfa_fwd_group.cu): the non-Mla shapes of D <= 128 (separate or
 // shared V; NSA's D 128 among them) with H <= 32 heads per key head, sbs <= 64, dense calls;
 // groups of ug tokens over the union plan's blocks (sfa_fwd_group.cu's group_gw: 16 / 8 / 4
-// tokens at N = 8 / 16 / 32 heads), every group without a repeated key (no MMA row is wasted, so
-// no density threshold).  Compiled, not yet run on a GPU: only with
-// SPATTN_SFA_GROUP=1 (tests, measurements).
+// tokens at N = 8 / 16 / 32 heads).  A group is taken when its density (selected keys / (union
+// blocks x 64 x ug)) reaches group_min_density: the form saves the gathers of the blocks its
+// tokens share and pays per group.  Measured (H200, 2026-12-05, binaries of 25a06cd, every group
+// taken vs none, medians of 10, two rounds): sfas01 (16 heads, causal, density ~0.28) 1.19x
+// faster (105 vs 88 TFLOP/s), sfas04 1.10x, sfas02 (32 heads, ~0.4) 1.03x, sfas03 (16 heads,
+// mode 0 over 256 blocks, ~0.13) 0.85x.  Not measured at 8 heads or fewer: not taken there.
+// SPATTN_SFA_GROUP=0 turns it off, =1 takes every group without a repeated key (tests);
+// SPATTN_SFA_UNION_DENSITY=x sets the least density (measurements).
+float group_min_density(int64_t H) { return H <= 8 ? 2.f : H <= 16 ? 0.20f : 0.35f; }
 UnionCfg group_cfg(const spattn_sfa_problem *p, int shape) {
     UnionCfg u;
-    const char *env = getenv("SPATTN_SFA_GROUP");
+    const char *env = getenv("SPATTN_SFA_GROUP"), *den = getenv("SPATTN_SFA_UNION_DENSITY");
+    const bool all = env && env[0] == '1';
     // a shape of fwd_shape other than Mla with at most two value boxes (the kernel's O^T registers)
-    if (!(env && env[0] == '1') || shape < 0 || shape == sfa::SHAPE_MLA || dpad64(p->D) > 128) return u;
+    if ((env && env[0] == '0') || shape < 0 || shape == sfa::SHAPE_MLA || dpad64(p->D) > 128) return u;
     const int64_t H = p->N1 / p->N2, nkw = (p->S2 + 63) / 64, n = H <= 8 ? 8 : H <= 16 ? 16 : 32;
     const int64_t ug = 2 * (64 / n);
-    if (H > 32 || p->sbs > 64 || p->K > (1 << 24) || (size_t)(ug * nkw * 8) > UNION_PLAN_SMEM) return u;
+    float md = all ? 0.f : den ? (float)atof(den) : group_min_density(H);
+    if (md > 1.f || H > 32 || p->sbs > 64 || p->K > (1 << 24) || (size_t)(ug * nkw * 8) > UNION_PLAN_SMEM) return u;
     // a selected entry (sbs <= 64, a power of two) lies in one 64-key block: a group's union has at
-    // most ug K blocks
-    union_layout(u, p, ug, std::min<int64_t>(nkw, ug * p->K), 0.f);
+    // most ug K blocks, and a group taken at density md at most K sbs / (64 md) of them
+    int64_t cap = std::min<int64_t>(nkw, ug * p->K);
+    if (md > 0.f) cap = std::min<int64_t>(cap, (int64_t)((double)p->K * p->sbs / (64.0 * md)) + 1);
+    union_layout(u, p, ug, cap, md);
     return u;
 }
 // The forward's grouped pass for fwd_shape `shape`: Mla's union form, or the group form

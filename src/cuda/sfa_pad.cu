@@ -171,13 +171,10 @@ extern "C" spattn_status spattn_cuda_sfa_bwd(const spattn_sfa_problem *p, const 
 extern "C" size_t spattn_cuda_sfa_workspace(const spattn_sfa_problem *p, int backward);
 
 // An fp16 / bf16 call of the column map above that no other Hopper kernel takes (those take
-// D <= 256 with Dr <= 64, and Mla).  Not yet run on a GPU: only with SPATTN_SFA_UNRUN_SHAPES=1
-// (else the simple kernels take it).
+// D <= 256 with Dr <= 64, and Mla).
 extern "C" int spattn_sfa_pad_route(const spattn_sfa_problem *p) {
-    if (!spattn_sfa_pack_fits(p, 0) || (p->D <= 256 && p->Dr <= 64) || (p->shared_kv && p->D == sfa::D && p->Dr == sfa::DR))
-        return 0;
-    const char *g = getenv("SPATTN_SFA_UNRUN_SHAPES");
-    return g && g[0] == '1';
+    return spattn_sfa_pack_fits(p, 0) && !(p->D <= 256 && p->Dr <= 64) &&
+           !(p->shared_kv && p->D == sfa::D && p->Dr == sfa::DR);
 }
 
 // The packed call's buffers, then the Mla call's own workspace.  Always the size query's answer

@@ -1399,7 +1399,5 @@ int main(int argc, char **argv) {
         printf("sfa_cuda_check: no CUDA device, skipped\n");
         return 0;
     }
-    // the shapes fwd_shape gates until their first device run (D 64 + 64, D 192): checked here
-    setenv("SPATTN_SFA_UNRUN_SHAPES", "1", 1);
     return small_tests(argc > 1 && !strcmp(argv[1], "quick"));
 }

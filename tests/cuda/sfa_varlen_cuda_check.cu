@@ -1002,7 +1002,6 @@ static std::vector<int> rand_lens(Rng &r, int B, int maxlen) {
 }
 
 int main(int argc, char **argv) {
-    setenv("SPATTN_SFA_UNRUN_SHAPES", "1", 1);  // fwd_shape's gated shapes (D 192) checked too
     int a = 1;
     if (argc > a && !strcmp(argv[a], "selftest")) {
         g_cpu_only = true;
