@@ -400,7 +400,11 @@ template <typename T, class S, int HP> cudaError_t launch_hp(const Params &p, co
     return cudaGetLastError();
 }
 
-template <typename T, class S> cudaError_t launch_shape(const Params &p, const SmallLists &L, int nl, cudaStream_t st) {
+// S0: the shape; the kernel always takes its PadOf instantiation (the partial-box tests: no
+// measurable cost in this backward, H200 2026-12-05, sfa_shapes.cases 0.995-1.001x of the
+// tree without them)
+template <typename T, class S0> cudaError_t launch_shape(const Params &p, const SmallLists &L, int nl, cudaStream_t st) {
+    using S = sfa::PadOf<S0>;
     // fewer than 4 heads per key head run 4-head rows (the padded rows masked)
     if (p.H <= 4) return launch_hp<T, S, 4>(p, L, nl, st);
     if (p.H <= 8) return launch_hp<T, S, 8>(p, L, nl, st);

@@ -270,7 +270,7 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_group_kernel(const __grid_cons
             T *ob = static_cast<T *>(p.out_o) + b * p.so[0] + (int64_t)s1 * p.so[1] + (int64_t)head0 * p.so[2];
             for (int x = t; x < nh * CH; x += 128) {
                 const int row = x / CH, ch = x % CH;
-                if (ch * 8 < p.dn)  // columns past D: padding
+                if (!S::PADV || ch * 8 < p.dn)  // columns past D: padding
                     __stcs(reinterpret_cast<int4 *>(ob + (int64_t)row * p.so[2] + ch * 8),
                            *reinterpret_cast<const int4 *>(os + row * ROWB + ch * 16));
             }
@@ -301,6 +301,8 @@ template <typename T, typename S> cudaError_t launch_h(const Params &p, cudaStre
                                                                                               : cudaErrorInvalidValue;
 }
 template <typename S> cudaError_t launch_t(const Params &p, int is_bf16, cudaStream_t st) {
+    if (sfa::padded<S>(p))  // D or Dr not a whole box count: the tests (sfa::PadOf)
+        return is_bf16 ? launch_h<__nv_bfloat16, sfa::PadOf<S>>(p, st) : launch_h<__half, sfa::PadOf<S>>(p, st);
     return is_bf16 ? launch_h<__nv_bfloat16, S>(p, st) : launch_h<__half, S>(p, st);
 }
 

@@ -33,6 +33,8 @@
 // columns past D zero in K, V and Q, so S and P V are exact; O's columns past D not stored).
 #include <math.h>
 
+#include <type_traits>
+
 #include "cta_trace.cuh"
 #include "hopper/hopper.cuh"
 #include "sfa_gather.cuh"
@@ -422,6 +424,9 @@ template <typename T, bool VL, typename S> cudaError_t launch_h(const Params &p,
 }
 
 template <bool VL, typename S> cudaError_t launch_t(const sfa::Params *p, int is_bf16, cudaStream_t st) {
+    if constexpr (!std::is_same<S, sfa::Mla>::value)  // D or Dr not a whole box count: the tests
+        if (sfa::padded<S>(*p))
+            return is_bf16 ? launch_h<__nv_bfloat16, VL, sfa::PadOf<S>>(*p, st) : launch_h<__half, VL, sfa::PadOf<S>>(*p, st);
     return is_bf16 ? launch_h<__nv_bfloat16, VL, S>(*p, st) : launch_h<__half, VL, S>(*p, st);
 }
 template <bool VL> cudaError_t launch_shape(const sfa::Params *p, int is_bf16, int shape, cudaStream_t st) {

@@ -17,20 +17,29 @@ constexpr int GBOX = GBK * 128;     // one box of a block
 // (else V is k's first D columns).  Mla: the DeepSeek shape every fast kernel takes; the
 // small-head forward also takes separate-V shapes (Sep): Nsa (D 128, no rope: NSA-style
 // selection), and D 128 + Dr 64 (NSA's d_k 192 / d_v 128), D 64 (Dr 0 or 64), D 192 (Dr 0 or 64), D 256.
-template <int NBN_, int NBR_, bool SEPV_> struct Shape {
+template <int NBN_, int NBR_, bool SEPV_, bool PAD_ = false> struct Shape {
     static constexpr int NBN = NBN_, NBR = NBR_, NBK = NBN + NBR;  // NBK: the score's columns
     static constexpr bool SEPV = SEPV_;
     static constexpr int NBT = NBK + (SEPV ? NBN : 0);  // boxes per gathered block
     static constexpr int D = 64 * NBN, DR = 64 * NBR;
-    // the last value box and the rope box may be partial: the call's D (Params::dn) in
-    // 64 (NBN - 1) + 8 .. 64 NBN, its Dr (Params::dr) in 8 .. 64 (NBR 1), the columns past them
-    // zero-filled.  Not Mla: fast_shape takes D = 512 and Dr = 64 only.
-    static constexpr bool PADV = !(NBN == 8 && NBR == 1 && !SEPV);
+    // PAD (PadOf): the last value box and the rope box may be partial: the call's D
+    // (Params::dn) in 64 (NBN - 1) + 8 .. 64 NBN, its Dr (Params::dr) in 8 .. 64 (NBR 1), the
+    // columns past them zero-filled.  A separate instantiation, taken only by calls whose D or Dr
+    // is not a whole box count: the tests cost the small-head forward 1.08x the time on
+    // sfa_shapes.cases where nothing is partial (H200, 2026-12-05: the gather's address selects
+    // nearly doubled its instructions per block).
+    static constexpr bool PADV = PAD_;
     static_assert(NBR <= 1, "one rope box at most (Dr <= 64)");
     // the box holding V's columns 64 d .. 64 d + 63
     static __host__ __device__ constexpr int vbox(int d) { return SEPV ? NBK + d : d; }
 };
 using Mla = Shape<8, 1, false>;
+// the same shape with partial last boxes (Params::dn / dr below its widths)
+template <class S> using PadOf = Shape<S::NBN, S::NBR, S::SEPV, true>;
+// whether the call needs the PadOf instantiation of S (host and device)
+template <class S> __host__ __device__ inline bool padded(const Params &p) {
+    return p.dn != S::D || (S::NBR == 1 && p.dr != S::DR);
+}
 template <int NBN, int NBR> using Sep = Shape<NBN, NBR, true>;
 using Nsa = Sep<2, 0>;
 // shared V (V = k's first D columns) at other widths: D 64 / 128 / 192 / 256, with or without the
