@@ -41,9 +41,9 @@
  *     make dK of every key of its group's union NaN, a non-finite k row the O and dQ of every
  *     token of the groups whose union holds it; in the _varlen calls the groups are
  *     consecutive packed tokens of one sequence, never crossing sequences; the forward's group
- *     form of the other shapes with D <= 128 (dense calls, 9-32 heads per key head, where
- *     neighbouring tokens' selections overlap): groups of 8 / 4 tokens at 16 / 32 heads over
- *     their union, so a non-finite v
+ *     form of the other shapes with D <= 128 (dense calls, 9-16 heads per key head, where
+ *     neighbouring tokens' selections overlap): groups of 8 tokens over their union, so a
+ *     non-finite v
  *     row (shared kv: k's first D columns) some token of a group selects makes the O of every
  *     token of the group NaN).  Such a value
  *     only adds NaN, it never turns a result into a plausible finite number; the CPU backend
@@ -468,8 +468,8 @@ SPATTN_API spattn_status spattn_sfa_bwd_ex(const spattn_tensor *q, const spattn_
  * taken; the key ids of groups packed 64 to a block are the 256); without a caller workspace it
  * comes from a stream-ordered pool of the library that keeps its memory between calls.  The
  * CUDA backward of those shapes runs the same groups (c = ceil(S2 / 64)); its size includes it.
- * The forward of the other shapes with D <= 128 at 9-32 heads per key head (sbs <= 64) plans its
- * group form the same way (groups of 8 / 4 tokens).  Shapes run on the MLA kernels through packed
+ * The forward of the other shapes with D <= 128 at 9-16 heads per key head (sbs <= 64) plans its
+ * group form the same way (groups of 8 tokens).  Shapes run on the MLA kernels through packed
  * columns add their packed operands (q, k and, for the backward, o, dout, dq, dk, dv: up to
  * 1152 bytes a row each in fp16 / bf16) to the MLA call's need.
  * The CUDA backward's workspace: 10-220 MB on the public sfa suite.  When the per-token kernel takes the call (more than 32 query heads per key head, or

@@ -522,13 +522,13 @@ UnionCfg union_cfg(const spattn_sfa_problem *p, int shape, bool bwd = false, int
 // groups of ug tokens over the union plan's blocks (sfa_fwd_group.cu's group_gw: 16 / 8 / 4
 // tokens at N = 8 / 16 / 32 heads).  A group is taken when its density (selected keys / (union
 // blocks x 64 x ug)) reaches group_min_density: the form saves the gathers of the blocks its
-// tokens share and pays per group.  Measured (H200, 2026-12-05, binaries of 25a06cd, every group
-// taken vs none, medians of 10, two rounds): sfas01 (16 heads, causal, density ~0.28) 1.19x
-// faster (105 vs 88 TFLOP/s), sfas04 1.10x, sfas02 (32 heads, ~0.4) 1.03x, sfas03 (16 heads,
-// mode 0 over 256 blocks, ~0.13) 0.85x.  Not measured at 8 heads or fewer: not taken there.
-// SPATTN_SFA_GROUP=0 turns it off, =1 takes every group without a repeated key (tests);
-// SPATTN_SFA_UNION_DENSITY=x sets the least density (measurements).
-float group_min_density(int64_t H) { return H <= 8 ? 2.f : H <= 16 ? 0.20f : 0.35f; }
+// tokens share and pays per group.  Measured (H200, 2026-12-05, binaries of 04ed5ec, every group
+// taken vs none, medians of 10): sfas01 (16 heads, causal, density ~0.28) 1.11x faster (107.3
+// vs 96.8 TFLOP/s), sfas04 1.03x, sfas03 (16 heads, mode 0 over 256 blocks, ~0.13) 0.81x, sfas02
+// (32 heads, ~0.4) 0.96x: taken at 9-16 heads from 0.20, not at 32 (nor at 8 or fewer: not
+// measured).  SPATTN_SFA_GROUP=0 turns it off, =1 takes every group without a repeated key
+// (tests); SPATTN_SFA_UNION_DENSITY=x sets the least density (measurements).
+float group_min_density(int64_t H) { return H <= 8 || H > 16 ? 2.f : 0.20f; }
 UnionCfg group_cfg(const spattn_sfa_problem *p, int shape) {
     UnionCfg u;
     const char *env = getenv("SPATTN_SFA_GROUP"), *den = getenv("SPATTN_SFA_UNION_DENSITY");
