@@ -22,6 +22,7 @@
 #include <type_traits>
 
 #include "../core/seqs.h"
+#include "../core/sfa_pack.h"
 #include "convert.cuh"
 
 #include <cub/block/block_radix_sort.cuh>
@@ -347,14 +348,8 @@ __global__ void zero_if_kernel(unsigned long long *p, int64_t n, const int *run_
 }
 
 // ---- fast-path eligibility -----------------------------------------------------------------------
-bool rows_aligned(const spattn_tensor *t) {
-    if (!t) return true;
-    if (t->strides[3] != 1) return false;
-    if (((uintptr_t)t->data) % 16) return false;
-    for (int d = 0; d < 3; ++d)
-        if (t->strides[d] % 8) return false;
-    return true;
-}
+// rows of unit last stride, 16-byte aligned (the packed route's test too: sfa_pack.h)
+bool rows_aligned(const spattn_tensor *t) { return !t || spattn_sfa_pack_readable(t); }
 
 // The Hopper kernels' shapes: fp16/bf16, D = 512, Dr = 64, shared key/value, rows of unit stride,
 // 16-byte aligned.  Other valid inputs run on the simple kernels of sfa_ref.cu (fp32 arithmetic on
