@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Upper bounds for the NSA-like forward (issue 12: sbs 64, D 128, separate V, 16 heads per key head,
 K 16 blocks, S 8192, mode 3) under the suite's index generation (cases/README.md: the newest block
-always, the others uniform over the allowed ones), for three kernel forms.  A model, not a
+always, the others uniform over the allowed ones), for three kernel forms and two variants of the
+third (3', 3'').  A model, not a
 measurement: the rates it takes are measured elsewhere (runbook, "Design space of the NSA-like
 bar").
   python3 bench/models/nsa_reuse.py [S] [K] [H]
@@ -51,3 +52,29 @@ for g in (8, 16):
     print(f"3. keys as MMA rows, groups of {g:2d}: {smem / 1024:.1f} KB of shared memory per pair -> "
           f"<= {flop_pair / cyc * CLK * SMS / 1e12:.0f} TFLOP/s (copy roofline "
           f"{GATHER_TBS * flop_pair / BLK * pairs / loaded:.0f}); O^T of the group: {g * H * 128 * 4 // 1024} KB of registers")
+# 3'. the same with the S^T of a consumer warpgroup's GW = 64 / H tokens as one m64n64 SS GEMM per
+# block (sfa_fwd_group.cu since the thirty-fourth session: no per-token wait chain; the S^T of the
+# tokens that did not select the block wasted), skipped where none of the GW selected it; O^T per
+# pair as in 3.  Groups of G = 2 GW tokens (two consumer warpgroups).
+if 64 % H == 0:
+    gw = 64 // H
+    g = 2 * gw
+    loaded = sblk = 0
+    for i in range(0, S, g):
+        loaded += len(set().union(*sels[i:i + g]))
+        for c in (0, 1):
+            sblk += len(set().union(*sels[i + c * gw:i + (c + 1) * gw]))
+    smem = (sblk * 2 * 16384 + pairs * (16384 + H * 128) + BLK * loaded) / pairs
+    mma = (sblk * 64 * 64 * 128 * 2 + pairs * 64 * H * 128 * 2) / pairs
+    cyc = max(smem / SMEM_BPC, mma / MMA_FPC)
+    print(f"3'. one m64n64 S^T per warpgroup and block, groups of {g:2d}: {sblk / pairs:.2f} S^T GEMMs per pair, "
+          f"{smem / 1024:.1f} KB of shared memory per pair, {mma / flop_pair:.2f}x the useful MMA -> "
+          f"<= {flop_pair / cyc * CLK * SMS / 1e12:.0f} TFLOP/s (copy roofline "
+          f"{GATHER_TBS * flop_pair / BLK * pairs / loaded:.0f})")
+    # 3''. the O^T GEMM also over the warpgroup's GW tokens at once (m64n64 per d-tile, the P^T of
+    # tokens without the block zero): one softmax a block, no per-token branch; the MMA of form 2
+    smem2 = (sblk * (2 * 16384 + 16384 + 64 * 128) + BLK * loaded) / pairs
+    mma2 = sblk * 2 * 64 * 64 * 128 * 2 / pairs
+    cyc2 = max(smem2 / SMEM_BPC, mma2 / MMA_FPC)
+    print(f"3''. S^T and O^T per warpgroup and block as m64n64: {smem2 / 1024:.1f} KB of shared memory per pair, "
+          f"{mma2 / flop_pair:.2f}x the useful MMA -> <= {flop_pair / cyc2 * CLK * SMS / 1e12:.0f} TFLOP/s")
