@@ -2,9 +2,8 @@
 """Upper bounds for the NSA-like forward (issue 12: sbs 64, D 128, separate V, 16 heads per key head,
 K 16 blocks, S 8192, mode 3) under the suite's index generation (cases/README.md: the newest block
 always, the others uniform over the allowed ones), for three kernel forms and two variants of the
-third (3', 3'').  A model, not a
-measurement: the rates it takes are measured elsewhere (runbook, "Design space of the NSA-like
-bar").
+third (3', 3'').  A model, not a measurement: the rates it takes are measured elsewhere (runbook,
+"Design space of the NSA-like bar").
   python3 bench/models/nsa_reuse.py [S] [K] [H]
 """
 import random
