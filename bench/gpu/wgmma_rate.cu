@@ -6,7 +6,8 @@
 // pipe active" can be read.
 //   build: nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I src/cuda bench/gpu/wgmma_rate.cu -o wgmma_rate
 //   run:   ./wgmma_rate [iters=4000]
-// Variants: SS / RS (A from registers), N = 64 / 128 / 256, 1 or 2 issuing warpgroups; SS n64
+// Variants: SS / RS (A from registers), N = 16 / 32 / 64 / 128 / 256, 1 or 2 issuing warpgroups
+// (N = 16 also as four independent chains, the keys-as-rows forward's tokens); SS n64
 // with both operands MN-major (transposed, as the bsa backward's dQ GEMM reads dS^T and K).  (A
 // variant replaying the bsa backward's five GEMMs per step with its waits made ptxas serialise
 // every wgmma here, C7511 / C7512, so it is not included.)
@@ -24,7 +25,7 @@ using E = hop::elt<T>;
 
 constexpr int SMEM = 2 * 64 * 128 * 2 + 2 * 256 * 128 * 2 + 1024;  // per WG: A 64 x 128, B 256 x 128
 
-enum Kind { SS64 = 0, RS64, SS128, RS128, SS256, SS64T };
+enum Kind { SS64 = 0, RS64, SS128, RS128, SS256, SS64T, SS16, RS16, SS16X4, RS16X4, SS32, RS32 };
 
 template <int KIND>
 __global__ void __launch_bounds__(256, 1) rate_kernel(int iters, int nwg, float *sink) {
@@ -69,6 +70,29 @@ __global__ void __launch_bounds__(256, 1) rate_kernel(int iters, int nwg, float 
             const uint64_t dAt = hop::desc_sw128(a, 8192, 1024), dBt = hop::desc_sw128(b, 8192, 1024);
 #pragma unroll
             for (int kk = 0; kk < 8; kk++) E::ss64<1, 1>(a32, hop::desc_add(dAt, (kk & 3) * 2048), hop::desc_add(dBt, kk * 2048), 1);
+        } else if constexpr (KIND == SS16 || KIND == RS16 || KIND == SS32 || KIND == RS32) {
+            // the narrow N of the keys-as-rows forward (S^T = K Q^T, one token's 16 or 32 heads):
+            // A 2 KB a k-step against B 0.5 / 1 KB, so SS is bounded by shared-memory operand reads
+            // if those run at ~128 B a clock; RS reads only B
+            constexpr int N = (KIND == SS16 || KIND == RS16) ? 16 : 32;
+            float(&an)[N / 2] = *reinterpret_cast<float(*)[N / 2]>(acc);
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) {
+                if constexpr (KIND == SS16 || KIND == SS32) E::ssn<N, 0, 0>(an, kA(kk), kB(N, kk), 1);
+                else if constexpr (N == 16) wgmma_rs_m64n16k16_bf16<0>(an, ra[kk & 3], kB(N, kk), 1);
+                else wgmma_rs_m64n32k16_bf16<0>(an, ra[kk & 3], kB(N, kk), 1);
+            }
+        } else if constexpr (KIND == SS16X4 || KIND == RS16X4) {
+            // four independent m64n16 chains (four tokens' S^T against one key block), interleaved
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++)
+#pragma unroll
+                for (int t = 0; t < 4; t++) {
+                    float(&an)[8] = *reinterpret_cast<float(*)[8]>(acc + 8 * t);
+                    const uint64_t b = hop::desc_add(kB(64, kk), t * 16 * 128);
+                    if constexpr (KIND == SS16X4) E::ssn<16, 0, 0>(an, kA(kk), b, 1);
+                    else wgmma_rs_m64n16k16_bf16<0>(an, ra[kk & 3], b, 1);
+                }
         } else if constexpr (KIND == SS256) {
 #pragma unroll
             for (int kk = 0; kk < 8; kk++) E::ss256<0, 0>(acc, kA(kk), kB(256, kk), 1);
@@ -129,7 +153,10 @@ int main(int argc, char **argv) {
     } vs[] = {{"SS m64n64k16 (x8)", SS64, 8 * 2.0 * 64 * 64 * 16},    {"RS m64n64k16 (x8)", RS64, 8 * 2.0 * 64 * 64 * 16},
               {"SS m64n128k16 (x8)", SS128, 8 * 2.0 * 64 * 128 * 16}, {"RS m64n128k16 (x8)", RS128, 8 * 2.0 * 64 * 128 * 16},
               {"SS m64n256k16 (x8)", SS256, 8 * 2.0 * 64 * 256 * 16},
-              {"SS m64n64k16 MN-major A, B", SS64T, 8 * 2.0 * 64 * 64 * 16}};
+              {"SS m64n64k16 MN-major A, B", SS64T, 8 * 2.0 * 64 * 64 * 16},
+              {"SS m64n16k16 (x8)", SS16, 8 * 2.0 * 64 * 16 * 16},    {"RS m64n16k16 (x8)", RS16, 8 * 2.0 * 64 * 16 * 16},
+              {"SS m64n16k16 (4 x8)", SS16X4, 32 * 2.0 * 64 * 16 * 16}, {"RS m64n16k16 (4 x8)", RS16X4, 32 * 2.0 * 64 * 16 * 16},
+              {"SS m64n32k16 (x8)", SS32, 8 * 2.0 * 64 * 32 * 16},    {"RS m64n32k16 (x8)", RS32, 8 * 2.0 * 64 * 32 * 16}};
     for (const V &v : vs)
         for (int nwg = 1; nwg <= 2; nwg++) {
             float ms = 0.f;
@@ -139,7 +166,13 @@ int main(int argc, char **argv) {
             case SS128: ms = run<SS128>(iters, nwg, sink, sms); break;
             case RS128: ms = run<RS128>(iters, nwg, sink, sms); break;
             case SS256: ms = run<SS256>(iters, nwg, sink, sms); break;
-            default: ms = run<SS64T>(iters, nwg, sink, sms); break;
+            case SS64T: ms = run<SS64T>(iters, nwg, sink, sms); break;
+            case SS16: ms = run<SS16>(iters, nwg, sink, sms); break;
+            case RS16: ms = run<RS16>(iters, nwg, sink, sms); break;
+            case SS16X4: ms = run<SS16X4>(iters, nwg, sink, sms); break;
+            case RS16X4: ms = run<RS16X4>(iters, nwg, sink, sms); break;
+            case SS32: ms = run<SS32>(iters, nwg, sink, sms); break;
+            default: ms = run<RS32>(iters, nwg, sink, sms); break;
             }
             const double flop = v.flop_group * iters * nwg * sms;
             printf("%-28s %3d %9.3f %9.1f\n", v.name, nwg, ms, flop / (ms * 1e-3) / 1e12);
