@@ -123,13 +123,13 @@ if H == 16:
               f"{bound(smem_a, mma):.0f} TFLOP/s, ~{regs_a} registers a consumer thread besides addresses")
         print(f"4b. RS, groups of {g:2d}, d-tiles split: {smem_b / 1024:.1f} KB of shared memory per pair -> <= "
               f"{bound(smem_b, mma):.0f} TFLOP/s, ~{regs_b} registers (copy roofline {roof(loaded):.0f})")
-# 4c. 4b at G = 16 within a consumer thread's ~240 registers: S^T as SS (K from shared memory, 8
-# k-steps of A 2 KB + B H x 32 bytes per pair, no K fragments), V^T's half as fragments, m in
-# shared memory (both warpgroups read the rescale factors there anyway): O^T 128 + V^T 16 + S^T of
-# two tokens in flight 16 + partial l 32 registers
-if H == 16:
-    g = 16
+# 4c. 4b at G = 256 / H (at most 16) within a consumer thread's ~224 registers: S^T as SS (K from
+# shared memory, 8 k-steps of A 2 KB + B H x 32 bytes per pair, no K fragments), V^T's half as
+# fragments, the softmax state in shared memory (both warpgroups read the rescale factors there
+# anyway): O^T 128 + V^T 16 + S^T slots 32 registers (sfa_fwd_group_ds.cu in docs/wip)
+if H in (8, 16, 32):
+    g = min(16, 256 // H)
     loaded = unions(g)
     smem_c = 8 * (2048 + H * 32) + loaded * 16384 / pairs + 8 * H * 32 + P_ST + BLK * loaded / pairs
-    print(f"4c. groups of 16, d-tiles split, S^T SS: {smem_c / 1024:.1f} KB of shared memory per pair -> <= "
-          f"{bound(smem_c, flop_pair / 2):.0f} TFLOP/s, ~{128 + 16 + 16 + 32} registers (copy roofline {roof(loaded):.0f})")
+    print(f"4c. groups of {g}, d-tiles split, S^T SS: {smem_c / 1024:.1f} KB of shared memory per pair -> <= "
+          f"{bound(smem_c, flop_pair / 2):.0f} TFLOP/s, ~{g * H // 2 + 16 + 32} registers (copy roofline {roof(loaded):.0f})")
