@@ -942,6 +942,27 @@ static void check_nonfinite_sfa(SfaNf P, const std::vector<int> &dets) {
                 }
             }
         }
+        // The forward's group form of the other shapes with D <= 128 (sfa_fwd_group.cu: dense calls,
+        // 9-16 heads per key head; spattn.h's exception): groups of 8 or 16 consecutive tokens run
+        // over the union of their selected 64-key blocks, O^T += V^T P^T over each block's 64 keys,
+        // so a non-finite v row (shared kv: k's first D columns) reaches the O of the group's
+        // tokens that selected its block.  Marked for the aligned window of 16 tokens around each
+        // such token (it holds the group of either size); the backward takes the CPU forward's O.
+        const bool vrow = sc == SC_V_NAN || (P.shared && (sc == SC_K_NAN || sc == SC_K_INF));
+        if (!g_selftest && P.D <= 128 && H >= 9 && H <= 16 && vrow) {
+            const int g = (int)(k0 % P.N2);
+            const int64_t blk = (k0 / P.N2) / 64;
+            for (int s = 0; s < P.S1; s++) {
+                bool sel = false;
+                for (int h = g * H; h < g * H + H && !sel; h++)
+                    for (int64_t x : P.kor[(size_t)s * P.N1 + h])
+                        if (x % P.N2 == g && (x / P.N2) / 64 == blk) sel = true;
+                if (!sel) continue;
+                for (int s2 = s / 16 * 16; s2 < std::min(P.S1, s / 16 * 16 + 16); s2++)
+                    for (int h = g * H; h < g * H + H; h++)
+                        for (int d = 0; d < D; d++) co[((int64_t)s2 * P.N1 + h) * D + d] |= C_MAY;
+            }
+        }
         const Run7 cpu = sc == SC_CLEAN ? cpu0 : sfa_run7(P, in, false, 1, nullptr);
         for (int det : dets) {
             const Run7 gpu = sc == SC_CLEAN ? gpu0[det] : sfa_run7(P, in, !g_selftest, det, &cpu);
@@ -1561,6 +1582,11 @@ int main(int argc, char **argv) {
             SfaNf e = d;  // the small-head forward's Nsa shape (D 128, no rope, separate v)
             e.D = 128;
             check_nonfinite_sfa(e, {1, 0});
+            SfaNf f = e;  // the same with 16 heads per key head, every group on the group form
+            f.N1 = 32;
+            setenv("SPATTN_SFA_GROUP", "1", 1);
+            check_nonfinite_sfa(f, {1, 0});
+            unsetenv("SPATTN_SFA_GROUP");
         }
     }
     check_large_bsa();
