@@ -5,7 +5,7 @@
 #   build-x/old.tar.xz    build-old/tools/spattn: main's group kernel (form 3)
 #   build-x/new4.tar.xz   build-new4/{tools/spattn, sfa_cuda_check, sfa_varlen_cuda_check, wgmma_rate}:
 #                         form 4c (d-split) at D 65 .. 128, form 3' with SPATTN_SFA_GROUP_DSPLIT=0
-#   build-y/new4b.tar.xz  build-new4b/{tools/spattn, sfa_cuda_check}: 4c with one max exchange a round
+#   build-y/new4b.tar.xz  build-new4b/{tools/spattn, sfa_cuda_check}: 4c, one max exchange a round, 3 stages
 #   build-y/new4s.tar.xz  build-new4s/tools/spattn: new4's spattn again (the A/B beside new4b)
 #   build-y/new4r.tar.xz  build-new4r/robust_cuda_check (with the group-form non-finite case)
 #   bash bench/gpu/group_calls.sh checks   carry ["build-x"], ~6 min: wgmma_rate, sfa_cuda_check, varlen
