@@ -7,6 +7,7 @@ elsewhere (runbook, "Design space of the NSA-like bar"), except the one it hinge
 operand reads at SMEM_BPC bytes a clock for narrow SS GEMMs (bench/gpu/wgmma_rate.cu's n16 lines).
   python3 bench/models/nsa_reuse.py [S] [K] [H]
 """
+import functools
 import random
 import sys
 
@@ -32,35 +33,10 @@ def sel(t):
 sels = [sel(t) for t in range(S)]
 pairs = sum(len(s) for s in sels)  # (token, block) pairs: each 64 keys x H heads x 512 FLOP
 flop_pair = 64 * H * 128 * 4
-print(f"S {S}, K {K} blocks of 64, H {H}: {pairs} (token, block) pairs")
-print(f"1. per-token gathers: {GATHER_TBS * flop_pair / BLK:.0f} TFLOP/s copy roofline")
-for g in (2, 4, 8, 16):
-    loaded = sum(len(set().union(*sels[i:i + g])) for i in range(0, S, g))
-    print(f"   groups of {g:2d} tokens load {loaded / pairs:.3f} blocks per pair: copy roofline "
-          f"{GATHER_TBS * flop_pair / BLK * pairs / loaded:.0f}")
-rows = 64 // H
-work = sum(len(set().union(*sels[i:i + rows])) * rows for i in range(0, S, rows))
-print(f"2. 64-row tiles of {rows} tokens x {H} heads over their union (rows masked): {work / pairs:.2f}x the "
-      f"useful MMA -> <= {PADDED_TF * pairs / work:.0f} TFLOP/s")
-# 3. keys as the MMA rows, a group of G tokens sharing each gathered block, one m64nH SS GEMM per
-# (token, block) for S^T = K Q^T and O^T += V^T P^T: per pair 2 x 8 k-steps reading a 2 KB A box
-# and H x 32 bytes of B, the P^T store (64 x H x 2 bytes), plus the gathered block's copy into
-# shared memory once per group
-for g in (8, 16):
-    loaded = sum(len(set().union(*sels[i:i + g])) for i in range(0, S, g))
-    smem = 16 * (2048 + H * 32) + 64 * H * 2 + BLK * loaded / pairs
-    cyc = max(smem / SMEM_BPC, flop_pair / MMA_FPC)
-    print(f"3. keys as MMA rows, groups of {g:2d}: {smem / 1024:.1f} KB of shared memory per pair -> "
-          f"<= {flop_pair / cyc * CLK * SMS / 1e12:.0f} TFLOP/s (copy roofline "
-          f"{GATHER_TBS * flop_pair / BLK * pairs / loaded:.0f}); O^T of the group: {g * H * 128 * 4 // 1024} KB of registers")
-# 3'. one m64n64 S^T per warpgroup and block (docs/wip/sfa_group_m64n64.patch): the S^T of a
-# consumer warpgroup's GW = 64 / H tokens as one SS m64n64 GEMM per block (8 k-steps, A 2 KB + B
-# 2 KB each; the tokens that did not select the block wasted), skipped where none of the GW
-# selected it; per pair the P^T store (64 x H x 2 bytes) and the O^T as in 3 (SS m64nH, 2 d-tiles
-# x 4 k-steps of A 2 KB + B H x 32 bytes).  Groups of G = 2 GW tokens (two consumer warpgroups).
-# (The thirty-fourth session's lines left out the P^T stores and, for 3'', the second d-tile of
-# O^T; corrected in the thirty-fifth.)
+
+@functools.lru_cache(maxsize=None)
 def unions(g):
+    """blocks the groups of g consecutive tokens load (their unions), summed"""
     return sum(len(set().union(*sels[i:i + g])) for i in range(0, S, g))
 
 def wg_blocks(g, parts):
@@ -79,6 +55,32 @@ def bound(smem, mma):
 def roof(loaded):
     return GATHER_TBS * flop_pair / BLK * pairs / loaded
 
+print(f"S {S}, K {K} blocks of 64, H {H}: {pairs} (token, block) pairs")
+print(f"1. per-token gathers: {GATHER_TBS * flop_pair / BLK:.0f} TFLOP/s copy roofline")
+for g in (2, 4, 8, 16):
+    loaded = unions(g)
+    print(f"   groups of {g:2d} tokens load {loaded / pairs:.3f} blocks per pair: copy roofline {roof(loaded):.0f}")
+rows = 64 // H
+work = sum(len(set().union(*sels[i:i + rows])) * rows for i in range(0, S, rows))
+print(f"2. 64-row tiles of {rows} tokens x {H} heads over their union (rows masked): {work / pairs:.2f}x the "
+      f"useful MMA -> <= {PADDED_TF * pairs / work:.0f} TFLOP/s")
+# 3. keys as the MMA rows, a group of G tokens sharing each gathered block, one m64nH SS GEMM per
+# (token, block) for S^T = K Q^T and O^T += V^T P^T: per pair 2 x 8 k-steps reading a 2 KB A box
+# and H x 32 bytes of B, the P^T store (64 x H x 2 bytes), plus the gathered block's copy into
+# shared memory once per group
+for g in (8, 16):
+    loaded = unions(g)
+    smem = 16 * (2048 + H * 32) + 64 * H * 2 + BLK * loaded / pairs
+    print(f"3. keys as MMA rows, groups of {g:2d}: {smem / 1024:.1f} KB of shared memory per pair -> "
+          f"<= {bound(smem, flop_pair):.0f} TFLOP/s (copy roofline {roof(loaded):.0f}); "
+          f"O^T of the group: {g * H * 128 * 4 // 1024} KB of registers")
+# 3'. one m64n64 S^T per warpgroup and block (docs/wip/sfa_group_m64n64.patch): the S^T of a
+# consumer warpgroup's GW = 64 / H tokens as one SS m64n64 GEMM per block (8 k-steps, A 2 KB + B
+# 2 KB each; the tokens that did not select the block wasted), skipped where none of the GW
+# selected it; per pair the P^T store (64 x H x 2 bytes) and the O^T as in 3 (SS m64nH, 2 d-tiles
+# x 4 k-steps of A 2 KB + B H x 32 bytes).  Groups of G = 2 GW tokens (two consumer warpgroups).
+# (The thirty-fourth session's lines left out the P^T stores and, for 3'', the second d-tile of
+# O^T; corrected in the thirty-fifth.)
 P_ST = 64 * H * 2                 # one pair's P^T into shared memory
 OT_SS = 8 * (2048 + H * 32)       # one pair's O^T, SS m64nH
 if 64 % H == 0:
