@@ -14,7 +14,9 @@ A=$1 OUT=${OUT:-/tmp/ab}
 shift
 NEWS=("$@")
 mkdir -p "$OUT"
-for v in "$A" "${NEWS[@]}"; do [ -x "build-$v/tools/spattn" ] || tar xJf "build-x/$v.tar.xz"; done
+for v in "$A" "${NEWS[@]}"; do  # the pack from whichever carried folder holds it (build-x, build-y, ...)
+  [ -x "build-$v/tools/spattn" ] || tar xJf "$(ls build-*/"$v.tar.xz" | head -1)"
+done
 S=$OUT/summary.txt; : > "$S"
 if [ "${CHECK:-1}" = 1 ]; then
   IFS=';' read -ra checks <<< "${CHECKS:-bsa_cuda_check;bsa_varlen_cuda_check quick}"

@@ -10,7 +10,7 @@
 #   build-y/new4r.tar.xz  build-new4r/robust_cuda_check (with the group-form non-finite case)
 #   bash bench/gpu/group_calls.sh checks   carry ["build-x"], ~6 min: wgmma_rate, sfa_cuda_check, varlen
 #   bash bench/gpu/group_calls.sh ab       carry ["build-x"], ~4 min: old / 4c / 3' / per-token, ncu of 4c and 3'
-#   bash bench/gpu/group_calls.sh slots    carry ["build-y"], ~6 min: new4b's checks, A/B new4s / new4b
+#   bash bench/gpu/group_calls.sh slots    carry ["build-y"], ~6 min: new4b's check, A/B new4s / new4b (ab_bins.sh)
 #   bash bench/gpu/group_calls.sh robust   carry ["build-y"], ~5 min: robust_cuda_check
 # Everything it writes goes under $OUT (the device call's folder; /tmp/group_calls elsewhere).
 set -uo pipefail
@@ -65,13 +65,10 @@ ab)
   done
   t
   ;;
-slots)
-  unpack new4b new4s
-  check sfa_cuda_check_b build-new4b/sfa_cuda_check
-  for r in 1 2; do
-    bench_as new4s build-new4s/tools/spattn
-    bench_as new4b build-new4b/tools/spattn
-  done
+slots)  # new4b's check, then the A/B new4s / new4b (bench/gpu/ab_bins.sh: interleaved, ratios)
+  SPATTN_SFA_GROUP=1 CHECKS=sfa_cuda_check SUITE=cases/sfa_shapes.cases PASS=fwd CASE="$CASES" DETS=1 \
+    BENCH_TIMEOUT=100 OUT="$OUT/slots" bash bench/gpu/ab_bins.sh new4s new4b
+  grep -a FAIL "$OUT/slots/new4b_sfa_cuda_check.log" | head -8
   t
   ;;
 robust)
