@@ -16,10 +16,11 @@
 //
 // 384 threads: warpgroup 0 the producer (the union's blocks, NST stages, each block's token masks
 // posted beside it), warpgroups 1 and 2 the consumers; consumer c owns the tokens c GW .. c GW +
-// GW - 1 (GW = G / 2: 8, 4, 2 at N = 8, 16, 32 heads) and visits every block, computing the pairs of its tokens whose mask (the
-// plan's 64-bit key mask of the token in that block: selection and causal limit) is not empty.
-// Each pair's wgmma groups are committed and waited inside the pair's branch, so no wgmma is in
-// flight where the branches join (ptxas serialises a kernel's wgmma otherwise: C7520).
+// GW - 1 (GW = G / 2: 8, 4, 2 at N = 8, 16, 32 heads: GW N = 64) and visits every block: the
+// S^T of all its tokens as one m64n64 GEMM (their Q rows side by side in shared memory), then the
+// softmax and O_t^T GEMM of each token whose mask (the plan's 64-bit key mask of the token in that
+// block: selection and causal limit) is not empty, the O^T GEMMs left in flight under the next
+// token's softmax and waited once at the block's end (the mainloop's comment says why that shape).
 // Groups the plan did not take (a repeated key, or more blocks than its capacity) have count -1:
 // the per-token kernel runs their tokens (it skips the tokens of taken groups).
 // Compacted groups (count | UCOMPACT) are the union's keys packed 64 to a block (ukey), as for the
@@ -41,19 +42,19 @@ constexpr int GMAX = 16;        // tokens a group at most (the masks' area)
 template <int N, typename S, int GW> struct GroupCfg {
     static constexpr int G = 2 * GW, NBK = S::NBK, ND = S::NBN, NJ = N / 8;
     static constexpr int TILE = S::NBT * BOX;   // one gathered block
-    static constexpr int QBOX = N * 128;        // a 64-column box of one token's Q (N rows)
-    static constexpr int QTOK = NBK * QBOX;     // one token's Q
+    static constexpr int QBOX = G * N * 128;    // a 64-column box of the group's Q: [G tokens][N heads] rows
+    static constexpr int QTOK = NBK * N * 128;  // one token's Q (its N rows in every box)
     // shared memory with n stages (the layout below, + alignment slack); four stages where they
-    // fit, else two
+    // fit, else three or two
     static constexpr int smem_for(int n) {
-        return n * TILE + G * QTOK + 2 * 2 * N * 128 + 2 * 2 * 4 * N * 4 + 2 * 4 * N * 4 + 2 * N * S::D * 2 + n * GMAX * 8 +
+        return n * TILE + G * QTOK + 2 * GW * N * 128 + 2 * 2 * 4 * N * 4 + 2 * 4 * N * 4 + 2 * N * S::D * 2 + n * GMAX * 8 +
                3 * n * 8 + 1024;
     }
-    static constexpr int NST = smem_for(4) <= 232448 ? 4 : 2;
+    static constexpr int NST = smem_for(4) <= 232448 ? 4 : smem_for(3) <= 232448 ? 3 : 2;
     static constexpr int OFF_K = 0;                            // NST block buffers
-    static constexpr int OFF_Q = NST * TILE;                   // [G tokens][NBK boxes][N][128 B]
-    static constexpr int OFF_P = OFF_Q + G * QTOK;             // [2 wg][2 phase][N][128 B]
-    static constexpr int OFF_RED = OFF_P + 2 * 2 * N * 128;    // [2 wg][2 phase][4 warps][N] fp32
+    static constexpr int OFF_Q = NST * TILE;                   // [NBK boxes][G tokens][N][128 B]
+    static constexpr int OFF_P = OFF_Q + G * QTOK;             // [2 wg][GW tokens][N][128 B]
+    static constexpr int OFF_RED = OFF_P + 2 * GW * N * 128;   // [2 wg][2 phase][4 warps][N] fp32
     static constexpr int OFF_L = OFF_RED + 2 * 2 * 4 * N * 4;  // [2 wg][4 warps][N] fp32 row sums
     static constexpr int OFF_O = OFF_L + 2 * 4 * N * 4;        // [2 wg][N][D] staged O (16-bit)
     static constexpr int OFF_MSK = OFF_O + 2 * N * S::D * 2;   // [NST][GMAX] token masks
@@ -63,6 +64,8 @@ template <int N, typename S, int GW> struct GroupCfg {
     static_assert(OFF_MSK % 8 == 0 && OFF_BAR % 8 == 0, "mask and mbarrier alignment");
     static_assert(SMEM == smem_for(NST) && SMEM <= 232448, "fits in 227 KB");
     static_assert(G <= GMAX && (N == 8 || N == 16 || N == 32), "group and head chunk");
+    static_assert(GW * N == 64, "a warpgroup's tokens' Q rows are one m64n64 B operand");
+    static_assert((G & (G - 1)) == 0 && G <= 32, "the producer's butterfly over the tokens' masks");
 };
 
 // named barriers: NB_Q the consumers (256); NB_RED + c, NB_O + c one consumer warpgroup (128)
@@ -91,7 +94,7 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_group_kernel(const __grid_cons
         for (int i = 0; i < NST; i++) {
             hop::mbar_init(full + i, 128);
             hop::mbar_init(empty + i, 256);
-            hop::mbar_init(mbar + i, 1);
+            hop::mbar_init(mbar + i, G);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -103,26 +106,44 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_group_kernel(const __grid_cons
         const int *ulst = p.ublk + ugi * p.ucap;
         const unsigned long long *umsk = p.umask + ugi * p.ucap * p.ug;
         const bool packed = (ucraw & sfa::UCOMPACT) != 0;
-        for (int i = 0; i < ucnt; i++) {
-            const int st = i % NST;
-            if (i >= NST) hop::mbar_wait_hint(empty + st, ((i / NST) - 1) & 1, 1000000u);
-            int key[4];
+        const int lane = t & 31;
+        // Block i's plan entries are loaded one block ahead, before the wait for a free stage, so
+        // their L2 trips overlap it (loaded when needed, they were a serial L2 round trip or two
+        // a block in front of every gather: the list entry, then a loop over the tokens' masks):
+        // lane l < G holds token l's mask (the OR of the group's masks a butterfly), every
+        // thread the list entry or its four compacted keys.
+        int nk[4] = {-1, -1, -1, -1};
+        unsigned long long nm = 0ull;
+        auto fetch = [&](int i) {
+            nm = lane < G ? __ldg(umsk + (int64_t)i * G + lane) : 0ull;
             if (packed) {  // the union's keys, 64 per block (-1 past the last)
                 const int *kl = p.ukey + (ugi * p.ucap + i) * BK + gat.grp;
 #pragma unroll
-                for (int r = 0; r < 4; r++) key[r] = __ldg(kl + 16 * r);
-            } else {  // 64 contiguous keys; those no token of the group selects zero-filled
-                const int k0 = __ldg(ulst + i) * BK + gat.grp;
-                unsigned long long u = 0ull;
-                for (int tt = 0; tt < p.ug; tt++) u |= __ldg(umsk + (int64_t)i * p.ug + tt);
+                for (int r = 0; r < 4; r++) nk[r] = __ldg(kl + 16 * r);
+            } else {
+                nk[0] = __ldg(ulst + i);
+            }
+        };
+        if (ucnt > 0) fetch(0);
+        for (int i = 0; i < ucnt; i++) {
+            const int st = i % NST;
+            int key[4] = {nk[0], nk[1], nk[2], nk[3]};
+            const unsigned long long mk = nm;
+            if (i + 1 < ucnt) fetch(i + 1);
+            if (i >= NST) hop::mbar_wait_hint(empty + st, ((i / NST) - 1) & 1, 1000000u);
+            if (!packed) {  // 64 contiguous keys; those no token of the group selects zero-filled
+                unsigned long long u = mk;
+#pragma unroll
+                for (int o = 1; o < G; o <<= 1) u |= __shfl_xor_sync(0xffffffffu, u, o);
+                u = __shfl_sync(0xffffffffu, u, 0);
+                const int k0 = key[0] * BK + gat.grp;
 #pragma unroll
                 for (int r = 0; r < 4; r++) key[r] = k0 + 16 * r < p.S2 && ((u >> (gat.grp + 16 * r)) & 1) ? k0 + 16 * r : -1;
             }
             gat.copy(sm + C::OFF_K + st * TILE, key, 0, S::NBT);
             hop::cp_async_arrive_noinc(full + st);
-            if (t == 0) {  // the tokens' masks of the block (token G - 1 past the group's: 0)
-                for (int tt = 0; tt < G; tt++)
-                    smsk[st * GMAX + tt] = tt < p.ug ? __ldg(umsk + (int64_t)i * p.ug + tt) : 0ull;
+            if (t < G) {  // the tokens' masks of the block, one lane each (mbar counts G arrivals)
+                smsk[st * GMAX + t] = mk;
                 hop::mbar_arrive(mbar + st);
             }
         }
@@ -142,13 +163,13 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_group_kernel(const __grid_cons
         const int s1 = s10 + tt;
         const T *qb = static_cast<const T *>(p.q) + b * p.sq[0] + (int64_t)min(s1, p.S1 - 1) * p.sq[1];
         const T *qrb = static_cast<const T *>(p.qr) + b * p.sqr[0] + (int64_t)min(s1, p.S1 - 1) * p.sqr[1];
-        sfa::load_q<T, S>(sQ + tt * C::QTOK, N, p, qb, qrb, head0, s1 < p.S1 ? nh : 0, t + c * 128, 256);
+        sfa::load_q<T, S>(sQ, N, p, qb, qrb, head0, s1 < p.S1 ? nh : 0, t + c * 128, 256, tt * N, G * N);
     }
     sfa::cp_async_wait<0>();
     hop::fence_proxy_async();
     hop::bar_sync(NB_Q, 256);
 
-    float o[GW][ND][N / 2], st[N / 2];
+    float o[GW][ND][N / 2], sc[GW][N / 2];
     float m[GW][NJ][2], l[GW][NJ][2];  // per token, per column (head 8 g + 2 q4 + h) of this thread
 #pragma unroll
     for (int u = 0; u < GW; u++) {
@@ -165,8 +186,17 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_group_kernel(const __grid_cons
             }
     }
     const uint64_t qd = hop::desc_sw128(sQ, 16, 1024);
-    int npair = 0;  // this warpgroup's pairs so far: the phase of its P and max buffers
+    const unsigned long long *wmsk = smsk + c * GW;  // this warpgroup's tokens' masks of a stage
+    int npair = 0;  // this warpgroup's pairs so far: the phase of its max buffers
 
+    // Per block: the S^T of all GW owned tokens as one m64n64 GEMM (their Q rows side by side:
+    // one read of the key block for the four, where a GEMM per token re-read it, and no wgmma
+    // under a per-token branch, which ptxas serialises: C7515), then token by token, for the tokens
+    // with keys in the block, the softmax and the O_u^T GEMM, issued without waiting, so the next
+    // token's softmax runs under it; one wait at the block's end, before its buffer is released
+    // (a runtime wait count per token is serialised too: C7514).  P^T has a tile per token
+    // (O_u^T reads it while the later tokens' softmax writes theirs).  A block none of the
+    // warpgroup's tokens selected is skipped whole.
     for (int i = 0; i < ucnt; i++) {
         const int stg = i % NST;
         const uint32_t par = (i / NST) & 1;
@@ -174,40 +204,47 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_group_kernel(const __grid_cons
         const uint64_t kd = hop::desc_sw128(buf, 16, 1024), vd = hop::desc_sw128(buf, BOX, 1024);
         hop::mbar_wait(mbar + stg, par);
         hop::mbar_wait(full + stg, par);
+        unsigned long long any = 0ull;
 #pragma unroll
-        for (int u = 0; u < GW; u++) {
-            const unsigned long long msk = smsk[stg * GMAX + c * GW + u];
-            if (msk == 0ull) continue;  // the token selected no key of this block
-            const int ph = npair & 1;
-            npair++;
-            unsigned char *sP = sm + C::OFF_P + (c * 2 + ph) * N * 128;
-            float *red = reinterpret_cast<float *>(sm + C::OFF_RED) + (c * 2 + ph) * 4 * N;
-            // S^T = K Q_t^T
-            const uint64_t qt = hop::desc_add(qd, (c * GW + u) * C::QTOK);
+        for (int u = 0; u < GW; u++) any |= wmsk[stg * GMAX + u];
+        if (any != 0ull) {
+            float(&sall)[32] = reinterpret_cast<float(&)[32]>(sc);  // GW N = 64 columns
+            const uint64_t qt = hop::desc_add(qd, c * GW * N * 128);
             hop::wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < 4 * NBK; kk++)
-                hop::elt<T>::template ssn<N, 0, 0>(st, hop::desc_add(kd, (kk >> 2) * BOX + (kk & 3) * 32),
-                                                   hop::desc_add(qt, (kk >> 2) * C::QBOX + (kk & 3) * 32), kk > 0);
-            hop::wgmma_commit();
-            hop::wgmma_wait<0>();
-            hop::reg_fence(st);
-            // scaled scores, keys the token did not select at -inf; per column the block max
-            const bool v0 = (msk >> r0) & 1, v1 = (msk >> (r0 + 8)) & 1;
-            sfa::keyrows_softmax<T, N, ND>(st, v0, v1, sl2, red, sP, m[u], l[u], o[u], warp, lane, r0, NB_RED + c);
-            // O_t^T += V^T P_t^T, waited for before the branch ends
-            const uint64_t pd = hop::desc_sw128(sP, 16, 1024);
-            hop::wgmma_fence();
-#pragma unroll
-            for (int d = 0; d < ND; d++)
-#pragma unroll
-                for (int kk = 0; kk < 4; kk++)
-                    hop::elt<T>::template ssn<N, 1, 0>(o[u][d], hop::desc_add(vd, S::vbox(d) * BOX + kk * 16 * 128),
-                                                       hop::desc_add(pd, kk * 32), 1);
+                hop::elt<T>::template ss64<0, 0>(sall, hop::desc_add(kd, (kk >> 2) * BOX + (kk & 3) * 32),
+                                                        hop::desc_add(qt, (kk >> 2) * C::QBOX + (kk & 3) * 32), kk > 0);
             hop::wgmma_commit();
             hop::wgmma_wait<0>();
 #pragma unroll
-            for (int d = 0; d < ND; d++) hop::reg_fence(o[u][d]);
+            for (int u = 0; u < GW; u++) {
+                const unsigned long long msk = wmsk[stg * GMAX + u];
+                if (msk != 0ull) {
+                    hop::reg_fence(sc[u]);
+                    unsigned char *sP = sm + C::OFF_P + (c * GW + u) * N * 128;
+                    float *red = reinterpret_cast<float *>(sm + C::OFF_RED) + (c * 2 + (npair & 1)) * 4 * N;
+                    npair++;
+                    // scaled scores, keys the token did not select at -inf; per column the block max
+                    const bool v0 = (msk >> r0) & 1, v1 = (msk >> (r0 + 8)) & 1;
+                    sfa::keyrows_softmax<T, N, ND>(sc[u], v0, v1, sl2, red, sP, m[u], l[u], o[u], warp, lane, r0, NB_RED + c);
+                    // O_u^T += V^T P_u^T
+                    const uint64_t pd = hop::desc_sw128(sP, 16, 1024);
+                    hop::wgmma_fence();
+#pragma unroll
+                    for (int d = 0; d < ND; d++)
+#pragma unroll
+                        for (int kk = 0; kk < 4; kk++)
+                            hop::elt<T>::template ssn<N, 1, 0>(o[u][d], hop::desc_add(vd, S::vbox(d) * BOX + kk * 16 * 128),
+                                                               hop::desc_add(pd, kk * 32), 1);
+                }
+            }
+            hop::wgmma_commit();
+            hop::wgmma_wait<0>();
+#pragma unroll
+            for (int u = 0; u < GW; u++)
+#pragma unroll
+                for (int d = 0; d < ND; d++) hop::reg_fence(o[u][d]);
         }
         hop::mbar_arrive(empty + stg);  // both warpgroups release every block
     }

@@ -190,17 +190,19 @@ __device__ __forceinline__ void prescan_last(const Params &p, const int32_t *iro
 __device__ __forceinline__ int npairs_of(int last) { return last < 0 ? 0 : last / (2 * GBK) + 1; }
 
 // The token's Q rows h < rows (zero past nh, past column dn, past rope column dr) into S::NBK boxes of `rows` rows (box stride
-// rows * 128), by threads t0, t0 + stride, ...; one cp.async group (the caller waits).
+// rows * 128; or, with boxrows > 0, as rows row0 .. row0 + rows - 1 of boxes of boxrows rows: several tokens' rows
+// side by side), by threads t0, t0 + stride, ...; one cp.async group (the caller waits).
 template <typename T, typename S = Mla>
 __device__ __forceinline__ void load_q(unsigned char *sQ, int rows, const Params &p, const T *qb, const T *qrb, int head0,
-                                       int nh, int t0, int stride) {
+                                       int nh, int t0, int stride, int row0 = 0, int boxrows = 0) {
+    const int bstride = (boxrows > 0 ? boxrows : rows) * 128;
     for (int x = t0; x < rows * S::NBK * 8; x += stride) {
         // chunks of the value part past dn and of the rope part past dr (partial boxes) zero-filled
         const int h = x / (S::NBK * 8), ch = x % (S::NBK * 8);
         const int ok = h < nh && (!S::PADV || (ch < 8 * S::NBN ? ch * 8 < p.dn : (ch - 8 * S::NBN) * 8 < p.dr));
         const T *src = !ok ? qb : ch < 8 * S::NBN ? qb + (int64_t)(head0 + h) * p.sq[2] + ch * 8
                                                   : qrb + (int64_t)(head0 + h) * p.sqr[2] + (ch - 8 * S::NBN) * 8;
-        cp_async16(sQ + (ch >> 3) * (rows * 128) + hop::sw128(h, ch & 7), src, ok ? 16 : 0);
+        cp_async16(sQ + (ch >> 3) * bstride + hop::sw128(row0 + h, ch & 7), src, ok ? 16 : 0);
     }
     cp_async_commit();
 }
