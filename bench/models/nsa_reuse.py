@@ -3,8 +3,13 @@
 K 16 blocks, S 8192, mode 3) under the suite's index generation (cases/README.md: the newest block
 always, the others uniform over the allowed ones), for four kernel forms and variants of the third
 (3', 3'') and fourth (4a, 4b).  A model, not a measurement: the rates it takes are measured
-elsewhere (runbook, "Design space of the NSA-like bar"), except the one it hinges on, shared-memory
-operand reads at SMEM_BPC bytes a clock for narrow SS GEMMs (bench/gpu/wgmma_rate.cu's n16 lines).
+elsewhere (runbook, "Design space of the NSA-like bar"), and the one it hinges on, shared-memory
+operand reads at SMEM_BPC bytes a clock for narrow SS GEMMs, held on the H100 (wgmma_rate.cu: SS
+m64n16 323-365 TFLOP/s, RS 386-521).
+What it does not see (measured, H100, 2026-12-05, sfas01): the kernels run at 27-38 % of these
+bounds, limited by latency and issue, not by shared memory or copies; form 4c (bound 415) ran at
+77 TFLOP/s, 0.70x form 3 (bound 285, 107) and 0.69x 3' (bound 286, 111: landed, sfa_fwd_group.cu),
+with 36 % more instructions.  Rank forms by instructions and dependent waits per pair first.
   python3 bench/models/nsa_reuse.py [S] [K] [H]
 """
 import functools
@@ -74,7 +79,7 @@ for g in (8, 16):
     print(f"3. keys as MMA rows, groups of {g:2d}: {smem / 1024:.1f} KB of shared memory per pair -> "
           f"<= {bound(smem, flop_pair):.0f} TFLOP/s (copy roofline {roof(loaded):.0f}); "
           f"O^T of the group: {g * H * 128 * 4 // 1024} KB of registers")
-# 3'. one m64n64 S^T per warpgroup and block (docs/wip/sfa_group_m64n64.patch): the S^T of a
+# 3'. one m64n64 S^T per warpgroup and block (sfa_fwd_group.cu since 7a409d6): the S^T of a
 # consumer warpgroup's GW = 64 / H tokens as one SS m64n64 GEMM per block (8 k-steps, A 2 KB + B
 # 2 KB each; the tokens that did not select the block wasted), skipped where none of the GW
 # selected it; per pair the P^T store (64 x H x 2 bytes) and the O^T as in 3 (SS m64nH, 2 d-tiles
@@ -128,7 +133,8 @@ if H == 16:
 # 4c. 4b at G = 256 / H (at most 16) within a consumer thread's ~224 registers: S^T as SS (K from
 # shared memory, 8 k-steps of A 2 KB + B H x 32 bytes per pair, no K fragments), V^T's half as
 # fragments, the softmax state in shared memory (both warpgroups read the rescale factors there
-# anyway): O^T 128 + V^T 16 + S^T slots 32 registers (sfa_fwd_group_ds.cu in docs/wip)
+# anyway): O^T 128 + V^T 16 + S^T slots 32 registers (written and measured: 0.70x form 3; in git
+# history, c67bea4:docs/wip/sfa_group_dsplit.patch)
 if H in (8, 16, 32):
     g = min(16, 256 // H)
     loaded = unions(g)
