@@ -41,11 +41,10 @@
  *     make dK of every key of its group's union NaN, a non-finite k row the O and dQ of every
  *     token of the groups whose union holds it; in the _varlen calls the groups are
  *     consecutive packed tokens of one sequence, never crossing sequences; the forward's group
- *     form of the other shapes with D <= 128 (dense calls, 9-16 heads per key head, where
- *     neighbouring tokens' selections overlap): groups of 8 tokens over their union, so a
- *     non-finite v
- *     row (shared kv: k's first D columns) some token of a group selects makes the O of every
- *     token of the group NaN).  Such a value
+ *     form of the other shapes with D <= 128 (dense calls with a separate v, 9-16 heads per key
+ *     head, where neighbouring tokens' selections overlap): groups of 8 tokens over their union,
+ *     so a non-finite v row some token of a group selects makes the O of every token of the
+ *     group NaN; with SPATTN_SFA_GROUP=1, a test setting, shared kv too: k's first D columns).  Such a value
  *     only adds NaN, it never turns a result into a plausible finite number; the CPU backend
  *     has no exception.
  *   - Results are deterministic by default: the same inputs give bitwise the same outputs for
