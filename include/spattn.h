@@ -44,9 +44,9 @@
  *     form of the other shapes with D <= 128 (dense calls with a separate v, 9-16 heads per key
  *     head, where neighbouring tokens' selections overlap): groups of 8 tokens over their union,
  *     so a non-finite v row some token of a group selects makes the O of every token of the
- *     group NaN; with SPATTN_SFA_GROUP=1, a test setting, shared kv too: k's first D columns).  Such a value
- *     only adds NaN, it never turns a result into a plausible finite number; the CPU backend
- *     has no exception.
+ *     group NaN; with SPATTN_SFA_GROUP=1, a test setting, shared kv too: k's first D
+ *     columns).  Such a value only adds NaN, it never turns a result into a plausible finite
+ *     number; the CPU backend has no exception.
  *   - Results are deterministic by default: the same inputs give bitwise the same outputs for
  *     any CPU thread count and any launch.
  *   - Outputs must not overlap any input or each other (error SPATTN_STATUS_ALIASING); inputs

@@ -66,7 +66,7 @@ for g in (2, 4, 8, 16):
     loaded = unions(g)
     print(f"   groups of {g:2d} tokens load {loaded / pairs:.3f} blocks per pair: copy roofline {roof(loaded):.0f}")
 rows = 64 // H
-work = sum(len(set().union(*sels[i:i + rows])) * rows for i in range(0, S, rows))
+work = unions(rows) * rows
 print(f"2. 64-row tiles of {rows} tokens x {H} heads over their union (rows masked): {work / pairs:.2f}x the "
       f"useful MMA -> <= {PADDED_TF * pairs / work:.0f} TFLOP/s")
 # 3. keys as the MMA rows, a group of G tokens sharing each gathered block, one m64nH SS GEMM per
