@@ -47,15 +47,15 @@ template <int N, typename S, int GW> struct GroupCfg {
     // shared memory with n stages (the layout below, + alignment slack); four stages where they
     // fit, else three or two
     static constexpr int smem_for(int n) {
-        return n * TILE + G * QTOK + 2 * GW * N * 128 + 2 * 2 * 4 * N * 4 + 2 * 4 * N * 4 + 2 * N * S::D * 2 + n * GMAX * 8 +
+        return n * TILE + G * QTOK + 2 * GW * N * 128 + 2 * 4 * N * 4 + 2 * 4 * N * 4 + 2 * N * S::D * 2 + n * GMAX * 8 +
                3 * n * 8 + 1024;
     }
     static constexpr int NST = smem_for(4) <= 232448 ? 4 : smem_for(3) <= 232448 ? 3 : 2;
     static constexpr int OFF_K = 0;                            // NST block buffers
     static constexpr int OFF_Q = NST * TILE;                   // [NBK boxes][G tokens][N][128 B]
     static constexpr int OFF_P = OFF_Q + G * QTOK;             // [2 wg][GW tokens][N][128 B]
-    static constexpr int OFF_RED = OFF_P + 2 * GW * N * 128;   // [2 wg][2 phase][4 warps][N] fp32
-    static constexpr int OFF_L = OFF_RED + 2 * 2 * 4 * N * 4;  // [2 wg][4 warps][N] fp32 row sums
+    static constexpr int OFF_RED = OFF_P + 2 * GW * N * 128;   // [2 wg][4 warps][N] fp32
+    static constexpr int OFF_L = OFF_RED + 2 * 4 * N * 4;  // [2 wg][4 warps][N] fp32 row sums
     static constexpr int OFF_O = OFF_L + 2 * 4 * N * 4;        // [2 wg][N][D] staged O (16-bit)
     static constexpr int OFF_MSK = OFF_O + 2 * N * S::D * 2;   // [NST][GMAX] token masks
     static constexpr int OFF_BAR = OFF_MSK + NST * GMAX * 8;   // full, empty, mask [NST]
@@ -187,7 +187,13 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_group_kernel(const __grid_cons
     }
     const uint64_t qd = hop::desc_sw128(sQ, 16, 1024);
     const unsigned long long *wmsk = smsk + c * GW;  // this warpgroup's tokens' masks of a stage
-    int npair = 0;  // this warpgroup's pairs so far: the phase of its max buffers
+    unsigned long long bit0 = 1ull << r0, bit1 = 1ull << (r0 + 8);  // this thread's keys in a mask
+    uint32_t tile0 = hop::smem_u32(sm + C::OFF_P + c * GW * N * 128);  // the first token's P tile
+    hop::opaque(bit0);
+    hop::opaque(bit1);
+    hop::opaque(tile0);
+    const sfa::PTrans<T, N> pt(warp, lane);
+    float *red = reinterpret_cast<float *>(sm + C::OFF_RED) + c * 4 * N;
 
     // Per block: the S^T of all GW owned tokens as one m64n64 GEMM (their Q rows side by side:
     // one read of the key block for the four, where a GEMM per token re-read it, and no wgmma
@@ -204,9 +210,9 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_group_kernel(const __grid_cons
         const uint64_t kd = hop::desc_sw128(buf, 16, 1024), vd = hop::desc_sw128(buf, BOX, 1024);
         hop::mbar_wait(mbar + stg, par);
         hop::mbar_wait(full + stg, par);
-        unsigned long long any = 0ull;
+        unsigned long long msk[GW], any = 0ull;  // read once a block (the barriers below clobber memory)
 #pragma unroll
-        for (int u = 0; u < GW; u++) any |= wmsk[stg * GMAX + u];
+        for (int u = 0; u < GW; u++) any |= msk[u] = wmsk[stg * GMAX + u];
         if (any != 0ull) {
             float(&sall)[32] = reinterpret_cast<float(&)[32]>(sc);  // GW N = 64 columns
             const uint64_t qt = hop::desc_add(qd, c * GW * N * 128);
@@ -219,17 +225,14 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_group_kernel(const __grid_cons
             hop::wgmma_wait<0>();
 #pragma unroll
             for (int u = 0; u < GW; u++) {
-                const unsigned long long msk = wmsk[stg * GMAX + u];
-                if (msk != 0ull) {
+                if (msk[u] != 0ull) {
                     hop::reg_fence(sc[u]);
-                    unsigned char *sP = sm + C::OFF_P + (c * GW + u) * N * 128;
-                    float *red = reinterpret_cast<float *>(sm + C::OFF_RED) + (c * 2 + (npair & 1)) * 4 * N;
-                    npair++;
-                    // scaled scores, keys the token did not select at -inf; per column the block max
-                    const bool v0 = (msk >> r0) & 1, v1 = (msk >> (r0 + 8)) & 1;
-                    sfa::keyrows_softmax<T, N, ND>(sc[u], v0, v1, sl2, red, sP, m[u], l[u], o[u], warp, lane, r0, NB_RED + c);
+                    const uint32_t tile = tile0 + u * N * 128;
+                    // keys the token did not select at -inf; P^T from the kept max unless a score passes it
+                    sfa::keyrows_softmax_voted<T, N, ND>(sc[u], (msk[u] & bit0) != 0ull, (msk[u] & bit1) != 0ull, sl2, red, pt,
+                                                         tile, m[u], l[u], o[u], warp, lane, NB_RED + c);
                     // O_u^T += V^T P_u^T
-                    const uint64_t pd = hop::desc_sw128(sP, 16, 1024);
+                    const uint64_t pd = hop::desc_sw128(sm + C::OFF_P + (c * GW + u) * N * 128, 16, 1024);
                     hop::wgmma_fence();
 #pragma unroll
                     for (int d = 0; d < ND; d++)

@@ -235,6 +235,7 @@ __global__ void __launch_bounds__(384, SmallCfg<N, S>::CTAS) sfa_fwd_small_kerne
     auto qdesc = [&](int kk) { return hop::desc_add(qd, (kk >> 2) * C::QBOX + (kk & 3) * 32); };
     // V^T tile dt (d = 64 dt ..) read MN-major: 16 keys (rows of 128 bytes) per k-step
     auto vdesc = [&](int dt, int kk) { return hop::desc_add(vd, S::vbox(dt) * BOX + kk * 16 * 128); };
+    const sfa::PTrans<T, N> pt(warp, lane);
 
     for (int j = 0; j < npairs; j++) {
         const uint32_t ph = j & 1;
@@ -267,9 +268,9 @@ __global__ void __launch_bounds__(384, SmallCfg<N, S>::CTAS) sfa_fwd_small_kerne
         // scaled scores, invalid keys (rows) at -inf; per column the block max over the 64 keys
         hop::mbar_wait(vbar + c, ph);
         const bool v0 = valid[c * BK + r0], v1 = valid[c * BK + r0 + 8];
-        // P^T, the running sums, O^T rescaled (its previous P V completed at the last wait),
-        // P into sP
-        sfa::keyrows_softmax<T, N, ND>(st, v0, v1, sl2, red, sP, m, l, o, warp, lane, r0, NB_RED + c);
+        // P^T and the running sums from the kept max (O^T rescaled where it moves: its previous
+        // P V completed at the last wait), P into sP
+        sfa::keyrows_softmax_voted<T, N, ND>(st, v0, v1, sl2, red, pt, hop::smem_u32(sP), m, l, o, warp, lane, NB_RED + c);
         // O^T += V^T P^T.  Shared V: d-tiles 0 .. H0-1 (the first half of the block), then the
         // rest; each half of the buffer is released as soon as its GEMMs have read it (the rope
         // box after S^T).  Separate V: all d-tiles from the second half (V), released after them.

@@ -517,15 +517,15 @@ UnionCfg union_cfg(const spattn_sfa_problem *p, int shape, bool bwd = false, int
 // groups of ug tokens over the union plan's blocks (sfa_fwd_group.cu's group_gw: 16 / 8 / 4
 // tokens at N = 8 / 16 / 32 heads).  A group is taken when its density (selected keys / (union
 // blocks x 64 x ug)) reaches group_min_density: the form saves the gathers of the blocks its
-// tokens share and pays per group.  Measured (H100, 2026-12-05, form 3' of 7a409d6, every group
-// taken vs none, medians of 10, two rounds): sfas01 (16 heads, causal, density ~0.28) 1.15x
-// (112 vs 97.7 TFLOP/s), sfas04 1.15x, sfas08 (D 96) 1.12x, sfas03 (16 heads, mode 0 over 256
-// blocks, ~0.13) 0.91x, sfas02 (32 heads, ~0.4) 0.99x, sfas07 (V = k's first 128 columns, Dr 64,
-// sbs 32) 0.94x: taken at 9-16 heads from 0.20 with a separate v; not with a shared one (the
-// per-token kernel loads its keys once for both GEMMs), nor at 32 heads or 8 or fewer (not
-// measured).  SPATTN_SFA_GROUP=0 turns it off, =1 takes every group without a repeated key
-// (tests); SPATTN_SFA_UNION_DENSITY=x sets the least density (measurements).
-float group_min_density(int64_t H, bool shared_v) { return shared_v || H <= 8 || H > 16 ? 2.f : 0.20f; }
+// tokens share and pays per group.  Measured (H100, 2026-12-05, both kernels with the voted
+// softmax of sfa_keyrows.cuh, every group taken vs none, medians of 10, two rounds): sfas01 (16
+// heads, causal, density ~0.28) 1.35x (143 vs 106 TFLOP/s), sfas02 (32 heads) 1.12x, sfas03 (16
+// heads, mode 0 over 256 blocks, ~0.13) 1.06x, sfas04 1.35x, sfas07 (V = k's first 128 columns,
+// Dr 64, sbs 32) 1.17x, sfas08 (D 96) 1.31x: taken at 9-32 heads from 0.10, separate or shared v
+// (below 0.13 not measured; 8 heads or fewer not measured: not taken).  SPATTN_SFA_GROUP=0 turns
+// it off, =1 takes every group without a repeated key (tests); SPATTN_SFA_UNION_DENSITY=x sets the
+// least density (measurements).
+float group_min_density(int64_t H) { return H <= 8 ? 2.f : 0.10f; }
 UnionCfg group_cfg(const spattn_sfa_problem *p, int shape) {
     UnionCfg u;
     const char *env = getenv("SPATTN_SFA_GROUP"), *den = getenv("SPATTN_SFA_UNION_DENSITY");
@@ -534,7 +534,7 @@ UnionCfg group_cfg(const spattn_sfa_problem *p, int shape) {
     if ((env && env[0] == '0') || shape < 0 || shape == sfa::SHAPE_MLA || dpad64(p->D) > 128) return u;
     const int64_t H = p->N1 / p->N2, nkw = (p->S2 + 63) / 64, n = H <= 8 ? 8 : H <= 16 ? 16 : 32;
     const int64_t ug = 2 * (64 / n);
-    float md = all ? 0.f : den ? (float)atof(den) : group_min_density(H, p->v == nullptr);
+    float md = all ? 0.f : den ? (float)atof(den) : group_min_density(H);
     if (md > 1.f || H > 32 || p->sbs > 64 || p->K > (1 << 24) || (size_t)(ug * nkw * 8) > UNION_PLAN_SMEM) return u;
     // a selected entry (sbs <= 64, a power of two) lies in one 64-key block: a group's union has at
     // most ug K blocks, and a group taken at density md at most K sbs / (64 md) of them

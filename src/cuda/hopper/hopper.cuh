@@ -63,6 +63,10 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 template <int N> __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
+// Hides a value from the compiler, so that a loop-invariant address it would otherwise recompute
+// at every use (rematerialised from the lane index to save a register) is held in one.
+__device__ __forceinline__ void opaque(uint32_t &x) { asm volatile("" : "+r"(x)); }
+__device__ __forceinline__ void opaque(unsigned long long &x) { asm volatile("" : "+l"(x)); }
 // Keeps the compiler from moving reads/writes of registers that an in-flight wgmma uses across
 // the wait (the asm statements of wgmma_ops.cuh touch them only at issue in its view).
 template <int N> __device__ __forceinline__ void reg_fence(float (&r)[N]) {
@@ -81,6 +85,19 @@ template <int R> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile
 
 // Named barrier `id` (1..15; 0 is __syncthreads) over `n` threads.
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+// Syncs named barrier `id` over `n` threads and returns whether `c` held in any of them.
+__device__ __forceinline__ bool bar_red_or(bool c, int id, int n) {
+    uint32_t r;
+    asm volatile(
+        "{\n.reg .pred p, q;\n"
+        "setp.ne.u32 p, %1, 0;\n"
+        "bar.red.or.pred q, %2, %3, p;\n"
+        "selp.u32 %0, 1, 0, q;\n}\n"
+        : "=r"(r)
+        : "r"((uint32_t)c), "r"(id), "r"(n)
+        : "memory");
+    return r != 0;
+}
 // Arrives at named barrier `id` (counted towards `n`) without waiting.
 __device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 
@@ -91,6 +108,11 @@ __device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, ui
     asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
                  "r"(r2), "r"(r3)
                  : "memory");
+}
+
+// The same for two matrices (lanes 0-15 give the addresses).
+__device__ __forceinline__ void stmatrix_x2_trans(uint32_t addr, uint32_t r0, uint32_t r1) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [%0], {%1, %2};\n" ::"r"(addr), "r"(r0), "r"(r1) : "memory");
 }
 
 // Inter-CTA ordering through a global counter: spin until *p == v (acquire at gpu scope), and
