@@ -467,8 +467,8 @@ SPATTN_API spattn_status spattn_sfa_bwd_ex(const spattn_tensor *q, const spattn_
  * taken; the key ids of groups packed 64 to a block are the 256); without a caller workspace it
  * comes from a stream-ordered pool of the library that keeps its memory between calls.  The
  * CUDA backward of those shapes runs the same groups (c = ceil(S2 / 64)); its size includes it.
- * The forward of the other shapes with D <= 128 at 9-16 heads per key head (sbs <= 64) plans its
- * group form the same way (groups of 8 tokens).  Shapes run on the MLA kernels through packed
+ * The forward of the other shapes with D <= 128 at 9-32 heads per key head (sbs <= 64) plans its
+ * group form the same way (groups of 128 / H tokens, H rounded up to 16 or 32).  Shapes run on the MLA kernels through packed
  * columns add their packed operands (q, k and, for the backward, o, dout, dq, dk, dv: up to
  * 1152 bytes a row each in fp16 / bf16) to the MLA call's need.
  * The CUDA backward's workspace: 10-220 MB on the public sfa suite.  When the per-token kernel takes the call (more than 32 query heads per key head, or
