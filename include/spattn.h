@@ -41,12 +41,11 @@
  *     make dK of every key of its group's union NaN, a non-finite k row the O and dQ of every
  *     token of the groups whose union holds it; in the _varlen calls the groups are
  *     consecutive packed tokens of one sequence, never crossing sequences; the forward's group
- *     form of the other shapes with D <= 128 (dense calls with a separate v, 9-16 heads per key
- *     head, where neighbouring tokens' selections overlap): groups of 8 tokens over their union,
- *     so a non-finite v row some token of a group selects makes the O of every token of the
- *     group NaN; with SPATTN_SFA_GROUP=1, a test setting, shared kv too: k's first D
- *     columns).  Such a value only adds NaN, it never turns a result into a plausible finite
- *     number; the CPU backend has no exception.
+ *     form of the other shapes with D <= 128 (dense calls, 9-32 heads per key head, where
+ *     neighbouring tokens' selections overlap): groups of 8 tokens (9-16 heads) or 4 (17-32)
+ *     over their union, so a non-finite v row (shared kv: k's first D columns) some token of a
+ *     group selects makes the O of every token of the group NaN).  Such a value only adds NaN,
+ *     it never turns a result into a plausible finite number; the CPU backend has no exception.
  *   - Results are deterministic by default: the same inputs give bitwise the same outputs for
  *     any CPU thread count and any launch.
  *   - Outputs must not overlap any input or each other (error SPATTN_STATUS_ALIASING); inputs
@@ -468,9 +467,9 @@ SPATTN_API spattn_status spattn_sfa_bwd_ex(const spattn_tensor *q, const spattn_
  * comes from a stream-ordered pool of the library that keeps its memory between calls.  The
  * CUDA backward of those shapes runs the same groups (c = ceil(S2 / 64)); its size includes it.
  * The forward of the other shapes with D <= 128 at 9-32 heads per key head (sbs <= 64) plans its
- * group form the same way (groups of 128 / H tokens, H rounded up to 16 or 32).  Shapes run on the MLA kernels through packed
- * columns add their packed operands (q, k and, for the backward, o, dout, dq, dk, dv: up to
- * 1152 bytes a row each in fp16 / bf16) to the MLA call's need.
+ * group form the same way (groups of 8 tokens at 9-16 heads, 4 at 17-32).  Shapes run on the
+ * MLA kernels through packed columns add their packed operands (q, k and, for the backward, o,
+ * dout, dq, dk, dv: up to 1152 bytes a row each in fp16 / bf16) to the MLA call's need.
  * The CUDA backward's workspace: 10-220 MB on the public sfa suite.  When the per-token kernel takes the call (more than 32 query heads per key head, or
  * shapes the grouped forms do not take), its accumulator is larger than 48 MiB (B S2 N2 x 2304
  * bytes) and K <= 8192, it also holds the index rows sorted (B S1 N2 K x 4 bytes), so that the

@@ -55,7 +55,7 @@ template <int N, typename S, int GW> struct GroupCfg {
     static constexpr int OFF_Q = NST * TILE;                   // [NBK boxes][G tokens][N][128 B]
     static constexpr int OFF_P = OFF_Q + G * QTOK;             // [2 wg][GW tokens][N][128 B]
     static constexpr int OFF_RED = OFF_P + 2 * GW * N * 128;   // [2 wg][4 warps][N] fp32
-    static constexpr int OFF_L = OFF_RED + 2 * 4 * N * 4;  // [2 wg][4 warps][N] fp32 row sums
+    static constexpr int OFF_L = OFF_RED + 2 * 4 * N * 4;      // [2 wg][4 warps][N] fp32 row sums
     static constexpr int OFF_O = OFF_L + 2 * 4 * N * 4;        // [2 wg][N][D] staged O (16-bit)
     static constexpr int OFF_MSK = OFF_O + 2 * N * S::D * 2;   // [NST][GMAX] token masks
     static constexpr int OFF_BAR = OFF_MSK + NST * GMAX * 8;   // full, empty, mask [NST]

@@ -943,13 +943,14 @@ static void check_nonfinite_sfa(SfaNf P, const std::vector<int> &dets) {
             }
         }
         // The forward's group form of the other shapes with D <= 128 (sfa_fwd_group.cu: dense calls,
-        // 9-16 heads per key head; spattn.h's exception): groups of 8 consecutive tokens (aligned)
-        // run over the union of their selected 64-key blocks, O^T += V^T P^T over each block's 64
-        // keys, so a non-finite v row (shared kv: k's first D columns) reaches the O of the group's
-        // tokens that selected its block.  Marked for the group of each such token; the backward
-        // takes the CPU forward's O.
+        // 9-32 heads per key head; spattn.h's exception): groups of 8 (9-16 heads) or 4 (17-32)
+        // consecutive tokens (aligned) run over the union of their selected 64-key blocks, O^T +=
+        // V^T P^T over each block's 64 keys, so a non-finite v row (shared kv: k's first D columns)
+        // reaches the O of the group's tokens that selected its block.  Marked for the group of
+        // each such token; the backward takes the CPU forward's O.
         const bool vrow = sc == SC_V_NAN || (P.shared && (sc == SC_K_NAN || sc == SC_K_INF));
-        if (!g_selftest && P.D <= 128 && H >= 9 && H <= 16 && vrow) {
+        const int gsz = H <= 16 ? 8 : 4;
+        if (!g_selftest && P.D <= 128 && H >= 9 && H <= 32 && vrow) {
             const int g = (int)(k0 % P.N2);
             const int64_t blk = (k0 / P.N2) / 64;
             for (int s = 0; s < P.S1; s++) {
@@ -958,7 +959,7 @@ static void check_nonfinite_sfa(SfaNf P, const std::vector<int> &dets) {
                     for (int64_t x : P.kor[(size_t)s * P.N1 + h])
                         if (x % P.N2 == g && (x / P.N2) / 64 == blk) sel = true;
                 if (!sel) continue;
-                for (int s2 = s / 8 * 8; s2 < std::min(P.S1, s / 8 * 8 + 8); s2++)
+                for (int s2 = s / gsz * gsz; s2 < std::min(P.S1, s / gsz * gsz + gsz); s2++)
                     for (int h = g * H; h < g * H + H; h++)
                         for (int d = 0; d < D; d++) co[((int64_t)s2 * P.N1 + h) * D + d] |= C_MAY;
             }
@@ -1586,6 +1587,9 @@ int main(int argc, char **argv) {
             f.N1 = 32;
             setenv("SPATTN_SFA_GROUP", "1", 1);
             check_nonfinite_sfa(f, {1, 0});
+            SfaNf g = e;  // 32 heads per key head and a shared v: groups of 4 tokens
+            g.N1 = 64, g.shared = true;
+            check_nonfinite_sfa(g, {1, 0});
             unsetenv("SPATTN_SFA_GROUP");
         }
     }
