@@ -14,6 +14,8 @@
 //                             backward (Hopper and simple kernels); the fp32-atomic backward within
 //                             tolerance.
 //   sfa_cuda_check quick      a few small cases (for compute-sanitizer)
+//   sfa_cuda_check quick|all NAME   only the listed cases whose name contains NAME (a sanitizer's
+//                             run of one case; the other tests skipped)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -497,7 +499,14 @@ static spattn_sfa_problem problem_of(Prob &P, int bwd) {
 // kernels vs fp64.  fast = 0: only the reference kernels (shapes without a fast kernel).
 // rerun: the deterministic backward also run a second time and compared bitwise (the simple
 // kernels behind the API for shapes without a Hopper kernel, the sorted-rows form).
+static const char *g_only = nullptr;  // run only the cases whose name contains it (argv[2])
+static int g_skipped = 0;
+
 static void test_case(const Cfg &c, uint64_t seed, bool fast = true, bool rerun = false) {
+    if (g_only && !strstr(c.name.c_str(), g_only)) {
+        g_skipped++;
+        return;
+    }
     Prob P;
     setup(P, c, seed);
     RefOut R;
@@ -1180,7 +1189,7 @@ static int small_tests(bool quick) {
     for (auto &c : cs) {
         int before = g_fail;
         test_case(c, seed++);
-        printf("%-36s %s\n", c.name.c_str(), g_fail == before ? "ok" : "FAILED");
+        if (!g_only || strstr(c.name.c_str(), g_only)) printf("%-36s %s\n", c.name.c_str(), g_fail == before ? "ok" : "FAILED");
     }
     // the small-head forward's separate-V shapes (any H in chunks of 32 heads): D 128 without
     // rope (NSA-style), D 128 + Dr 64, D 64 (one d-tile: warpgroup 1 finalises none), D 256.  The
@@ -1344,9 +1353,9 @@ static int small_tests(bool quick) {
         test_case(c, seed++, true, true);
         unsetenv("SPATTN_SFA_KMAJ_STEPS");
         unsetenv("SPATTN_SFA_REQUIRE_HOPPER");
-        printf("%-36s %s\n", c.name.c_str(), g_fail == before ? "ok" : "FAILED");
+        if (!g_only || strstr(c.name.c_str(), g_only)) printf("%-36s %s\n", c.name.c_str(), g_fail == before ? "ok" : "FAILED");
     }
-    if (quick) {  // the simple kernels' backward (both modes) under the sanitizers too
+    if (quick && !g_only) {  // the simple kernels' backward (both modes) under the sanitizers too
         Cfg f = mk("fb_quick_sepv_fp32_d64_gqa", 1, 10, 40, 4, 2, 12, 2, 3, SPATTN_DTYPE_F32);
         f.D = 64;
         f.Dr = 0;
@@ -1355,7 +1364,7 @@ static int small_tests(bool quick) {
         test_case(f, seed++, true, true);
         printf("%-36s %s\n", f.name.c_str(), g_fail == before ? "ok" : "FAILED");
     }
-    if (!quick) {
+    if (!quick && !g_only) {
         // reference kernels alone on shapes the fast path does not cover
         Cfg c = mk("ref_sep_v_fp32_d64", 1, 20, 40, 4, 2, 12, 2, 3, SPATTN_DTYPE_F32);
         c.D = 64;
@@ -1389,6 +1398,7 @@ static int small_tests(bool quick) {
         test_caller_workspace(16, 1200, 100);
         test_pad_route();
     }
+    if (g_only) printf("%d cases not matching \"%s\" skipped\n", g_skipped, g_only);
     printf("%d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
 }
@@ -1399,5 +1409,6 @@ int main(int argc, char **argv) {
         printf("sfa_cuda_check: no CUDA device, skipped\n");
         return 0;
     }
+    if (argc > 2) g_only = argv[2];
     return small_tests(argc > 1 && !strcmp(argv[1], "quick"));
 }
