@@ -10,8 +10,10 @@ This prints, over the steps 2 .. n-3 of every CTA (no pipeline fill / drain), th
 mean cycles between consecutive marks of each consumer and the step period.
 e.g. STEP_FILE=/tmp/s.txt build-trace/tools/spattn bench --backend cuda --suite bsa
      --case '^bsa02_' --pass bwd --repeats 1 --warmup 0; python3 bench/gpu/step_trace.py /tmp/s.txt
-Usage: step_trace.py STEP_FILE [names]   (the last kernel in the file; names: comma-separated
-       labels of the marks, default those of bsa_bwd.cu)
+Usage: step_trace.py STEP_FILE [names [producer_names]]   (the last kernel in the file; names:
+       comma-separated labels of the marks, default those of bsa_bwd.cu; a kernel whose producer
+       marks too (warpgroup slot 2, e.g. sfa_fwd_group.cu) gets producer_names; the preset
+       "group" names both of sfa_fwd_group.cu's)
 """
 import collections
 import statistics as st
@@ -19,9 +21,12 @@ import sys
 
 NAMES = ('top', 'NB_DSE', 'full', 'S^T done', 'P packed', 'dP^T done', 'dS formed', 'dS stored',
          'dV+dK done', 'NB_DS', 'dQ done', 'dqempty', 'staged')
+GROUP = ('top', 'masks', 'full', 'S^T done', 'soft u0', 'soft u1', 'soft u2', 'soft u3', 'O^T issued',
+         'O^T done', 'released')
+GROUP_PRODUCER = ('top', 'fetched', 'empty', 'copies issued')
 
 
-def main(path, names):
+def main(path, names, pnames=None):
     runs, cur = [], None
     for line in open(path):
         if line.startswith('S '):
@@ -31,8 +36,9 @@ def main(path, names):
             v = list(map(int, line.split()))
             cur[(v[0], v[1])][v[2]] = v[3:]
     run = runs[-1]
-    label = lambda k: names[k] if k < len(names) else f'm{k}'
-    for c in (0, 1):
+    for c in (0, 1, 2):
+        nm = pnames if c == 2 and pnames else names
+        label = lambda k: nm[k] if k < len(nm) else f'm{k}'
         gaps = collections.defaultdict(list)  # (from mark, to mark) -> cycles
         period = []
         for (blk, cc), steps in run.items():
@@ -50,10 +56,12 @@ def main(path, names):
                         prev = k
                 period.append((nx[0] - m[0]) & 0xffffffff)
                 gaps[(prev, -1)].append((nx[0] - m[prev]) & 0xffffffff)
+        role = 'producer' if c == 2 else f'consumer {c}'
         if not period:
-            print(f'consumer {c}: no steps')
+            if c < 2:
+                print(f'{role}: no steps')
             continue
-        print(f'consumer {c}: {len(period)} steps, period median {st.median(period):.0f} mean {st.mean(period):.0f} cycles')
+        print(f'{role}: {len(period)} steps, period median {st.median(period):.0f} mean {st.mean(period):.0f} cycles')
         for (a, b) in sorted(gaps, key=lambda x: (x[0], x[1] if x[1] >= 0 else 99)):
             g = gaps[(a, b)]
             print(f'  {label(a):>12} -> {label(b) if b >= 0 else "next top":<12} n {len(g):6d} median {st.median(g):7.0f}  mean {st.mean(g):7.0f}')
@@ -61,4 +69,8 @@ def main(path, names):
 if __name__ == '__main__':
     if len(sys.argv) < 2:
         sys.exit(__doc__)
-    main(sys.argv[1], sys.argv[2].split(',') if len(sys.argv) > 2 else NAMES)
+    if len(sys.argv) > 2 and sys.argv[2] == 'group':
+        main(sys.argv[1], GROUP, GROUP_PRODUCER)
+    else:
+        main(sys.argv[1], sys.argv[2].split(',') if len(sys.argv) > 2 else NAMES,
+             sys.argv[3].split(',') if len(sys.argv) > 3 else None)

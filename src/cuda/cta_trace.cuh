@@ -60,24 +60,25 @@ inline void end(Rec *d, long long n, cudaStream_t st) {
 }
 
 // Per-step timeline (bench/gpu/step_trace.py): with STEP_FILE set, a kernel's marks record the SM
-// clock of one thread per warpgroup at up to STEP_MARKS points of each of its first STEP_MAX steps.
-constexpr int STEP_MAX = 64, STEP_MARKS = 16;
-static __device__ unsigned *g_step;  // [CTA][warpgroup 0/1][STEP_MAX][STEP_MARKS], or NULL
+// clock of one thread per warpgroup (up to STEP_WG of them: two consumers and a producer) at up
+// to STEP_MARKS points of each of its first STEP_MAX steps.
+constexpr int STEP_MAX = 64, STEP_MARKS = 16, STEP_WG = 3;
+static __device__ unsigned *g_step;  // [CTA][warpgroup][STEP_MAX][STEP_MARKS], or NULL
 
 __device__ __forceinline__ void step_mark(int wg, int it, int m) {
     if (g_step && it < STEP_MAX)
-        g_step[((block() * 2 + wg) * STEP_MAX + it) * STEP_MARKS + m] = (unsigned)clock64() | 1u;  // 0 = not reached
+        g_step[((block() * STEP_WG + wg) * STEP_MAX + it) * STEP_MARKS + m] = (unsigned)clock64() | 1u;  // 0 = not reached
 }
 inline unsigned *step_begin(long long n, cudaStream_t st) {
     unsigned *d = nullptr;
-    const size_t bytes = (size_t)n * 2 * STEP_MAX * STEP_MARKS * sizeof(unsigned);
+    const size_t bytes = (size_t)n * STEP_WG * STEP_MAX * STEP_MARKS * sizeof(unsigned);
     if (getenv("STEP_FILE") && cudaMalloc(&d, bytes) == cudaSuccess) cudaMemsetAsync(d, 0, bytes, st);
     cudaMemcpyToSymbolAsync(g_step, &d, sizeof d, 0, cudaMemcpyHostToDevice, st);
     return d;
 }
 inline void step_end(unsigned *d, long long n, cudaStream_t st) {
     if (!d) return;
-    const size_t cnt = (size_t)n * 2 * STEP_MAX * STEP_MARKS;
+    const size_t cnt = (size_t)n * STEP_WG * STEP_MAX * STEP_MARKS;
     unsigned *h = static_cast<unsigned *>(malloc(cnt * sizeof(unsigned)));
     FILE *f = fopen(getenv("STEP_FILE"), "a");
     if (h && f && cudaStreamSynchronize(st) == cudaSuccess &&
@@ -86,7 +87,7 @@ inline void step_end(unsigned *d, long long n, cudaStream_t st) {
         for (size_t r = 0; r < cnt / STEP_MARKS; r++) {
             const unsigned *v = h + r * STEP_MARKS;
             if (!v[0]) continue;
-            fprintf(f, "%lld %d %d", (long long)(r / (2 * STEP_MAX)), (int)(r / STEP_MAX % 2), (int)(r % STEP_MAX));
+            fprintf(f, "%lld %d %d", (long long)(r / (STEP_WG * STEP_MAX)), (int)(r / STEP_MAX % STEP_WG), (int)(r % STEP_MAX));
             for (int m = 0; m < STEP_MARKS; m++) fprintf(f, " %u", v[m]);
             fprintf(f, "\n");
         }

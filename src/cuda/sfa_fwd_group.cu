@@ -27,6 +27,7 @@
 // Mla union form.  Softmax, empty rows (O 0, LSE -inf) and non-finite scores as sfa_fwd_small.cu.
 #include <math.h>
 
+#include "cta_trace.cuh"
 #include "hopper/hopper.cuh"
 #include "sfa_gather.cuh"
 #include "sfa_keyrows.cuh"
@@ -127,10 +128,13 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_group_kernel(const __grid_cons
         if (ucnt > 0) fetch(0);
         for (int i = 0; i < ucnt; i++) {
             const int st = i % NST;
+            SPATTN_TRACE(if (t == 0) cta_trace::step_mark(2, i, 0);)
             int key[4] = {nk[0], nk[1], nk[2], nk[3]};
             const unsigned long long mk = nm;
             if (i + 1 < ucnt) fetch(i + 1);
+            SPATTN_TRACE(if (t == 0) cta_trace::step_mark(2, i, 1);)
             if (i >= NST) hop::mbar_wait_hint(empty + st, ((i / NST) - 1) & 1, 1000000u);
+            SPATTN_TRACE(if (t == 0) cta_trace::step_mark(2, i, 2);)
             if (!packed) {  // 64 contiguous keys; those no token of the group selects zero-filled
                 unsigned long long u = mk;
 #pragma unroll
@@ -146,6 +150,7 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_group_kernel(const __grid_cons
                 smsk[st * GMAX + t] = mk;
                 hop::mbar_arrive(mbar + st);
             }
+            SPATTN_TRACE(if (t == 0) cta_trace::step_mark(2, i, 3);)
         }
         sfa::cp_async_wait<0>();
         return;
@@ -208,8 +213,11 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_group_kernel(const __grid_cons
         const uint32_t par = (i / NST) & 1;
         unsigned char *buf = sm + C::OFF_K + stg * TILE;
         const uint64_t kd = hop::desc_sw128(buf, 16, 1024), vd = hop::desc_sw128(buf, BOX, 1024);
+        SPATTN_TRACE(if (t == 0) cta_trace::step_mark(c, i, 0);)
         hop::mbar_wait(mbar + stg, par);
+        SPATTN_TRACE(if (t == 0) cta_trace::step_mark(c, i, 1);)
         hop::mbar_wait(full + stg, par);
+        SPATTN_TRACE(if (t == 0) cta_trace::step_mark(c, i, 2);)
         unsigned long long msk[GW], any = 0ull;  // read once a block (the barriers below clobber memory)
 #pragma unroll
         for (int u = 0; u < GW; u++) any |= msk[u] = wmsk[stg * GMAX + u];
@@ -223,6 +231,7 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_group_kernel(const __grid_cons
                                                         hop::desc_add(qt, (kk >> 2) * C::QBOX + (kk & 3) * 32), kk > 0);
             hop::wgmma_commit();
             hop::wgmma_wait<0>();
+            SPATTN_TRACE(if (t == 0) cta_trace::step_mark(c, i, 3);)
 #pragma unroll
             for (int u = 0; u < GW; u++) {
                 if (msk[u] != 0ull) {
@@ -231,6 +240,7 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_group_kernel(const __grid_cons
                     // keys the token did not select at -inf; P^T from the kept max unless a score passes it
                     sfa::keyrows_softmax_voted<T, N, ND>(sc[u], (msk[u] & bit0) != 0ull, (msk[u] & bit1) != 0ull, sl2, red, pt,
                                                          tile, m[u], l[u], o[u], warp, lane, NB_RED + c);
+                    SPATTN_TRACE(if (t == 0 && u < 4) cta_trace::step_mark(c, i, 4 + u);)
                     // O_u^T += V^T P_u^T
                     const uint64_t pd = hop::desc_sw128(sm + C::OFF_P + (c * GW + u) * N * 128, 16, 1024);
                     hop::wgmma_fence();
@@ -242,14 +252,17 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_group_kernel(const __grid_cons
                                                                hop::desc_add(pd, kk * 32), 1);
                 }
             }
+            SPATTN_TRACE(if (t == 0) cta_trace::step_mark(c, i, 8);)
             hop::wgmma_commit();
             hop::wgmma_wait<0>();
 #pragma unroll
             for (int u = 0; u < GW; u++)
 #pragma unroll
                 for (int d = 0; d < ND; d++) hop::reg_fence(o[u][d]);
+            SPATTN_TRACE(if (t == 0) cta_trace::step_mark(c, i, 9);)
         }
         hop::mbar_arrive(empty + stg);  // both warpgroups release every block
+        SPATTN_TRACE(if (t == 0) cta_trace::step_mark(c, i, 10);)
     }
 
     // ---- epilogue, token by token: the row sums over the 4 warps, O normalised and staged as
@@ -332,7 +345,9 @@ template <int N, typename T, typename S> cudaError_t launch(const Params &p, cud
     const cudaError_t e = hop::set_smem(sfa_fwd_group_kernel<N, T, S, GW>, GroupCfg<N, S, GW>::SMEM, &done);
     if (e != cudaSuccess) return e;
     const dim3 grid((unsigned)p.ungroups, (unsigned)(p.B * p.N2));
+    SPATTN_TRACE(unsigned *steps = cta_trace::step_begin((long long)grid.x * grid.y, st);)
     sfa_fwd_group_kernel<N, T, S, GW><<<grid, 384, GroupCfg<N, S, GW>::SMEM, st>>>(p);
+    SPATTN_TRACE(cta_trace::step_end(steps, (long long)grid.x * grid.y, st);)
     return cudaGetLastError();
 }
 
