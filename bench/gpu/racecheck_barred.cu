@@ -1,0 +1,72 @@
+// Does compute-sanitizer's racecheck order shared-memory accesses across a named barrier that
+// follows `bar.red.or.pred` on other barrier ids?  (A tool probe, not a test: the per-token sfa
+// forward's epilogue, an STS / BAR.SYNC 1, 256 / LDS exchange between its two consumer
+// warpgroups, is reported racy since the voted softmax added bar.red on barriers 2 / 3.)
+// Two warpgroups each vote `reps` times on their own barrier (2 + wg, 128 threads; bar.red, or
+// bar.sync in mode 1, plus an extra bar.sync on the same id after a true vote, as the full
+// softmax step does), then exchange through shared memory across bar.sync 1, 256.  The
+// exchange is race-free by construction in every mode; hazards reported by racecheck are the
+// tool's.
+//   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -o racecheck_barred racecheck_barred.cu
+//   compute-sanitizer --tool racecheck ./racecheck_barred MODE   (0 bar.red, 1 bar.sync only)
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ bool bar_red_or(bool c, int id, int n) {
+    unsigned r;
+    asm volatile(
+        "{\n.reg .pred p, q;\n"
+        "setp.ne.u32 p, %1, 0;\n"
+        "bar.red.or.pred q, %2, %3, p;\n"
+        "selp.u32 %0, 1, 0, q;\n}\n"
+        : "=r"(r)
+        : "r"((unsigned)c), "r"(id), "r"(n)
+        : "memory");
+    return r != 0;
+}
+
+__global__ void probe(int *out, const int *reps, int mode) {
+    __shared__ float buf[256];
+    __shared__ float red[2][128];
+    const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 7), 0), t = threadIdx.x & 127;
+    const int n = reps[wg];
+    int acc = 0;
+    for (int r = 0; r < n; r++) {
+        const bool c = ((t * 7 + r * 3) % 11) == 0 && r % 3 == wg;
+        bool v;
+        if (mode == 0) {
+            v = bar_red_or(c, 2 + wg, 128);
+        } else {
+            red[wg][t] = c;
+            bar_sync(2 + wg, 128);
+            v = red[wg][(t + 1) & 127] != 0.f || c;
+            bar_sync(2 + wg, 128);
+        }
+        if (v) {  // the full step: an exchange through shared memory on the same barrier
+            red[wg][t] = (float)r;
+            bar_sync(2 + wg, 128);
+            acc += (int)red[wg][(t + 5) & 127];
+            bar_sync(2 + wg, 128);
+        }
+    }
+    buf[threadIdx.x] = (float)(acc + t);
+    bar_sync(1, 256);
+    out[threadIdx.x] = (int)buf[255 - threadIdx.x];
+}
+
+int main(int argc, char **argv) {
+    const int mode = argc > 1 ? atoi(argv[1]) : 0;
+    int *out, *reps;
+    cudaMalloc(&out, 256 * sizeof(int));
+    cudaMalloc(&reps, 2 * sizeof(int));
+    const int h[2] = {5, 9};
+    cudaMemcpy(reps, h, sizeof h, cudaMemcpyHostToDevice);
+    probe<<<4, 256>>>(out, reps, mode);
+    const cudaError_t e = cudaDeviceSynchronize();
+    int o[256];
+    cudaMemcpy(o, out, sizeof o, cudaMemcpyDeviceToHost);
+    printf("mode %d (%s): %s, out[0] %d out[255] %d\n", mode, mode ? "bar.sync" : "bar.red", cudaGetErrorString(e), o[0], o[255]);
+    return e != cudaSuccess;
+}
