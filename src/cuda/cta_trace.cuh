@@ -69,6 +69,13 @@ __device__ __forceinline__ void step_mark(int wg, int it, int m) {
     if (g_step && it < STEP_MAX)
         g_step[((block() * STEP_WG + wg) * STEP_MAX + it) * STEP_MARKS + m] = (unsigned)clock64() | 1u;  // 0 = not reached
 }
+// The same with this CTA's records (step_base(), read once at the kernel's start): step_mark
+// reloads g_step at every mark after a memory clobber (an L1 / L2 trip of ~100-300 cycles that
+// the trace then counts as the kernel's own time).
+__device__ __forceinline__ unsigned *step_base() { return g_step ? g_step + block() * STEP_WG * STEP_MAX * STEP_MARKS : nullptr; }
+__device__ __forceinline__ void step_at(unsigned *base, int wg, int it, int m) {
+    if (base && it < STEP_MAX) base[(wg * STEP_MAX + it) * STEP_MARKS + m] = (unsigned)clock64() | 1u;
+}
 inline unsigned *step_begin(long long n, cudaStream_t st) {
     unsigned *d = nullptr;
     const size_t bytes = (size_t)n * STEP_WG * STEP_MAX * STEP_MARKS * sizeof(unsigned);

@@ -91,6 +91,7 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_group_kernel(const __grid_cons
     const int s10 = grp * G, head0 = n2 * p.H, nh = p.H;  // H <= N: one chunk
     const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 7), 0), t = threadIdx.x & 127;
     const unsigned long long gate = sfa::gate_word(p.gate);
+    SPATTN_TRACE(unsigned *const trs = cta_trace::step_base();)
     if (threadIdx.x == 0) {
         for (int i = 0; i < NST; i++) {
             hop::mbar_init(full + i, 128);
@@ -128,13 +129,13 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_group_kernel(const __grid_cons
         if (ucnt > 0) fetch(0);
         for (int i = 0; i < ucnt; i++) {
             const int st = i % NST;
-            SPATTN_TRACE(if (t == 0) cta_trace::step_mark(2, i, 0);)
+            SPATTN_TRACE(if (t == 0) cta_trace::step_at(trs, 2, i, 0);)
             int key[4] = {nk[0], nk[1], nk[2], nk[3]};
             const unsigned long long mk = nm;
             if (i + 1 < ucnt) fetch(i + 1);
-            SPATTN_TRACE(if (t == 0) cta_trace::step_mark(2, i, 1);)
+            SPATTN_TRACE(if (t == 0) cta_trace::step_at(trs, 2, i, 1);)
             if (i >= NST) hop::mbar_wait_hint(empty + st, ((i / NST) - 1) & 1, 1000000u);
-            SPATTN_TRACE(if (t == 0) cta_trace::step_mark(2, i, 2);)
+            SPATTN_TRACE(if (t == 0) cta_trace::step_at(trs, 2, i, 2);)
             if (!packed) {  // 64 contiguous keys; those no token of the group selects zero-filled
                 unsigned long long u = mk;
 #pragma unroll
@@ -150,7 +151,7 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_group_kernel(const __grid_cons
                 smsk[st * GMAX + t] = mk;
                 hop::mbar_arrive(mbar + st);
             }
-            SPATTN_TRACE(if (t == 0) cta_trace::step_mark(2, i, 3);)
+            SPATTN_TRACE(if (t == 0) cta_trace::step_at(trs, 2, i, 3);)
         }
         sfa::cp_async_wait<0>();
         return;
@@ -213,11 +214,11 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_group_kernel(const __grid_cons
         const uint32_t par = (i / NST) & 1;
         unsigned char *buf = sm + C::OFF_K + stg * TILE;
         const uint64_t kd = hop::desc_sw128(buf, 16, 1024), vd = hop::desc_sw128(buf, BOX, 1024);
-        SPATTN_TRACE(if (t == 0) cta_trace::step_mark(c, i, 0);)
+        SPATTN_TRACE(if (t == 0) cta_trace::step_at(trs, c, i, 0);)
         hop::mbar_wait(mbar + stg, par);
-        SPATTN_TRACE(if (t == 0) cta_trace::step_mark(c, i, 1);)
+        SPATTN_TRACE(if (t == 0) cta_trace::step_at(trs, c, i, 1);)
         hop::mbar_wait(full + stg, par);
-        SPATTN_TRACE(if (t == 0) cta_trace::step_mark(c, i, 2);)
+        SPATTN_TRACE(if (t == 0) cta_trace::step_at(trs, c, i, 2);)
         unsigned long long msk[GW], any = 0ull;  // read once a block (the barriers below clobber memory)
 #pragma unroll
         for (int u = 0; u < GW; u++) any |= msk[u] = wmsk[stg * GMAX + u];
@@ -231,7 +232,7 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_group_kernel(const __grid_cons
                                                         hop::desc_add(qt, (kk >> 2) * C::QBOX + (kk & 3) * 32), kk > 0);
             hop::wgmma_commit();
             hop::wgmma_wait<0>();
-            SPATTN_TRACE(if (t == 0) cta_trace::step_mark(c, i, 3);)
+            SPATTN_TRACE(if (t == 0) cta_trace::step_at(trs, c, i, 3);)
 #pragma unroll
             for (int u = 0; u < GW; u++) {
                 if (msk[u] != 0ull) {
@@ -240,7 +241,7 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_group_kernel(const __grid_cons
                     // keys the token did not select at -inf; P^T from the kept max unless a score passes it
                     sfa::keyrows_softmax_voted<T, N, ND>(sc[u], (msk[u] & bit0) != 0ull, (msk[u] & bit1) != 0ull, sl2, red, pt,
                                                          tile, m[u], l[u], o[u], warp, lane, NB_RED + c);
-                    SPATTN_TRACE(if (t == 0 && u < 4) cta_trace::step_mark(c, i, 4 + u);)
+                    SPATTN_TRACE(if (t == 0 && u < 4) cta_trace::step_at(trs, c, i, 4 + u);)
                     // O_u^T += V^T P_u^T
                     const uint64_t pd = hop::desc_sw128(sm + C::OFF_P + (c * GW + u) * N * 128, 16, 1024);
                     hop::wgmma_fence();
@@ -252,17 +253,17 @@ __global__ void __launch_bounds__(384, 1) sfa_fwd_group_kernel(const __grid_cons
                                                                hop::desc_add(pd, kk * 32), 1);
                 }
             }
-            SPATTN_TRACE(if (t == 0) cta_trace::step_mark(c, i, 8);)
+            SPATTN_TRACE(if (t == 0) cta_trace::step_at(trs, c, i, 8);)
             hop::wgmma_commit();
             hop::wgmma_wait<0>();
 #pragma unroll
             for (int u = 0; u < GW; u++)
 #pragma unroll
                 for (int d = 0; d < ND; d++) hop::reg_fence(o[u][d]);
-            SPATTN_TRACE(if (t == 0) cta_trace::step_mark(c, i, 9);)
+            SPATTN_TRACE(if (t == 0) cta_trace::step_at(trs, c, i, 9);)
         }
         hop::mbar_arrive(empty + stg);  // both warpgroups release every block
-        SPATTN_TRACE(if (t == 0) cta_trace::step_mark(c, i, 10);)
+        SPATTN_TRACE(if (t == 0) cta_trace::step_at(trs, c, i, 10);)
     }
 
     // ---- epilogue, token by token: the row sums over the 4 warps, O normalised and staged as
