@@ -17,8 +17,12 @@ the steps 2 .. n-3 of every CTA:
 Usage: group_trace.py STEP_FILE
 """
 import collections
+import os
 import statistics as st
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import step_trace  # noqa: E402  (the record reader)
 
 
 def med(x):
@@ -26,15 +30,7 @@ def med(x):
 
 
 def main(path):
-    runs, cur = [], None
-    for line in open(path):
-        if line.startswith('S '):
-            cur = collections.defaultdict(dict)
-            runs.append(cur)
-        elif cur is not None and line.strip():
-            v = list(map(int, line.split()))
-            cur[(v[0], v[1])][v[2]] = v[3:]
-    run = runs[-1]
+    run = step_trace.load(path)
     d = lambda a, b: ((b - a + 2**31) & 0xffffffff) - 2**31  # signed difference of 32-bit clocks
     lead, lat, skew = [], [], []
     share = collections.defaultdict(list)

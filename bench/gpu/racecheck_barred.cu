@@ -7,25 +7,16 @@
 // softmax step does), then exchange through shared memory across bar.sync 1, 256.  The
 // exchange is race-free by construction in every mode; hazards reported by racecheck are the
 // tool's.
-//   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -o racecheck_barred racecheck_barred.cu
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc/cuda -o racecheck_barred bench/gpu/racecheck_barred.cu
 //   compute-sanitizer --tool racecheck ./racecheck_barred MODE   (0 bar.red, 1 bar.sync only)
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ bool bar_red_or(bool c, int id, int n) {
-    unsigned r;
-    asm volatile(
-        "{\n.reg .pred p, q;\n"
-        "setp.ne.u32 p, %1, 0;\n"
-        "bar.red.or.pred q, %2, %3, p;\n"
-        "selp.u32 %0, 1, 0, q;\n}\n"
-        : "=r"(r)
-        : "r"((unsigned)c), "r"(id), "r"(n)
-        : "memory");
-    return r != 0;
-}
+#include "hopper/hopper.cuh"  // the kernels' own bar_sync / bar_red_or
+
+using hop::bar_red_or;
+using hop::bar_sync;
 
 __global__ void probe(int *out, const int *reps, int mode) {
     __shared__ float buf[256];

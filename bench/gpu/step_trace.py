@@ -26,7 +26,8 @@ GROUP = ('top', 'masks', 'full', 'S^T done', 'soft u0', 'soft u1', 'soft u2', 's
 GROUP_PRODUCER = ('top', 'fetched', 'empty', 'copies issued')
 
 
-def main(path, names, pnames=None):
+def load(path):
+    """The last kernel's records: {(block, warpgroup slot): {step: [clock at each mark]}}."""
     runs, cur = [], None
     for line in open(path):
         if line.startswith('S '):
@@ -35,7 +36,11 @@ def main(path, names, pnames=None):
         elif cur is not None and line.strip():
             v = list(map(int, line.split()))
             cur[(v[0], v[1])][v[2]] = v[3:]
-    run = runs[-1]
+    return runs[-1]
+
+
+def main(path, names, pnames=None):
+    run = load(path)
     for c in (0, 1, 2):
         nm = pnames if c == 2 and pnames else names
         label = lambda k: nm[k] if k < len(nm) else f'm{k}'
