@@ -14,7 +14,8 @@ the steps 2 .. n-3 of every CTA:
   - the share of a consumer's step spent waiting for masks / data, in the S^T GEMM, in softmax +
     O^T issue, in the O^T wait;
   - the time a stage waits for the slower consumer: |released_0 - released_1| of block i.
-Usage: group_trace.py STEP_FILE
+Usage: group_trace.py STEP_FILE   (main's marks; not those of docs/wip/sfa_group_stpipe.patch,
+       whose consumer marks mean other points: step_trace.py STEP_FILE stpipe)
 """
 import collections
 import os

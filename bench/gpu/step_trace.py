@@ -13,7 +13,7 @@ e.g. STEP_FILE=/tmp/s.txt build-trace/tools/spattn bench --backend cuda --suite 
 Usage: step_trace.py STEP_FILE [names [producer_names]]   (the last kernel in the file; names:
        comma-separated labels of the marks, default those of bsa_bwd.cu; a kernel whose producer
        marks too (warpgroup slot 2, e.g. sfa_fwd_group.cu) gets producer_names; the preset
-       "group" names both of sfa_fwd_group.cu's)
+       "group" names both of sfa_fwd_group.cu's, "stpipe" those of docs/wip/sfa_group_stpipe.patch)
 """
 import collections
 import statistics as st
@@ -24,6 +24,9 @@ NAMES = ('top', 'NB_DSE', 'full', 'S^T done', 'P packed', 'dP^T done', 'dS forme
 GROUP = ('top', 'masks', 'full', 'S^T done', 'soft u0', 'soft u1', 'soft u2', 'soft u3', 'O^T issued',
          'O^T done', 'released')
 GROUP_PRODUCER = ('top', 'fetched', 'empty', 'copies issued')
+# docs/wip/sfa_group_stpipe.patch's marks (block i + 1's S^T issued before block i's softmax)
+STPIPE = ('top', 'next data', 'next S^T issued', 'wait<1>', 'soft u0', 'soft u1', 'soft u2', 'soft u3',
+          'O^T issued', 'O^T + next S^T done', 'released')
 
 
 def load(path):
@@ -74,8 +77,8 @@ def main(path, names, pnames=None):
 if __name__ == '__main__':
     if len(sys.argv) < 2:
         sys.exit(__doc__)
-    if len(sys.argv) > 2 and sys.argv[2] == 'group':
-        main(sys.argv[1], GROUP, GROUP_PRODUCER)
+    if len(sys.argv) > 2 and sys.argv[2] in ('group', 'stpipe'):
+        main(sys.argv[1], GROUP if sys.argv[2] == 'group' else STPIPE, GROUP_PRODUCER)
     else:
         main(sys.argv[1], sys.argv[2].split(',') if len(sys.argv) > 2 else NAMES,
              sys.argv[3].split(',') if len(sys.argv) > 3 else None)
