@@ -24,6 +24,14 @@ static size_t sat_bytes(int64_t a, int64_t b, size_t es) {
 static size_t align_up(size_t x) {
     return x > SIZE_MAX - SFA_ALIGN ? SIZE_MAX : (x + SFA_ALIGN - 1) / SFA_ALIGN * SFA_ALIGN;
 }
+/* The same for the plan's int64 extents (a >= 0, m >= 1): a size query may pass any int64 shape
+ * that validates (no memory behind it), and the sizes built from them saturate above. */
+static int64_t i64_add(int64_t a, int64_t b) {
+    int64_t r;
+    return __builtin_add_overflow(a, b, &r) ? INT64_MAX : r;
+}
+static int64_t i64_rup(int64_t a, int64_t m) { return a % m ? i64_add(a - a % m, m) : a; }
+static int64_t i64_cdiv(int64_t a, int64_t m) { return a / m + (a % m != 0); }
 
 /* Budget of the backward tile buffers: big enough to amortize the two parallel phases per
  * tile, small enough to stay near the last-level cache. */
@@ -35,11 +43,11 @@ void sfa_plan_init(sfa_plan *pl, const spattn_sfa_problem *p, int backward, int 
     memset(pl, 0, sizeof(*pl));
     pl->p = p;
     pl->G = p->N1 / p->N2;
-    pl->Gp = (pl->G + SFA_VW - 1) / SFA_VW * SFA_VW;
-    pl->Dq = p->D + p->Dr;
-    pl->Dp = (p->D + SFA_VW - 1) / SFA_VW * SFA_VW;
-    pl->Drp = (p->Dr + SFA_VW - 1) / SFA_VW * SFA_VW;
-    pl->Dqp = pl->Dp + pl->Drp;
+    pl->Gp = i64_rup(pl->G, SFA_VW);
+    pl->Dq = i64_add(p->D, p->Dr);
+    pl->Dp = i64_rup(p->D, SFA_VW);
+    pl->Drp = i64_rup(p->Dr, SFA_VW);
+    pl->Dqp = i64_add(pl->Dp, pl->Drp);
     /* keys one index entry expands to: a varlen sequence's keys are < its length <= Tkv (see
      * nmark), so a generous max_seqlen_kv does not grow the buffers */
     int64_t kb = p->sbs < p->S2 ? p->sbs : p->S2;
@@ -52,24 +60,23 @@ void sfa_plan_init(sfa_plan *pl, const spattn_sfa_problem *p, int backward, int 
          * minimal tile (SFA_TMIN tokens, all groups) stay within the budget, so the tile
          * no longer grows with K * sbs.  E and T depend on shapes only, never on the thread
          * count (determinism).  Every suite case (sbs = 1, K * G <= 8192 * 64) is one chunk. */
-        size_t per_key = sat_mul(sat_bytes(2 * pl->G + 1, p->N2, 4), SFA_TMIN);
+        size_t per_key = sat_mul(sat_bytes(i64_add(i64_add(pl->G, pl->G), 1), p->N2, 4), SFA_TMIN);
         int64_t ck = (int64_t)(sfa_tile_bytes / per_key);
         int64_t E = kb > 0 ? ck / kb : p->K;
         if (E > p->K) E = p->K;
         if (E < 1) E = 1;
         pl->E = E;
-        pl->nch = (p->K + E - 1) / E;
+        pl->nch = i64_cdiv(p->K, E);
         if (pl->nch < 1) pl->nch = 1;
         pl->kc = E * kb;
-        size_t slot = sfa_tile_layout_of(pl).total * (size_t)p->N2;
+        size_t slot = sat_mul(sfa_tile_layout_of(pl).total, (size_t)p->N2);
         int64_t T = (int64_t)(sfa_tile_bytes / (slot ? slot : 1));
         if (T > 64) T = 64;
         if (T < SFA_TMIN) T = SFA_TMIN;
         if (T > p->S1) T = p->S1;
         pl->T = T;
         pl->nmark = p->seqs && p->seqs->Tkv < p->S2 ? p->seqs->Tkv : p->S2;
-        pl->ncol = (pl->Dp + SFA_CW - 1) / SFA_CW + (pl->Drp + SFA_CW - 1) / SFA_CW +
-                   (p->shared_kv ? 0 : (pl->Dp + SFA_CW - 1) / SFA_CW);
+        pl->ncol = i64_cdiv(pl->Dp, SFA_CW) + i64_cdiv(pl->Drp, SFA_CW) + (p->shared_kv ? 0 : i64_cdiv(pl->Dp, SFA_CW));
     }
     /* No more threads than work items: every tile of the backward ends in barriers, and a
      * thread count far above the items (e.g. 1024 on a small problem) made a call ~100x slower
@@ -128,7 +135,7 @@ sfa_tile_layout sfa_tile_layout_of(const sfa_plan *pl) {
     L.keys = off;
     off = align_up(sat_add(off, sat_bytes(pl->kc, 1, sizeof(int64_t))));
     L.meta = off;
-    off = align_up(off + 2 * sizeof(int64_t));
+    off = align_up(sat_add(off, 2 * sizeof(int64_t)));
     L.total = off;
     return L;
 }
@@ -143,7 +150,7 @@ size_t sfa_workspace_parts(const sfa_plan *pl, int backward, size_t *off_tile, s
         acc = total;
         /* varlen: one accumulator row per key-side row (packed token or page row) */
         size_t rows = p->seqs ? sat_bytes(p->seqs->Tkv, 1, 1) : sat_bytes(p->B, p->S2, 1);
-        size_t n = sat_mul(sat_bytes(p->N2, pl->Dqp + (p->shared_kv ? 0 : pl->Dp), sizeof(float)), rows);
+        size_t n = sat_mul(sat_bytes(p->N2, i64_add(pl->Dqp, p->shared_kv ? 0 : pl->Dp), sizeof(float)), rows);
         total = sat_add(total, align_up(n));
     }
     if (off_tile) *off_tile = tile;
