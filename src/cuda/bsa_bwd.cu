@@ -231,6 +231,7 @@ __global__ void __launch_bounds__(384, 1)
         if (ck >= chunks(slot_of())) return;  // the whole CTA: nothing initialised yet
     }
     const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 7), 0), tid = threadIdx.x & 127;
+    SPATTN_TRACE(unsigned *const trs = cta_trace::step_base();)
     // Token mask of a step with a partial half (bwd_mask_bits): query rows [m BM, m BM + BM) of
     // head n, keys [nt BN, nt BN + BN) of the tile
     auto mask_bits = [&](uint64_t *dst, int m, int n, int lane) {
@@ -432,7 +433,7 @@ __global__ void __launch_bounds__(384, 1)
     SPATTN_TRACE(tr1 = cta_trace::now();)
     for (int it = 0; it < cnt; it++) {
         const int s = it % ST;
-        SPATTN_TRACE(if (tid == 0) cta_trace::step_mark(c, it, 0);)
+        SPATTN_TRACE(if (tid == 0) cta_trace::step_at(trs, c, it, 0);)
         // list entry: pair e, then 2 bits per key half (0 empty, 1 full, 2 partial); broadcast so
         // that ptxas sees the branches around the wgmma below as warp-uniform
         const int e2 = __shfl_sync(0xffffffffu, ent(it), 0);
@@ -443,13 +444,13 @@ __global__ void __launch_bounds__(384, 1)
         const uint64_t dDOn = hop::desc_sw128(sDO + s * C::T_BYTES, BM * 128, 1024);
         // both warpgroups' dQ of the previous step has read sDS (each waited for its own)
         hop::bar_sync(NB_DSE, 256);
-        SPATTN_TRACE(if (tid == 0) cta_trace::step_mark(c, it, 1);)
+        SPATTN_TRACE(if (tid == 0) cta_trace::step_at(trs, c, it, 1);)
         // an empty own half skips S, P, dV, dP, dS and dK (its dS rows are left out of dQ below)
         if (my) {
             float st[32], dpt[32];
             uint32_t pa[4][4], da[4][4];
             hop::mbar_wait(full + s, (it / ST) & 1);
-            SPATTN_TRACE(if (tid == 0) cta_trace::step_mark(c, it, 2);)
+            SPATTN_TRACE(if (tid == 0) cta_trace::step_at(trs, c, it, 2);)
 
             // S^T = K Q^T (64 keys x 64 queries).  dP^T follows once P^T is formed: S^T, dP^T and the
             // dK / dV accumulators together do not fit in registers at D = 128 (ptxas serialises the
@@ -462,7 +463,7 @@ __global__ void __launch_bounds__(384, 1)
             const float *L = sLD + s * 2 * BM, *Dl = L + BM;  // per query column of the tile
             hop::wgmma_wait<0>();
             hop::reg_fence(st);
-            SPATTN_TRACE(if (tid == 0) cta_trace::step_mark(c, it, 3);)
+            SPATTN_TRACE(if (tid == 0) cta_trace::step_at(trs, c, it, 3);)
 
             // P^T = exp2(S^T scale_log2 - LSE2); partial halves: the token mask bits of the step
             // (keys past Skv and queries past Sq are 0 there; a full half needs no test: rows past Sq
@@ -498,7 +499,7 @@ __global__ void __launch_bounds__(384, 1)
                 pa[kk][2] = hop::elt<T>::pack(st[8 * kk + 4], st[8 * kk + 5]);
                 pa[kk][3] = hop::elt<T>::pack(st[8 * kk + 6], st[8 * kk + 7]);
             }
-            SPATTN_TRACE(if (tid == 0) cta_trace::step_mark(c, it, 4);)
+            SPATTN_TRACE(if (tid == 0) cta_trace::step_at(trs, c, it, 4);)
             // dP^T = V dO^T, then dV += P^T dO (A from registers, B MN-major: 16 query rows per
             // k-step), still in flight while dS^T is formed
             hop::wgmma_fence();
@@ -513,7 +514,7 @@ __global__ void __launch_bounds__(384, 1)
             hop::wgmma_commit();
             hop::wgmma_wait<1>();  // dP^T (dV may still run)
             hop::reg_fence(dpt);
-            SPATTN_TRACE(if (tid == 0) cta_trace::step_mark(c, it, 5);)
+            SPATTN_TRACE(if (tid == 0) cta_trace::step_at(trs, c, it, 5);)
             // dS^T = P^T (dP^T - Delta) with P^T as packed (its rounding is of the order of dS^T's own,
             // which the dK / dQ GEMMs see anyway)
 #pragma unroll
@@ -524,7 +525,7 @@ __global__ void __launch_bounds__(384, 1)
                     const int x = 8 * kk + 2 * w, col = 16 * kk + 8 * (w >> 1) + 2 * q4;
                     da[kk][w] = hop::elt<T>::pack(pp.x * (dpt[x] - Dl[col]), pp.y * (dpt[x + 1] - Dl[col + 1]));
                 }
-            SPATTN_TRACE(if (tid == 0) cta_trace::step_mark(c, it, 6);)
+            SPATTN_TRACE(if (tid == 0) cta_trace::step_at(trs, c, it, 6);)
             // dK += dS^T Q
             hop::wgmma_fence();
 #pragma unroll
@@ -550,16 +551,16 @@ __global__ void __launch_bounds__(384, 1)
             hop::fence_proxy_async();
         }
 
-        SPATTN_TRACE(if (tid == 0) cta_trace::step_mark(c, it, 7);)
+        SPATTN_TRACE(if (tid == 0) cta_trace::step_at(trs, c, it, 7);)
         // dV / dK done before dQ is issued: with all three in flight the accumulators do not fit
         // (ptxas serialises / spills at D = 128)
         hop::wgmma_wait<0>();
         hop::reg_fence(dk);
         hop::reg_fence(dv);
         hop::mbar_arrive(empty + s);  // Q and dO of this stage are no longer read (dQ reads dS and K)
-        SPATTN_TRACE(if (tid == 0) cta_trace::step_mark(c, it, 8);)
+        SPATTN_TRACE(if (tid == 0) cta_trace::step_at(trs, c, it, 8);)
         hop::bar_sync(NB_DS, 256);
-        SPATTN_TRACE(if (tid == 0) cta_trace::step_mark(c, it, 9);)
+        SPATTN_TRACE(if (tid == 0) cta_trace::step_at(trs, c, it, 9);)
 
         // dQ half c = dS K[:, 64 c .. 64 c + 63]: A = dS K-major (the two consumers' 64-key boxes), B
         // = K MN-major
@@ -580,20 +581,20 @@ __global__ void __launch_bounds__(384, 1)
         hop::reg_fence(dk);
         hop::reg_fence(dv);
         if (has_dq) {
-            SPATTN_TRACE(if (tid == 0) cta_trace::step_mark(c, it, 10);)
+            SPATTN_TRACE(if (tid == 0) cta_trace::step_at(trs, c, it, 10);)
             hop::reg_fence(dq);
             // fp32 partial to shared memory (64 x 64, fragment order) once the writer's add of two steps
             // ago has read the buffer; the writer adds it
             const int buf = it & 1;
             hop::mbar_wait(dqempty + buf, ((it >> 1) & 1) ^ 1);
-            SPATTN_TRACE(if (tid == 0) cta_trace::step_mark(c, it, 11);)
+            SPATTN_TRACE(if (tid == 0) cta_trace::step_at(trs, c, it, 11);)
             // in fragment order (dq_frag_off): one conflict-free 16-byte store per thread and j
             float4 *sq = reinterpret_cast<float4 *>(sDQ + (buf * NH + c) * BM * 64);
 #pragma unroll
             for (int j = 0; j < 8; j++) sq[(warp * 8 + j) * 32 + lane] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
             hop::fence_proxy_async();
             hop::mbar_arrive(dqfull + buf);
-            SPATTN_TRACE(if (tid == 0) cta_trace::step_mark(c, it, 12);)
+            SPATTN_TRACE(if (tid == 0) cta_trace::step_at(trs, c, it, 12);)
         }
     }
     SPATTN_TRACE(tr2 = cta_trace::now();)

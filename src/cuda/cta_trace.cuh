@@ -65,13 +65,9 @@ inline void end(Rec *d, long long n, cudaStream_t st) {
 constexpr int STEP_MAX = 64, STEP_MARKS = 16, STEP_WG = 3;
 static __device__ unsigned *g_step;  // [CTA][warpgroup][STEP_MAX][STEP_MARKS], or NULL
 
-__device__ __forceinline__ void step_mark(int wg, int it, int m) {
-    if (g_step && it < STEP_MAX)
-        g_step[((block() * STEP_WG + wg) * STEP_MAX + it) * STEP_MARKS + m] = (unsigned)clock64() | 1u;  // 0 = not reached
-}
-// The same with this CTA's records (step_base(), read once at the kernel's start): step_mark
-// reloads g_step at every mark after a memory clobber (an L1 / L2 trip of ~100-300 cycles that
-// the trace then counts as the kernel's own time).
+// A kernel reads its CTA's records once at its start (step_base) and marks through them
+// (step_at; 0 = not reached): reading g_step at every mark reloaded it after each barrier's memory
+// clobber, an L1 / L2 trip of ~100-300 cycles that the trace counted as the kernel's own time.
 __device__ __forceinline__ unsigned *step_base() { return g_step ? g_step + block() * STEP_WG * STEP_MAX * STEP_MARKS : nullptr; }
 __device__ __forceinline__ void step_at(unsigned *base, int wg, int it, int m) {
     if (base && it < STEP_MAX) base[(wg * STEP_MAX + it) * STEP_MARKS + m] = (unsigned)clock64() | 1u;
