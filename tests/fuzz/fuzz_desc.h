@@ -90,17 +90,21 @@ static void classify(ft *f) {
     f->state = 0;
     if (!f->present || f->null_data) return;
     if (t->ndim < 1 || t->ndim > SPATTN_MAX_DIMS) { f->state = 1; return; }
+    const __int128 lim = (__int128)1 << 62;
     __int128 lo = 0, hi = 0, numel = 1;
     for (int i = 0; i < t->ndim; i++) {
         if (t->shape[i] <= 0) { f->state = 1; return; }
+        /* One span past 2^62 elements already puts lo or hi past the limit below; refusing it
+         * here keeps the sums and the byte product inside __int128 (2^63 x 2^63 per dimension,
+         * summed over 8, is 2^129: a fuzzed input overflowed the product). */
         __int128 span = (__int128)t->strides[i] * (t->shape[i] - 1);
+        if (span > lim || span < -lim) { f->state = 1; return; }
         if (span < 0) lo += span; else hi += span;
         if (numel <= CAP_NUMEL) numel *= t->shape[i];
     }
     size_t es = spattn_dtype_size((spattn_dtype)t->dtype);
     if (!es) { f->state = 1; return; }
     __int128 bytes = (hi - lo + 1 + f->shift) * (__int128)es;
-    __int128 lim = (__int128)1 << 62;
     if (lo * (__int128)es < -lim || (hi + 1) * (__int128)es > lim) { f->state = 1; return; }
     if (bytes > CAP_BYTES || numel > CAP_NUMEL) { f->state = 2; return; }
     f->lo = (int64_t)lo;
