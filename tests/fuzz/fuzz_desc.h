@@ -284,13 +284,19 @@ static uint8_t *setup_workspace(call *c, fz_in *in) {
  * 16 lanes), so with a tiny D (8) and billions of heads their buffers are ~125x the bare bytes
  * (a fuzzer find, 2026-12-03: sfa varlen backward, 4.3e9 heads of D 8). */
 static __int128 logical_bytes(const call *c) {
-    __int128 total = 0, cap = (__int128)1 << 100;
+    /* saturating at 2^80 a tensor: far past any bound it is compared with, and small enough that
+     * the sum over NT tensors times 64 times an int32 thread count stays inside __int128 */
+    const __int128 cap = (__int128)1 << 80;
+    __int128 total = 0;
     for (int i = 0; i < c->nt; i++) {
         const spattn_tensor *t = &c->ts[i].t;
         if (!c->ts[i].present || t->ndim < 1 || t->ndim > SPATTN_MAX_DIMS) continue;
         __int128 n = (__int128)spattn_dtype_size((spattn_dtype)t->dtype) * (t->shape[t->ndim - 1] > 0 ? t->shape[t->ndim - 1] : 0);
         if (n > 0 && n < 256) n = 256;
-        for (int d = 0; d < t->ndim - 1 && n < cap; d++) n *= t->shape[d] > 0 ? t->shape[d] : 0;
+        for (int d = 0; d < t->ndim - 1 && n > 0; d++) {
+            const int64_t e = t->shape[d] > 0 ? t->shape[d] : 0;
+            n = e != 0 && n > cap / e ? cap : n * e;  /* n <= cap and e < 2^63: no overflow */
+        }
         total += n < cap ? n : cap;
     }
     return total;
