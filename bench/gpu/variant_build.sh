@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the development machine: the device programs of a variant of this tree (wip patches
-# applied) without a full build.  The library sources the patches change, and those whose
+# applied) without a full build.  The library sources the patches change or add, and those whose
 # build-dev dependency files name a changed header, are compiled with build-dev's own flags;
 # the objects replace theirs in a copy of build-dev's libspattn.a and the programs are relinked
 # with build-dev's link lines (a changed kernel file costs its compile, ~1.5-5 min on 2 cores,
@@ -26,7 +26,11 @@ TREE=$WORK/tree
 trap 'git -C "$ROOT" worktree remove --force "$TREE" > /dev/null 2>&1 || true; rm -rf "$WORK"' EXIT
 git worktree add -q --detach "$TREE" HEAD
 for p in "$@"; do git -C "$TREE" apply "$(realpath "$p")"; done
-mapfile -t changed < <(git -C "$TREE" diff --name-only HEAD)
+git -C "$TREE" add -A  # new files of the patches too
+mapfile -t changed < <(git -C "$TREE" diff --cached --name-only HEAD)
+if git -C "$TREE" diff --cached --name-only --diff-filter=D HEAD | grep -q '^src/'; then
+  echo "variant_build: a patch deletes a source (its object would stay in the library)" >&2; exit 1
+fi
 for f in "${changed[@]}"; do
   case "$f" in src/*|docs/*|bench/*|README.md) ;; *) echo "variant_build: $f changes outside src/ (not handled)" >&2; exit 1 ;; esac
 done
@@ -61,8 +65,7 @@ for s in "${!redo[@]}"; do
     # shellcheck disable=SC2086
     cc $C_DEFINES $INC -isystem /usr/local/cuda/include $C_FLAGS -c "$TREE/$s" -o "$o"
   fi
-  ar t "$WORK/libspattn.a" | grep -qx "$(basename "$o")" || { echo "variant_build: $(basename "$o") is not in libspattn.a" >&2; exit 1; }
-  (cd "$WORK/obj" && ar r "$WORK/libspattn.a" "$(basename "$o")")
+  (cd "$WORK/obj" && ar r "$WORK/libspattn.a" "$(basename "$o")")  # replaced, or added (a new source)
 done
 
 # relink with build-dev's link lines, libspattn.a replaced
