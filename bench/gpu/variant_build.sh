@@ -7,6 +7,8 @@
 # instead of a full CUDA build).
 #   bash bench/gpu/variant_build.sh NAME [PATCH ...]
 #     -> build-NAME/tools/spattn and build-NAME/{sfa,sfa_varlen,robust,bsa}_cuda_check (stripped)
+#   VARIANT_DEFINES="-DSPATTN_CTA_TRACE" adds defines to the recompiled sources only (a trace build
+#   of the kernel file a patch changes: its launcher is in the same file)
 # build-dev must be built (bench/gpu/carry_build.sh builds it) at the commit the patches apply
 # to; with no patch the programs are build-dev's (a base for an A/B).  Sources outside src/ may
 # not change (the CLI and the checks are relinked, not recompiled).  Pack variants together, so
@@ -49,8 +51,8 @@ for f in "${changed[@]}"; do
 done
 
 flag() { sed -n "s/^$1 = //p" "$OBJD/flags.make"; }
-CUDA_DEFINES=$(flag CUDA_DEFINES) CUDA_FLAGS=$(flag CUDA_FLAGS)
-C_DEFINES=$(flag C_DEFINES) C_FLAGS=$(flag C_FLAGS)
+CUDA_DEFINES="$(flag CUDA_DEFINES) ${VARIANT_DEFINES:-}" CUDA_FLAGS=$(flag CUDA_FLAGS)
+C_DEFINES="$(flag C_DEFINES) ${VARIANT_DEFINES:-}" C_FLAGS=$(flag C_FLAGS)
 INC="-I$TREE/include -I$TREE/src"
 mkdir -p "$WORK/obj"
 cp "$DEV/libspattn.a" "$WORK/libspattn.a"
