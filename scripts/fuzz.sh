@@ -8,7 +8,8 @@
 #      a sanitizer report, a leak, a timeout (20 s per input) or a failed oracle fails the run;
 #      the input is left in build-fuzz/tests/fuzz/crash_<harness>_*.
 # Usage: scripts/fuzz.sh   (SPATTN_FUZZ_SECONDS=0 skips the stage; SPATTN_FUZZ_SEED: libFuzzer
-#        seed, default 1 so that CI is reproducible, 0 = random for exploration)
+#        seed, default 1, 0 = random; neither makes a run's inputs reproducible: see
+#        tests/fuzz/CMakeLists.txt)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${SPATTN_FUZZ_SECONDS:-30}
