@@ -154,7 +154,10 @@ static int place(call *c, uint64_t seed) {
             }
         }
         f->bytes = need;
-        f->buf = malloc(need ? need : 1);
+        /* zeroed: fill() writes whole elements, so a tail shorter than one stays as allocated,
+         * and the unchanged-input check compares it (uninitialised bytes made valgrind report
+         * and the fuzzer's comparison hooks see heap garbage) */
+        f->buf = calloc(need ? need : 1, 1);
         f->snap = malloc(need ? need : 1);
         fill(f, &seed, c->nblk);
     }
