@@ -1,6 +1,7 @@
 #include "eco.h"
 
 #include <math.h>
+#include <string.h>
 #include <stdlib.h>
 
 #include "spattn.h"
@@ -70,6 +71,7 @@ void sp_eco_compare(const float *actual, const double *golden, int64_t n, sp_tol
     }
     const int64_t np = parts == &one ? 1 : nchunk;
     part t = parts[0];
+    memset(r, 0, sizeof *r); /* padding too: callers may compare results bytewise */
     for (int64_t c = 1; c < np; c++) {
         t.matched += parts[c].matched;
         t.bad_nf += parts[c].bad_nf;
