@@ -285,8 +285,59 @@ static void fuzz_api_more_thread_team(void) {
              "sfa fwd workspace: 1024 threads %zu bytes, %d threads %zu bytes", many, S, few);
 }
 
+/* fuzz_api_more (random-seed run, fortieth session): a packed varlen call with one query token
+ * (T = 1, so its token stride is not bounded by the validated extent) and an empty last
+ * sequence at t0 = T: the per-sequence view offset t0 * stride * bytes overflowed int64 (UBSan,
+ * spattn_packed_view4 from the bsa varlen backward).  An empty sequence's view now keeps the
+ * base; the results must equal those of the same call with contiguous rows, bitwise. */
+static void fuzz_api_more_empty_seq_view_offset(void) {
+    float q[8], k[6 * 8], v[6 * 8], o1[8], o2[8], l1[1], l2[1], dq1[8], dq2[8];
+    float dk1[6 * 8], dk2[6 * 8], dv1[6 * 8], dv2[6 * 8], dout[8];
+    for (int i = 0; i < 8; i++) q[i] = (float)(i % 5) / 5.0f, dout[i] = (float)(i % 3) / 3.0f;
+    for (int i = 0; i < 48; i++) k[i] = (float)((i * 5) % 13) / 13.0f, v[i] = (float)(i % 9) / 9.0f;
+    int32_t cuq[3] = {0, 1, 1}, cuk[3] = {0, 4, 6};  /* sequence 1: no queries, t0 = 1 = T */
+    uint8_t mask[2] = {1, 1};
+    const int64_t qs[3] = {1, 1, 8}, ks[3] = {6, 1, 8}, ms[4] = {2, 1, 1, 1}, cs[1] = {3}, ls[2] = {1, 1};
+    const int64_t huge = (int64_t)1 << 62;  /* x 4 bytes: past INT64_MAX */
+    const int64_t qst[3] = {huge, 8, 1}, lst[2] = {huge, 1};
+    spattn_tensor tk = spattn_tensor_make(k, SPATTN_DTYPE_F32, 3, ks, NULL);
+    spattn_tensor tv = spattn_tensor_make(v, SPATTN_DTYPE_F32, 3, ks, NULL);
+    spattn_tensor tm = spattn_tensor_make(mask, SPATTN_DTYPE_U8, 4, ms, NULL);
+    spattn_tensor tcq = spattn_tensor_make(cuq, SPATTN_DTYPE_I32, 1, cs, NULL);
+    spattn_tensor tck = spattn_tensor_make(cuk, SPATTN_DTYPE_I32, 1, cs, NULL);
+    spattn_varlen vl;
+    memset(&vl, 0, sizeof vl);
+    vl.cu_seqlens_q = &tcq;
+    vl.cu_seqlens_kv = &tck;
+    vl.max_seqlen_q = 1;
+    vl.max_seqlen_kv = 4;
+    spattn_status st[4];
+    for (int r = 0; r < 2; r++) {  /* 0: contiguous rows, 1: the huge token stride */
+        const int64_t *qstr = r ? qst : NULL, *lstr = r ? lst : NULL;
+        float *o = r ? o2 : o1, *l = r ? l2 : l1, *dq = r ? dq2 : dq1, *dk = r ? dk2 : dk1, *dv = r ? dv2 : dv1;
+        spattn_tensor tq = spattn_tensor_make(q, SPATTN_DTYPE_F32, 3, qs, qstr);
+        spattn_tensor to = spattn_tensor_make(o, SPATTN_DTYPE_F32, 3, qs, qstr);
+        spattn_tensor tl = spattn_tensor_make(l, SPATTN_DTYPE_F32, 2, ls, lstr);
+        spattn_tensor tdo = spattn_tensor_make(dout, SPATTN_DTYPE_F32, 3, qs, qstr);
+        spattn_tensor tdq = spattn_tensor_make(dq, SPATTN_DTYPE_F32, 3, qs, qstr);
+        spattn_tensor tdk = spattn_tensor_make(dk, SPATTN_DTYPE_F32, 3, ks, NULL);
+        spattn_tensor tdv = spattn_tensor_make(dv, SPATTN_DTYPE_F32, 3, ks, NULL);
+        st[2 * r] = spattn_bsa_fwd_varlen(&tq, &tk, &tv, &tm, 8, 8, 0.0, &vl, &to, &tl, NULL);
+        st[2 * r + 1] = spattn_bsa_bwd_varlen(&tq, &tk, &tv, &to, &tdo, &tl, &tm, 8, 8, 0.0, &vl, &tdq, &tdk,
+                                             &tdv, NULL);
+    }
+    TU_CHECK(st[0] == SPATTN_STATUS_SUCCESS && st[1] == SPATTN_STATUS_SUCCESS, "contiguous rows: %d %d (%s)",
+             st[0], st[1], spattn_last_error());
+    TU_CHECK(st[2] == SPATTN_STATUS_SUCCESS && st[3] == SPATTN_STATUS_SUCCESS, "huge token stride: %d %d (%s)",
+             st[2], st[3], spattn_last_error());
+    TU_CHECK(!memcmp(o1, o2, sizeof o1) && !memcmp(l1, l2, sizeof l1) && !memcmp(dq1, dq2, sizeof dq1) &&
+                 !memcmp(dk1, dk2, sizeof dk1) && !memcmp(dv1, dv2, sizeof dv1),
+             "huge token stride: results differ from contiguous rows");
+}
+
 int main(void) {
     fuzz_api_more_sfa_workspace_overflow();
+    fuzz_api_more_empty_seq_view_offset();
     fuzz_api_more_stride_extent_int64_max();
     fuzz_api_more_bsa_varlen_rows_int64();
     fuzz_api_more_thread_team();

@@ -168,7 +168,10 @@ spattn_status spattn_seqs_not_on_cuda(const char *op) {
 spattn_tensor spattn_packed_view4(const spattn_tensor *t, int64_t t0, int64_t len, int bnsd) {
     spattn_tensor v = *t;
     size_t es = spattn_dtype_size((spattn_dtype)t->dtype);
-    v.data = (char *)t->data + t0 * t->strides[0] * (int64_t)es;
+    /* An empty range keeps the base: its t0 may be T, one token past the validated extent, and
+     * with T = 1 the token stride is not bounded by it at all (a fuzzed stride of 3.4e18 made
+     * t0 * stride * es overflow); a non-empty range has t0 < T, inside the extent. */
+    v.data = (char *)t->data + (len > 0 ? t0 : 0) * t->strides[0] * (int64_t)es;
     v.ndim = 4;
     v.shape[0] = 1;
     v.strides[0] = 0;
@@ -185,7 +188,7 @@ spattn_tensor spattn_packed_view4(const spattn_tensor *t, int64_t t0, int64_t le
 /* lse [T, N] tokens [t0, t0+len) as [1, N, len] (bns = 1) or [1, len, N]. */
 static spattn_tensor view3(const spattn_tensor *t, int64_t t0, int64_t len, int bns) {
     spattn_tensor v = *t;
-    v.data = (float *)t->data + t0 * t->strides[0];
+    v.data = (float *)t->data + (len > 0 ? t0 : 0) * t->strides[0];  /* as spattn_packed_view4 */
     v.ndim = 3;
     v.shape[0] = 1;
     v.strides[0] = 0;
