@@ -26,6 +26,12 @@ run() {  # run N CMD...: CMD under timeout min(N, left), or skipped
   if [ "$t" = 0 ]; then echo "SKIPPED (call budget): $*"; return 124; fi
   timeout "$t" "$@"
 }
+quick() {  # quick BUILD...: each build's sfa_cuda_check quick, its last line
+  local v
+  for v in "$@"; do
+    run 100 build-$v/sfa_cuda_check quick > "$OUT/q_$v.log" 2>&1; echo "$v quick rc=$? $(tail -n 1 "$OUT/q_$v.log")"
+  done
+}
 [ -x build-pad/sfa_cuda_check ] || tar xJf build-v/pk.tar.xz
 nvidia-smi --query-gpu=name --format=csv,noheader; el unpacked
 case "${1:?usage: wip_call.sh A|B|C}" in
@@ -35,9 +41,7 @@ A)
   for m in 0 1 2 3 4 5 8 9; do
     run 30 compute-sanitizer --tool racecheck build-v/racecheck_barred $m 2>&1 | grep -a 'mode\|SUMMARY\|SKIPPED'
   done; el probe
-  for v in pl2 pl2tma; do
-    run 100 build-$v/sfa_cuda_check quick > "$OUT/q_$v.log" 2>&1; echo "$v quick rc=$? $(tail -n 1 "$OUT/q_$v.log")"
-  done; el quick
+  quick pl2 pl2tma; el quick
   SPATTN_SFA_GROUP=1 STEP_FILE=/tmp/steps.txt run 60 build-pl2tr/tools/spattn bench --backend cuda \
     --suite cases/sfa_shapes.cases --pass fwd --case '^sfas01' --repeats 1 --warmup 1 --quiet > /dev/null 2>&1
   python3 bench/gpu/step_trace.py /tmp/steps.txt stpipe 2>&1 | tail -40; cp /tmp/steps.txt "$OUT/" 2>/dev/null; el trace ;;
@@ -46,9 +50,7 @@ B)
     set -- $b
     RC_TIMEOUT=$(tl 90) OUT=$OUT/rc run 95 bash bench/gpu/racecheck_cases.sh "$1" "$2"
   done; el racecheck
-  for v in pad vote2; do
-    run 100 build-$v/sfa_cuda_check quick > "$OUT/q_$v.log" 2>&1; echo "$v quick rc=$? $(tail -n 1 "$OUT/q_$v.log")"
-  done; el quick ;;
+  quick pad vote2; el quick ;;
 C)
   OUT=$OUT/abt SUITE=sfa PASS=fwd CASE='sfa0[1235689]|sfa1[01456]|sfa18' DETS=1 CHECK=0 BENCH_TIMEOUT=$(tl 90) \
     run 540 bash bench/gpu/ab_bins.sh main vote2 pad | tail -16; el abt ;;
